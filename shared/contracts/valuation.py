@@ -1,0 +1,100 @@
+"""The valuation snapshot published each tick on ``tao.v1.valuation.snapshot``.
+
+It is the frozen input of one planning round (DESIGN §3.2): free capacity per node, and per
+pooled candidate its weight, values and eligibility, plus the tool-running admitted sessions the
+interrupt rule may release (§3.3). Field names follow ``shared.core.problem`` (``id``, ``free``,
+``load``, ``weight``, ``tokens``, ``ready``, ``credit``, ``eligible``) so the planner maps a
+snapshot to a ``Problem`` field by field. Capacities, weights and credits are in tokens; the
+planner discretises them by ``quantum``.
+
+Each candidate carries its :class:`Signature`; just before publishing, the planner compares the
+signatures of the selected sessions with live state and discards the plan if any differs (§3.4).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from .base import Message, Record
+
+__all__ = [
+    "Candidate",
+    "InterruptCandidate",
+    "NodeView",
+    "Signature",
+    "ValuationSnapshot",
+]
+
+
+class NodeView(Record, frozen=True, kw_only=True):
+    """A node as the planner sees it this tick.
+
+    ``free`` is admissible capacity (capacity × target utilisation − admitted weights), ``load``
+    the tokens already reserved (read only by load-aware baselines), ``capacity`` the node's
+    KV capacity. Unhealthy nodes stay listed so that the reason a candidate is ineligible shows.
+    """
+
+    id: str
+    free: int
+    load: int = 0
+    capacity: int = 0
+    healthy: bool = True
+
+
+class Signature(Record, frozen=True, kw_only=True):
+    """What must be unchanged for a plan about this session to still apply.
+
+    ``version`` increments on every change of the session record; ``eligibility_digest`` is a
+    short hash of the candidate's eligible node set, so a node going unhealthy also invalidates.
+    """
+
+    session_id: str
+    version: int
+    eligibility_digest: str = ""
+
+
+class Candidate(Record, frozen=True, kw_only=True):
+    """A pooled session that wants admission.
+
+    ``credit`` maps node id → decayed, rounded cache credit k in tokens (absent = 0); ``ready``
+    is r ∈ {0, 1}; ``tokens`` is t. ``eligible`` lists the node ids it may go to (``None`` =
+    every node). ``phase`` (``reasoning`` | ``new`` | ``acting``) is read only by the
+    ``thunderagent`` baseline.
+    """
+
+    id: str
+    weight: int
+    tokens: int
+    signature: Signature
+    ready: int = 0
+    credit: dict[str, int] = msgspec.field(default_factory=dict)
+    eligible: list[str] | None = None
+    phase: str | None = None
+    model: str | None = None
+
+
+class InterruptCandidate(Record, frozen=True, kw_only=True):
+    """A tool-running admitted session that the interrupt rule may release from ``node``.
+
+    Ordered for interruption ascending by (``credit`` on its node, ``ready``, ``tokens``);
+    sessions with ``ready == 1`` are never interrupted. Releasing it frees ``weight`` tokens.
+    """
+
+    id: str
+    node: str
+    weight: int
+    tokens: int
+    signature: Signature
+    ready: int = 0
+    credit: int = 0
+
+
+class ValuationSnapshot(Message, tag="ValuationSnapshot", frozen=True, kw_only=True):
+    """Everything the planner needs for tick ``tick``, valued at time ``now``."""
+
+    tick: int
+    now: float
+    quantum: int = 512
+    nodes: list[NodeView] = msgspec.field(default_factory=list)
+    candidates: list[Candidate] = msgspec.field(default_factory=list)
+    interrupt_candidates: list[InterruptCandidate] = msgspec.field(default_factory=list)

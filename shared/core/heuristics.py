@@ -1,0 +1,146 @@
+"""Cheap placement heuristics on the dense snapshot.
+
+They serve three roles: the planner's portfolio (its incumbent, and its answer when the exact
+search runs out of budget), the ``short-first`` baseline, and the ``tao-bfd`` ablation. Each
+returns a feasible choice vector (``choice[i]`` = node index or -1). All are deterministic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cmp_to_key
+
+import numpy as np
+
+from shared.core.kernels import knapsack_lex
+from shared.core.problem import Dense
+
+Choice = list[int]
+
+
+def _remaining(d: Dense) -> list[int]:
+    return [int(x) for x in d.cap]
+
+
+def _pick_node(d: Dense, i: int, rem: Sequence[int], *, affinity: bool) -> int:
+    """The node for ``i``: most credit first when ``affinity``, then the tightest fit, then the
+    lowest index. -1 when it fits nowhere."""
+    wi = int(d.w[i])
+    best = -1
+    best_key: tuple[int, int, int] | None = None
+    for b in range(d.m):
+        if not d.elig[i, b] or rem[b] < wi:
+            continue
+        key = (int(d.k[i, b]) if affinity else 0, -(rem[b] - wi), -b)
+        if best_key is None or key > best_key:
+            best, best_key = b, key
+    return best
+
+
+def _greedy(
+    d: Dense,
+    order: Sequence[int],
+    *,
+    affinity: bool = True,
+    start: Choice | None = None,
+    rem: list[int] | None = None,
+) -> Choice:
+    choice = list(start) if start is not None else [-1] * d.n
+    rem = rem if rem is not None else _remaining(d)
+    for i in order:
+        if choice[i] >= 0:
+            continue
+        b = _pick_node(d, i, rem, affinity=affinity)
+        if b >= 0:
+            choice[i] = b
+            rem[b] -= int(d.w[i])
+    return choice
+
+
+def _value_keys(d: Dense) -> list[tuple[int, int, int]]:
+    """(best credit, readiness, tokens) per session: its value on its best node."""
+    return list(zip(d.kmax.tolist(), d.r.tolist(), d.t.tolist(), strict=True))
+
+
+def bfd(d: Dense, *, affinity: bool = True) -> Choice:
+    """Best-fit-decreasing: largest weight first (ties: higher value, then input order), each on
+    the node with the most credit for it (``affinity``), then the tightest fit."""
+    vk = _value_keys(d)
+    order = sorted(range(d.n), key=lambda i: (-int(d.w[i]), tuple(-x for x in vk[i]), i))
+    return _greedy(d, order, affinity=affinity)
+
+
+def short_first(d: Dense) -> Choice:
+    """Short-first affinity greedy (the paper's Figures 10-11 baseline): smallest weight first,
+    each on its affinity node (most credit) if it fits there, else the tightest fit."""
+    vk = _value_keys(d)
+    order = sorted(range(d.n), key=lambda i: (int(d.w[i]), tuple(-x for x in vk[i]), i))
+    return _greedy(d, order, affinity=True)
+
+
+def _density_order(d: Dense) -> list[int]:
+    """Sessions by lexicographic value per quantum, densest first, compared exactly by integer
+    cross-multiplication (no floats); ties by input order."""
+    keys = [(v, max(int(w), 1)) for v, w in zip(_value_keys(d), d.w.tolist(), strict=True)]
+
+    def cmp(a: int, b: int) -> int:
+        (va, wa), (vb, wb) = keys[a], keys[b]
+        for x, y in zip(va, vb, strict=True):
+            lhs, rhs = x * wb, y * wa
+            if lhs != rhs:
+                return -1 if lhs > rhs else 1
+        return -1 if a < b else (1 if a > b else 0)
+
+    return sorted(range(d.n), key=cmp_to_key(cmp))
+
+
+def value_density(d: Dense) -> Choice:
+    """Greedy by lexicographic value per quantum, affinity then tightest fit."""
+    return _greedy(d, _density_order(d), affinity=True)
+
+
+def k_first(d: Dense) -> Choice:
+    """Exact per-node credit knapsacks, then a fill.
+
+    Each session with credit is offered to its highest-credit node; every node solves an exact
+    single knapsack over those offers with lexicographic values (k, r, t, 1) (so Σk is optimal
+    when each session's credit sits on one node). The rest is filled by value density,
+    tightest fit.
+    """
+    choice = [-1] * d.n
+    rem = _remaining(d)
+    home = [-1] * d.n
+    for i in range(d.n):
+        if d.m and int(d.k[i].max()) > 0:
+            home[i] = int(np.argmax(d.k[i]))
+    for b in range(d.m):
+        items = [i for i in range(d.n) if home[i] == b]
+        if not items:
+            continue
+        w = np.array([int(d.w[i]) for i in items], dtype=np.int64)
+        vals = np.array(
+            [[int(d.k[i, b]), int(d.r[i]), int(d.t[i]), 1] for i in items], dtype=np.int64
+        ).reshape(len(items), 4)
+        mask = knapsack_lex(w, vals, rem[b])
+        for pos, i in enumerate(items):
+            if mask[pos]:
+                choice[i] = b
+                rem[b] -= int(d.w[i])
+    return _greedy(d, _density_order(d), affinity=True, start=choice, rem=rem)
+
+
+def ready_tokens_fill(d: Dense) -> Choice:
+    """Credit holders first at home, then by (readiness, tokens) descending, tightest fit."""
+    vk = _value_keys(d)
+    order = sorted(range(d.n), key=lambda i: (tuple(-x for x in vk[i]), i))
+    return _greedy(d, order, affinity=True)
+
+
+PORTFOLIO: tuple[tuple[str, Callable[[Dense], Choice]], ...] = (
+    ("k-first", k_first),
+    ("density", value_density),
+    ("bfd", bfd),
+    ("short-first", short_first),
+    ("value-greedy", ready_tokens_fill),
+)
+"""Heuristics the planner always runs on the same snapshot; the best one is its incumbent."""

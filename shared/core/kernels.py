@@ -1,0 +1,380 @@
+"""numba kernels for the planner. Each has a slow, obvious twin in :mod:`shared.core.reference`.
+
+Values are lexicographic 4-tuples ``(k, r, t, count)`` held as four int64 columns and compared
+component by component (:func:`lex_cmp`), never summed with weights. All kernels are
+``@njit(cache=True, nogil=True)``: the planner runs them off the event loop in a worker thread.
+With ``NUMBA_DISABLE_JIT=1`` they run as plain Python (one CI step does that for coverage).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from shared.core.problem import I64
+
+_HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
+
+
+@njit(cache=True, nogil=True)
+def lex_cmp(a0: int, a1: int, a2: int, a3: int, b0: int, b1: int, b2: int, b3: int) -> int:
+    """-1, 0 or 1 as (a0, a1, a2, a3) is less than, equal to or greater than (b0, …)."""
+    if a0 != b0:
+        return 1 if a0 > b0 else -1
+    if a1 != b1:
+        return 1 if a1 > b1 else -1
+    if a2 != b2:
+        return 1 if a2 > b2 else -1
+    if a3 != b3:
+        return 1 if a3 > b3 else -1
+    return 0
+
+
+@njit(cache=True, nogil=True)
+def suffix_knapsack(w: I64, v: I64, ok: np.ndarray, cap: int) -> I64:
+    """``T[j, c]`` = max Σ v over subsets of items ``j..n-1`` with ``ok`` true and Σ w ≤ c.
+
+    A plain (single-value) 0/1 knapsack, built from the last item backwards. Row ``n`` is 0.
+    """
+    table = np.zeros((w.shape[0] + 1, cap + 1), dtype=np.int64)
+    suffix_knapsack_into(w, v, ok, table)
+    return table
+
+
+@njit(cache=True, nogil=True)
+def suffix_knapsack_into(w: I64, v: I64, ok: np.ndarray, table: I64) -> None:
+    """:func:`suffix_knapsack` written into a preallocated zeroed ``(n + 1, cap + 1)`` table."""
+    n = w.shape[0]
+    cap = table.shape[1] - 1
+    for j in range(n - 1, -1, -1):
+        wj = w[j]
+        vj = v[j]
+        for c in range(cap + 1):
+            best = table[j + 1, c]
+            if ok[j] and wj <= c and vj > 0:
+                cand = table[j + 1, c - wj] + vj
+                if cand > best:
+                    best = cand
+            table[j, c] = best
+
+
+@njit(cache=True, nogil=True)
+def knapsack_lex(w: I64, vals: I64, cap: int) -> np.ndarray:
+    """Exact single-knapsack with lexicographic values. ``vals`` is (n, 4). Returns a bool mask.
+
+    ``best[c]`` is the lexicographically largest value reachable with total weight ≤ c; ``take``
+    records the decisions for reconstruction. Ties keep the earlier (skip) decision, so the result
+    is deterministic.
+    """
+    n = w.shape[0]
+    best = np.zeros((cap + 1, 4), dtype=np.int64)
+    take = np.zeros((n, cap + 1), dtype=np.bool_)
+    for i in range(n):
+        wi = w[i]
+        if wi > cap:
+            continue
+        for c in range(cap, wi - 1, -1):
+            a0 = best[c - wi, 0] + vals[i, 0]
+            a1 = best[c - wi, 1] + vals[i, 1]
+            a2 = best[c - wi, 2] + vals[i, 2]
+            a3 = best[c - wi, 3] + vals[i, 3]
+            if lex_cmp(a0, a1, a2, a3, best[c, 0], best[c, 1], best[c, 2], best[c, 3]) > 0:
+                best[c, 0] = a0
+                best[c, 1] = a1
+                best[c, 2] = a2
+                best[c, 3] = a3
+                take[i, c] = True
+    chosen = np.zeros(n, dtype=np.bool_)
+    c = cap
+    for i in range(n - 1, -1, -1):
+        if take[i, c]:
+            chosen[i] = True
+            c -= w[i]
+    return chosen
+
+
+@njit(cache=True, nogil=True)
+def _hash_row(row: np.ndarray) -> np.uint64:
+    h = np.uint64(0xCBF29CE484222325)
+    for x in row:
+        h = (h ^ np.uint64(x)) * _HASH_MUL
+        h ^= h >> np.uint64(29)
+    return h
+
+
+@njit(cache=True, nogil=True)
+def bound_of(
+    rem: np.ndarray,
+    j: int,
+    node_table: np.ndarray,
+    node_tab_idx: np.ndarray,
+    g_node: int,
+    agg_tables: np.ndarray,
+    g_agg: int,
+) -> tuple[int, int, int, int]:
+    """Upper bound (componentwise, hence lexicographic) on what items ``j..`` can still add.
+
+    Credit: Σ over nodes of that node's suffix credit-knapsack at its remaining capacity (exact
+    when each session's credit sits on one node). Readiness, tokens, count: one knapsack over the
+    *pooled* remaining capacity (a relaxation; used for bounding only, never for placement).
+    Capacities are rounded up and weights down to the table granularity, which keeps it a bound.
+    """
+    uk = 0
+    total = 0
+    for b in range(rem.shape[0]):
+        total += rem[b]
+        ti = node_tab_idx[b]
+        if ti >= 0:
+            uk += node_table[ti, j, (rem[b] + g_node - 1) // g_node]
+    ca = (total + g_agg - 1) // g_agg
+    return (uk, agg_tables[0, j, ca], agg_tables[1, j, ca], agg_tables[2, j, ca])
+
+
+@njit(cache=True, nogil=True)
+def optimistic(
+    used: np.ndarray,
+    vals: I64,
+    cap: I64,
+    j: int,
+    node_table: np.ndarray,
+    node_tab_idx: I64,
+    g_node: int,
+    agg_tables: np.ndarray,
+    g_agg: int,
+) -> I64:
+    """Value plus :func:`bound_of` for every state: the beam's ranking key, shape (S, 4)."""
+    s_count, m = used.shape
+    out = np.empty((s_count, 4), dtype=np.int64)
+    rem = np.empty(m, dtype=np.int64)
+    for s in range(s_count):
+        for b in range(m):
+            rem[b] = cap[b] - used[s, b]
+        u0, u1, u2, u3 = bound_of(rem, j, node_table, node_tab_idx, g_node, agg_tables, g_agg)
+        out[s, 0] = vals[s, 0] + u0
+        out[s, 1] = vals[s, 1] + u1
+        out[s, 2] = vals[s, 2] + u2
+        out[s, 3] = vals[s, 3] + u3
+    return out
+
+
+@njit(cache=True, nogil=True)
+def expand_layer(
+    used: np.ndarray,
+    vals: I64,
+    cap: I64,
+    group_start: I64,
+    wi: int,
+    elig_row: np.ndarray,
+    k_row: I64,
+    ri: int,
+    ti: int,
+    j_next: int,
+    node_table: np.ndarray,
+    node_tab_idx: I64,
+    g_node: int,
+    agg_tables: np.ndarray,
+    g_agg: int,
+    lb: I64,
+    max_out: int,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
+    """Expand every state by one candidate: skip, or place it on each eligible node that fits.
+
+    ``used`` (S, m) holds capacity used per node in canonical form: within each group of
+    interchangeable nodes (contiguous, starting at ``group_start[b]``) the values are sorted in
+    descending order, so symmetric states collapse into one. A child is kept only if its value
+    plus the bound of what remains beats the incumbent ``lb`` (updated in place as children
+    improve it). Children with equal canonical vectors are merged, keeping the larger value
+    (the first one on ties, which keeps the result deterministic).
+
+    Returns ``(used, vals, parent, move, count, lb_slot)``; ``move`` is the canonical position
+    placed (``-1`` for skip). ``count == -1`` means more than ``max_out`` children: budget
+    exhausted. ``lb_slot`` is the child that last raised ``lb`` (or -1), so the caller can
+    rebuild the incumbent even if that child's descendants are pruned later.
+    """
+    s_count, m = used.shape
+    out_cap = max_out
+    n_used = np.empty((out_cap, m), dtype=used.dtype)
+    n_vals = np.empty((out_cap, 4), dtype=np.int64)
+    n_parent = np.empty(out_cap, dtype=np.int32)
+    n_move = np.empty(out_cap, dtype=np.int16)
+    size = 1
+    while size < 2 * out_cap + 2:
+        size *= 2
+    if size > 1 << 24:
+        size = 1 << 24
+    mask = np.uint64(size - 1)
+    table = np.full(size, -1, dtype=np.int32)
+    child = np.empty(m, dtype=used.dtype)
+    rem = np.empty(m, dtype=np.int64)
+    count = 0
+    lb_slot = -1
+    for s in range(s_count):
+        for p in range(-1, m):
+            if p >= 0:
+                if not elig_row[p] or used[s, p] + wi > cap[p]:
+                    continue
+                # symmetry: within a group, place only on the first node of each used level
+                if p > group_start[p] and used[s, p - 1] == used[s, p]:
+                    continue
+            for b in range(m):
+                child[b] = used[s, b]
+            v0 = vals[s, 0]
+            v1 = vals[s, 1]
+            v2 = vals[s, 2]
+            v3 = vals[s, 3]
+            if p >= 0:
+                child[p] += wi
+                v0 += k_row[p]
+                v1 += ri
+                v2 += ti
+                v3 += 1
+                q = p
+                g0 = group_start[p]
+                while q > g0 and child[q - 1] < child[q]:
+                    tmp = child[q - 1]
+                    child[q - 1] = child[q]
+                    child[q] = tmp
+                    q -= 1
+            for b in range(m):
+                rem[b] = cap[b] - child[b]
+            u0, u1, u2, u3 = bound_of(
+                rem, j_next, node_table, node_tab_idx, g_node, agg_tables, g_agg
+            )
+            if lex_cmp(v0 + u0, v1 + u1, v2 + u2, v3 + u3, lb[0], lb[1], lb[2], lb[3]) <= 0:
+                continue
+            improves = lex_cmp(v0, v1, v2, v3, lb[0], lb[1], lb[2], lb[3]) > 0
+            h = _hash_row(child) & mask
+            while True:
+                slot = table[h]
+                if slot < 0:
+                    if count >= out_cap:
+                        return n_used, n_vals, n_parent, n_move, -1, lb_slot
+                    table[h] = count
+                    slot = count
+                    for b in range(m):
+                        n_used[count, b] = child[b]
+                    n_vals[count, 0] = v0
+                    n_vals[count, 1] = v1
+                    n_vals[count, 2] = v2
+                    n_vals[count, 3] = v3
+                    n_parent[count] = s
+                    n_move[count] = p
+                    count += 1
+                    break
+                same = True
+                for b in range(m):
+                    if n_used[slot, b] != child[b]:
+                        same = False
+                        break
+                if same:
+                    if (
+                        lex_cmp(
+                            v0,
+                            v1,
+                            v2,
+                            v3,
+                            n_vals[slot, 0],
+                            n_vals[slot, 1],
+                            n_vals[slot, 2],
+                            n_vals[slot, 3],
+                        )
+                        > 0
+                    ):
+                        n_vals[slot, 0] = v0
+                        n_vals[slot, 1] = v1
+                        n_vals[slot, 2] = v2
+                        n_vals[slot, 3] = v3
+                        n_parent[slot] = s
+                        n_move[slot] = p
+                    break
+                h = (h + np.uint64(1)) & mask
+            if improves:
+                lb[0] = v0
+                lb[1] = v1
+                lb[2] = v2
+                lb[3] = v3
+                lb_slot = slot
+    return n_used, n_vals, n_parent, n_move, count, lb_slot
+
+
+@njit(cache=True, nogil=True)
+def _gain_better(g0: int, g1: int, g2: int, g3: int, b0: int, b1: int, b2: int, b3: int) -> bool:
+    return lex_cmp(g0, g1, g2, g3, b0, b1, b2, b3) > 0
+
+
+@njit(cache=True, nogil=True)
+def improve(
+    choice: I64, w: I64, cap: I64, k: I64, r: I64, t: I64, elig: np.ndarray, max_moves: int
+) -> int:
+    """Local search on a feasible ``choice`` (modified in place); returns the moves made.
+
+    For each unplaced session ``u`` (in index order) it takes the best lexicographic gain among:
+    insert ``u`` on a node with room; swap ``u`` for a placed ``a`` on ``a``'s node; or shift a
+    placed ``a`` to another node to make room for ``u``. A move is made only when its gain
+    ``(Δk, Δr, Δt, Δcount)`` is lexicographically positive, so the objective strictly rises and
+    the search ends. Feasibility is kept at every step.
+    """
+    n = w.shape[0]
+    m = cap.shape[0]
+    rem = cap.copy()
+    for i in range(n):
+        if choice[i] >= 0:
+            rem[choice[i]] -= w[i]
+    moves = 0
+    improved = True
+    while improved and moves < max_moves:
+        improved = False
+        for u in range(n):
+            if choice[u] >= 0:
+                continue
+            bg0 = 0
+            bg1 = 0
+            bg2 = 0
+            bg3 = 0
+            kind = -1
+            mb = -1
+            ma = -1
+            mb2 = -1
+            for b in range(m):
+                if not elig[u, b]:
+                    continue
+                if rem[b] >= w[u]:
+                    if _gain_better(k[u, b], r[u], t[u], 1, bg0, bg1, bg2, bg3):
+                        bg0, bg1, bg2, bg3 = k[u, b], r[u], t[u], 1
+                        kind, mb = 0, b
+                    continue
+                for a in range(n):
+                    if choice[a] != b or rem[b] + w[a] < w[u]:
+                        continue
+                    g0 = k[u, b] - k[a, b]
+                    g1 = r[u] - r[a]
+                    g2 = t[u] - t[a]
+                    if _gain_better(g0, g1, g2, 0, bg0, bg1, bg2, bg3):
+                        bg0, bg1, bg2, bg3 = g0, g1, g2, 0
+                        kind, mb, ma = 1, b, a
+                    for b2 in range(m):
+                        if b2 == b or not elig[a, b2] or rem[b2] < w[a]:
+                            continue
+                        g0 = k[u, b] + k[a, b2] - k[a, b]
+                        if _gain_better(g0, r[u], t[u], 1, bg0, bg1, bg2, bg3):
+                            bg0, bg1, bg2, bg3 = g0, r[u], t[u], 1
+                            kind, mb, ma, mb2 = 2, b, a, b2
+            if kind < 0:
+                continue
+            if kind == 0:
+                choice[u] = mb
+                rem[mb] -= w[u]
+            elif kind == 1:
+                choice[ma] = -1
+                choice[u] = mb
+                rem[mb] += w[ma] - w[u]
+            else:
+                choice[ma] = mb2
+                rem[mb2] -= w[ma]
+                choice[u] = mb
+                rem[mb] += w[ma] - w[u]
+            moves += 1
+            improved = True
+            if moves >= max_moves:
+                break
+    return moves

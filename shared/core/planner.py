@@ -247,7 +247,9 @@ def _search(
     ``lb`` is the incumbent's value and is raised in place; ``path`` is the canonical-move path
     of the last improvement (None when nothing beat the incumbent)."""
     n, m = p.k.shape
-    used = np.zeros((1, m), dtype=np.int32)
+    # int32 halves the state memory; capacities past 2**31 quanta need int64
+    wide = m > 0 and int(p.cap.max()) > np.iinfo(np.int32).max
+    used = np.zeros((1, m), dtype=np.int64 if wide else np.int32)
     vals = np.zeros((1, 4), dtype=np.int64)
     parents: list[np.ndarray] = []
     moves: list[np.ndarray] = []
@@ -304,17 +306,28 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
     best_obj = objective_of(d, best_choice)
     best_method = "empty"
     heur: dict[str, list[int]] = {}
+    diag: dict[str, object] = {"heuristics": heur}
+    # Everyone admitted on their best node: a bound that needs no tables.
+    active = d.elig.any(axis=1) if d.m else np.zeros(d.n, dtype=np.bool_)
+    everyone = Objective(
+        int(d.kmax[active].sum()),
+        int(d.r[active].sum()),
+        int(d.t[active].sum()),
+        int(active.sum()),
+    )
     for name, fn in PORTFOLIO:
         ch = fn(d)
         obj = objective_of(d, ch)
         heur[name] = list(obj)
         if obj > best_obj:
             best_choice, best_obj, best_method = ch, obj, name
+        if best_obj == everyone:  # nothing can beat admitting everyone at their best
+            diag["proof"] = "bound"
+            return Solution(best_choice, best_obj, True, best_method, 0, None, diag)
     polished = _polish(d, best_choice)
     if polished is not None and objective_of(d, polished) > best_obj:
         best_choice, best_obj = polished, objective_of(d, polished)
         best_method += "+ls"
-    diag: dict[str, object] = {"heuristics": heur}
     p = _prepare(d, _order_pack)
     n, m = p.k.shape
     diag["groups"] = p.groups
@@ -374,3 +387,21 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
         adopt(beam, "dp-beam", p)
         diag["beam_width"] = width
     return Solution(best_choice, best_obj, False, best_method, states, reason, diag)
+
+
+def warm_up() -> None:
+    """Load every kernel once (from numba's on-disk cache, or compile it) on a tiny snapshot,
+    so that the first real solve is not charged for it. Services call this at start-up."""
+    from shared.core.problem import Candidate, Node, Problem, densify
+
+    nodes = (Node("a", 4096), Node("b", 4096), Node("c", 2048))
+    cands = tuple(
+        Candidate(f"s{i}", 1024 + 512 * i, 900 + 400 * i, i % 2, {"a": 512} if i % 3 else {})
+        for i in range(8)
+    )
+    d = densify(Problem(512, nodes, cands))
+    solve(d, budget=10_000)
+    p = _prepare(d, _order_pack)
+    bd = _bounds(p)
+    for width in (0, 1):  # the exact search and the beam, whatever solve() needed above
+        _search(p, bd, np.zeros(4, dtype=np.int64), width=width, budget=10_000, expired=None)

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from shared.core.problem import PlanResult, Problem
 
-DEFAULT_BUDGET = 60_000
+DEFAULT_BUDGET = 45_000
 """Default DP state budget per solve (states explored, summed over layers)."""
 
 

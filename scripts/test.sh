@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Everything CI checks: set-up, lint, type-check, schema drift, the test suite, and a second pass
+# of the planner/kernel tests with numba's JIT disabled (so the kernels' Python bodies are run).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/lint.sh
+
+echo "== schemas (drift check)" >&2
+.venv/bin/python -m shared.contracts.schemagen --check
+echo "== pytest" >&2
+.venv/bin/pytest
+echo "== pytest, planner and kernels with NUMBA_DISABLE_JIT=1" >&2
+status=0
+NUMBA_DISABLE_JIT=1 .venv/bin/pytest tests/unit/core -k "planner or kernel" -q || status=$?
+if [ "$status" -eq 5 ]; then
+    echo "(no planner/kernel tests collected; skipped)" >&2
+elif [ "$status" -ne 0 ]; then
+    exit "$status"
+fi
+echo "== all checks passed" >&2

@@ -49,13 +49,16 @@ def suffix_knapsack_into(w: I64, v: I64, ok: np.ndarray, table: I64) -> None:
     for j in range(n - 1, -1, -1):
         wj = w[j]
         vj = v[j]
-        for c in range(cap + 1):
-            best = table[j + 1, c]
-            if ok[j] and wj <= c and vj > 0:
-                cand = table[j + 1, c - wj] + vj
-                if cand > best:
-                    best = cand
-            table[j, c] = best
+        nxt = table[j + 1]
+        row = table[j]
+        if not ok[j] or vj <= 0 or wj > cap:
+            row[:] = nxt
+            continue
+        for c in range(wj):
+            row[c] = nxt[c]
+        for c in range(wj, cap + 1):
+            cand = nxt[c - wj] + vj
+            row[c] = cand if cand > nxt[c] else nxt[c]
 
 
 @njit(cache=True, nogil=True)
@@ -114,20 +117,60 @@ def bound_of(
 ) -> tuple[int, int, int, int]:
     """Upper bound (componentwise, hence lexicographic) on what items ``j..`` can still add.
 
-    Credit: Σ over nodes of that node's suffix credit-knapsack at its remaining capacity (exact
-    when each session's credit sits on one node). Readiness, tokens, count: one knapsack over the
-    *pooled* remaining capacity (a relaxation; used for bounding only, never for placement).
-    Capacities are rounded up and weights down to the table granularity, which keeps it a bound.
+    ``node_tab_idx[b, 0]`` names node ``b``'s suffix credit-knapsack table (or -1: no credit
+    there); ``node_tab_idx[b, 1]`` names the first of three consecutive tables (readiness,
+    tokens, count) for the sessions that may go to ``b`` (or -1: not kept);
+    ``node_tab_idx[b, 2]`` names its Lagrangian credit table (or -1), built on
+    ``max(k_ib − λ_i, 0)``.
+
+    Credit: Σ over nodes of the credit table at the node's remaining capacity (exact when each
+    session's credit sits on one node). When sessions hold credit on several nodes that sum
+    counts a session once per node; the Lagrangian form ``Σ_{i≥j} λ_i + Σ_b T^λ_b`` (valid for
+    any λ ≥ 0, since each session goes to at most one node; ``agg_tables[3, j, 0]`` holds the
+    suffix sum of λ) is then usually tighter, and the smaller of the two is used.
+
+    Readiness, tokens, count: the smaller of one knapsack over the *pooled* remaining capacity
+    and the sum of per-node knapsacks. Both relax the problem (the first lets a session straddle
+    nodes, the second lets it go to several), so both are bounds; the first is tight early, the
+    second sees fragmentation late. Capacities are rounded up and weights down to each table's
+    granularity, which keeps them bounds.
     """
     uk = 0
+    lam = agg_tables.shape[0] > 3
+    uk_lam = agg_tables[3, j, 0] if lam else 0
+    sr = 0
+    st = 0
+    sc = 0
+    per_node = True
     total = 0
     for b in range(rem.shape[0]):
         total += rem[b]
-        ti = node_tab_idx[b]
+        c = (rem[b] + g_node - 1) // g_node
+        ti = node_tab_idx[b, 0]
         if ti >= 0:
-            uk += node_table[ti, j, (rem[b] + g_node - 1) // g_node]
+            uk += node_table[ti, j, c]
+        if lam:
+            li = node_tab_idx[b, 2]
+            if li >= 0:
+                uk_lam += node_table[li, j, c]
+        ci = node_tab_idx[b, 1]
+        if ci >= 0:
+            sr += node_table[ci, j, c]
+            st += node_table[ci + 1, j, c]
+            sc += node_table[ci + 2, j, c]
+        else:
+            per_node = False
     ca = (total + g_agg - 1) // g_agg
-    return (uk, agg_tables[0, j, ca], agg_tables[1, j, ca], agg_tables[2, j, ca])
+    ur = agg_tables[0, j, ca]
+    ut = agg_tables[1, j, ca]
+    uc = agg_tables[2, j, ca]
+    if per_node:
+        ur = min(ur, sr)
+        ut = min(ut, st)
+        uc = min(uc, sc)
+    if lam:
+        uk = min(uk, uk_lam)
+    return (uk, ur, ut, uc)
 
 
 @njit(cache=True, nogil=True)

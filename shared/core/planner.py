@@ -6,23 +6,30 @@ node Σ w̄ ≤ C̄ and the sum of pair values ``(k, r, t, 1)`` is lexicographic
 How it is solved, in order:
 
 1. **Portfolio.** Cheap heuristics (:data:`shared.core.heuristics.PORTFOLIO`: k-first, value
-   density, best-fit-decreasing, short-first, value greedy) run on the same snapshot. The best is
-   the incumbent, so the answer is never lexicographically worse than BFD or short-first.
-2. **Root bound.** A componentwise (hence lexicographic) upper bound: per-node credit knapsacks
-   summed over nodes for Σk (exact when each session's credit sits on one node), and a knapsack
-   over pooled capacity for Σr, Σt and the count. If the incumbent meets it, it is optimal.
-3. **Exact DP over capacity vectors.** One layer per candidate; a state is the vector of capacity
-   used per node. Interchangeable nodes (equal free capacity, equal credit column, equal
-   eligibility column) are merged *by symmetry*: their coordinates are kept sorted, so states
-   that differ only by a permutation of such nodes are one state. Capacities are never summed.
-   A state is dropped when its value plus the bound of what remains cannot beat the incumbent,
-   and the incumbent rises with every better state found. If the search finishes within the
-   state budget, the best value found is proven optimal (``exact: true``).
-4. **Beam.** When the budget (or the injected deadline) runs out, the search continues from the
-   layer it reached, keeping only the states with the best optimistic value (value + bound). The
-   answer is the best of the beam and the portfolio, reported with ``exact: false`` and a reason.
+   density, best-fit-decreasing, short-first, value greedy) run on the same snapshot, and the
+   best, polished by a local search (insert / swap / shift), is the incumbent. So the answer is
+   never lexicographically worse than BFD or short-first. If it admits every session on its best
+   node, nothing can beat it and it is returned as proven.
+2. **Root bound.** A componentwise (hence lexicographic) upper bound on what the sessions can
+   add (:func:`shared.core.kernels.bound_of`): for Σk the per-node credit knapsacks summed over
+   nodes (exact when each session's credit sits on one node), tightened by a Lagrangian form when
+   credit sits on several nodes; for Σr, Σt and the count the smaller of a knapsack over pooled
+   capacity and the sum of per-node knapsacks. If the incumbent meets it, it is optimal.
+3. **Probe.** A narrow beam over the DP below, to raise the incumbent before the exact search.
+4. **Exact DP over capacity vectors.** One layer per candidate (sessions with credit first, then
+   largest first); a state is the vector of capacity used per node. Interchangeable nodes (equal
+   free capacity, credit column and eligibility column) are merged *by symmetry*: their
+   coordinates are kept sorted, so states that differ only by a permutation of such nodes are one
+   state. Capacities are never summed. A state is dropped when its value plus the bound of what
+   remains cannot beat the incumbent, and the incumbent rises with every better state found. If
+   the search finishes within the budget, the best value found is proven optimal.
+5. **Beam.** When the budget (or the injected deadline) runs out first, the rest of the budget
+   goes to a wider beam that keeps the states with the best optimistic value (value + bound).
+   The answer is the best found, reported with ``exact: false`` and the reason.
 
-The kernels live in :mod:`shared.core.kernels`; their slow twins in :mod:`shared.core.reference`.
+The budget counts child states examined (each state × its m + 1 moves), which tracks time for
+any node count. The kernels live in :mod:`shared.core.kernels`; their slow twins in
+:mod:`shared.core.reference`.
 """
 
 from __future__ import annotations
@@ -44,14 +51,15 @@ from shared.core.problem import Dense, Objective, objective_of
 
 NODE_TABLE_MAX = 1024
 """Largest per-node bound-table width; coarser granularity beyond it (still a valid bound)."""
-AGG_TABLE_MAX = 8192
+AGG_TABLE_MAX = 2048
 """Largest pooled bound-table width."""
 BEAM_SHARE = 4
-"""The exact phase may use ``budget - budget // BEAM_SHARE`` states; the beams get the rest."""
+"""The probe and the exact phase may use ``budget - budget // BEAM_SHARE`` states; the final
+beam gets the rest."""
 POLISH_MOVES = 4
 """Local-search moves allowed per candidate when polishing an incumbent."""
 PROBE_WIDTH = 1024
-"""Width of the first, narrow beam that seeds the incumbent before the exact search."""
+"""Upper limit on the probe beam's width (it is otherwise sized from the budget)."""
 
 
 @dataclass(slots=True)
@@ -86,12 +94,6 @@ def _order_pack(d: Dense, i: int) -> tuple[int, ...]:
     order)."""
     kmax = int(d.k[i].max()) if d.m else 0
     return (-int(kmax > 0), -int(d.w[i]), i)
-
-
-def _order_value(d: Dense, i: int) -> tuple[int, ...]:
-    """Sessions with credit first, then ready ones, then largest weight (a second beam order)."""
-    kmax = int(d.k[i].max()) if d.m else 0
-    return (-int(kmax > 0), -int(d.r[i]), -int(d.w[i]), i)
 
 
 def _prepare(d: Dense, order: Callable[[Dense, int], tuple[int, ...]]) -> _Prepared:
@@ -139,27 +141,59 @@ def _bounds(p: _Prepared) -> _Bounds:
     max_cap = int(p.cap.max()) if m else 0
     g_node = max(1, -(-max_cap // NODE_TABLE_MAX))
     width = -(-max_cap // g_node)
-    credit_nodes = [b for b in range(m) if bool(p.k[:, b].any())]
-    node_tab_idx = np.full(m, -1, dtype=np.int64)
-    node_table = np.zeros((max(len(credit_nodes), 1), n + 1, width + 1), dtype=np.int64)
     wg = p.w // g_node
-    seen: dict[bytes, int] = {}
-    for b in credit_nodes:
-        col = p.k[:, b]
-        key = col.tobytes() + p.elig[:, b].tobytes()
-        if key in seen:  # interchangeable nodes share their table
-            node_tab_idx[b] = seen[key]
-            continue
-        idx = len(seen)
-        seen[key] = idx
-        node_tab_idx[b] = idx
-        suffix_knapsack_into(wg, col, p.elig[:, b], node_table[idx])
+    # credit tables: one per distinct (credit column, eligibility column) with any credit
+    credit_keys: dict[bytes, int] = {}
+    node_tab_idx = np.full((m, 3), -1, dtype=np.int64)
+    for b in range(m):
+        if bool(p.k[:, b].any()):
+            key = p.k[:, b].tobytes() + p.elig[:, b].tobytes()
+            node_tab_idx[b, 0] = credit_keys.setdefault(key, len(credit_keys))
+    # readiness / tokens / count per node: one triple shared by every node, over the sessions
+    # eligible anywhere (a superset of each node's own, so still a bound, and 3 tables, not 3m)
+    ok: np.ndarray = np.asarray(p.elig.any(axis=1), dtype=np.bool_)
+    # Lagrangian credit tables when some session holds credit on several nodes: λ_i is its
+    # second-largest credit, so only the margin over it is counted per node
+    several = bool(((p.k > 0).sum(axis=1) >= 2).any()) if m >= 2 else False
+    lam = np.sort(p.k, axis=1)[:, -2] if several else np.zeros(n, dtype=np.int64)
+    k_lam = np.maximum(p.k - lam[:, None], 0)
+    lam_keys: dict[bytes, int] = {}
+    if several:
+        for b in range(m):
+            if bool(k_lam[:, b].any()):
+                key = k_lam[:, b].tobytes() + p.elig[:, b].tobytes()
+                node_tab_idx[b, 2] = lam_keys.setdefault(key, len(lam_keys))
+    n_tab = len(credit_keys) + 3 + len(lam_keys)
+    node_table = np.zeros((max(n_tab, 1), n + 1, width + 1), dtype=np.int64)
+    done: set[int] = set()
+    for b in range(m):
+        ti = int(node_tab_idx[b, 0])
+        if ti >= 0 and ti not in done:
+            done.add(ti)
+            suffix_knapsack_into(wg, p.k[:, b], p.elig[:, b], node_table[ti])
+    ci = len(credit_keys)
+    node_tab_idx[:, 1] = ci
+    suffix_knapsack_into(wg, p.r, ok, node_table[ci])
+    suffix_knapsack_into(wg, p.t, ok, node_table[ci + 1])
+    suffix_knapsack_into(wg, np.ones(n, dtype=np.int64), ok, node_table[ci + 2])
+    if several:
+        base = ci + 3
+        for b in range(m):
+            li = int(node_tab_idx[b, 2])
+            if li >= 0:
+                node_tab_idx[b, 2] = base + li
+                if base + li not in done:
+                    done.add(base + li)
+                    col = np.ascontiguousarray(k_lam[:, b])
+                    suffix_knapsack_into(wg, col, p.elig[:, b], node_table[base + li])
     total = int(p.cap.sum())
     g_agg = max(1, -(-total // AGG_TABLE_MAX))
     agg_w = -(-total // g_agg)
     wa = p.w // g_agg
-    ok: np.ndarray = np.asarray(p.elig.any(axis=1), dtype=np.bool_)
-    agg = np.zeros((3, n + 1, agg_w + 1), dtype=np.int64)
+    agg = np.zeros((4 if several else 3, n + 1, agg_w + 1), dtype=np.int64)
+    if several:  # plane 3: suffix sums of λ over sessions that can be placed at all
+        lam_ok = np.where(ok, lam, 0)
+        agg[3] = np.concatenate((np.cumsum(lam_ok[::-1])[::-1], [0]))[:, None]
     suffix_knapsack_into(wa, p.r, ok, agg[0])
     suffix_knapsack_into(wa, p.t, ok, agg[1])
     suffix_knapsack_into(wa, np.ones(n, dtype=np.int64), ok, agg[2])
@@ -242,8 +276,10 @@ def _search(
     budget: int,
     expired: Callable[[], bool] | None,
 ) -> _Search:
-    """Layered DP from the root. ``width == 0``: exact (stops incomplete past ``budget``
-    states or when ``expired()``); otherwise a beam keeping ``width`` states per layer.
+    """Layered DP from the root. ``width == 0``: exact (stops incomplete before a layer would
+    take the states examined past ``budget``, or when ``expired()``); otherwise a beam keeping
+    ``width`` states per layer. A layer examines ``S × (m + 1)`` child states (skip, or each
+    node), which is what ``states`` counts and what tracks the time spent.
     ``lb`` is the incumbent's value and is raised in place; ``path`` is the canonical-move path
     of the last improvement (None when nothing beat the incumbent)."""
     n, m = p.k.shape
@@ -256,16 +292,15 @@ def _search(
     states = 0
     path: list[int] | None = None
     for j in range(n):
-        if width == 0 and expired is not None and expired():
+        if expired is not None and expired():
             return _Search(states, False, path, j)
         if width and used.shape[0] > width:
             keep = np.sort(_rank(p, bd, used, vals, j)[:width])
             used, vals = used[keep], vals[keep]
             parents[-1], moves[-1] = parents[-1][keep], moves[-1][keep]
-        max_out = used.shape[0] * (m + 1)
-        if width == 0:
-            max_out = max(0, min(max_out, budget - states))
-        lb_before = lb.copy()
+        examined = used.shape[0] * (m + 1)  # every state tries skip and each node
+        if width == 0 and states + examined > budget:
+            return _Search(states, False, path, j)
         n_used, n_vals, n_parent, n_move, count, lb_slot = expand_layer(
             used,
             vals,
@@ -283,12 +318,9 @@ def _search(
             bd.agg,
             bd.g_agg,
             lb,
-            max_out,
+            examined,
         )
-        if count < 0:
-            lb[:] = lb_before
-            return _Search(states, False, path, j)
-        states += count
+        states += examined
         used, vals = n_used[:count], n_vals[:count]
         parents.append(n_parent[:count])
         moves.append(n_move[:count])
@@ -358,12 +390,9 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
 
     # A narrow beam first: a strong incumbent makes the exact search prune far more.
     probe_width = max(1, min(PROBE_WIDTH, budget // (2 * BEAM_SHARE * n * (m + 1))))
-    for prep, bnd in ((p, bd), (p2 := _prepare(d, _order_value), _bounds(p2))):
-        probe = _search(prep, bnd, lb, width=probe_width, budget=budget, expired=None)
-        states += probe.states
-        adopt(probe, "dp-beam", prep)
-        if best_obj == root:
-            break
+    probe = _search(p, bd, lb, width=probe_width, budget=budget, expired=expired)
+    states += probe.states
+    adopt(probe, "dp-beam", p)
     if best_obj == root:
         diag["proof"] = "bound"
         return Solution(best_choice, best_obj, True, best_method, states, None, diag)
@@ -380,12 +409,14 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
         if timed_out
         else f"state budget {budget} exhausted at layer {exact.layer_reached} of {n}"
     )
-    width = _beam_width(budget, states, n, m)
-    if width > probe_width and not timed_out:
-        beam = _search(p, bd, lb, width=width, budget=budget, expired=None)
-        states += beam.states
-        adopt(beam, "dp-beam", p)
-        diag["beam_width"] = width
+    if not timed_out:
+        # Not proven: spend the rest on a wider beam.
+        width = _beam_width(budget, states, n, m)
+        if width > probe_width:
+            beam = _search(p, bd, lb, width=width, budget=budget, expired=expired)
+            states += beam.states
+            adopt(beam, "dp-beam", p)
+            diag["beam_width"] = width
     return Solution(best_choice, best_obj, False, best_method, states, reason, diag)
 
 

@@ -104,7 +104,7 @@ class PlanResult:
     ``assignments`` are ordered most valuable first, so any prefix is a sensible partial plan.
     ``exact`` is true only when the objective is proven optimal on the discretised snapshot.
     ``method`` names what produced the answer; ``reason`` says why it is not exact (or is
-    ``None``). ``states`` counts DP states explored (0 for heuristics).
+    ``None``). ``states`` counts DP child states examined (0 for heuristics).
     ``diagnostics`` carries extra facts for the shell to log (never logged here).
     """
 

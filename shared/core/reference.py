@@ -95,16 +95,36 @@ def bound_of(
     agg_tables: Array,
     g_agg: int,
 ) -> Value:
-    """Σ over credit-bearing nodes of their table at ``ceil(rem_b / g_node)``, then the three
-    pooled tables at ``ceil(Σ rem / g_agg)`` (the kernel's formula, written out)."""
+    """Credit: Σ over credit-bearing nodes of their table at ``ceil(rem_b / g_node)``.
+    lowered to the Lagrangian sum when ``agg_tables`` carries λ (plane 3). Readiness, tokens,
+    count: the pooled tables at ``ceil(Σ rem / g_agg)``, lowered to the sum of the per-node
+    tables when every node has them (the kernel's formula, written out)."""
     rems = _ints(rem)
     credit = 0
+    per_node: list[int] | None = [0, 0, 0]
     for b, left in enumerate(rems):
-        ti = int(node_tab_idx[b])
+        c = -(-left // g_node)
+        ti = int(node_tab_idx[b, 0])
         if ti >= 0:
-            credit += int(node_table[ti, j, -(-left // g_node)])
+            credit += int(node_table[ti, j, c])
+        ci = int(node_tab_idx[b, 1])
+        if ci < 0:
+            per_node = None
+        elif per_node is not None:
+            for comp in range(3):
+                per_node[comp] += int(node_table[ci + comp, j, c])
+    if agg_tables.shape[0] > 3:  # the Lagrangian credit bound: Σ_{i≥j} λ_i + Σ_b T^λ_b
+        lagrangian = int(agg_tables[3, j, 0])
+        for b, left in enumerate(rems):
+            li = int(node_tab_idx[b, 2])
+            if li >= 0:
+                lagrangian += int(node_table[li, j, -(-left // g_node)])
+        credit = min(credit, lagrangian)
     ca = -(-sum(rems) // g_agg)
-    return (credit, int(agg_tables[0, j, ca]), int(agg_tables[1, j, ca]), int(agg_tables[2, j, ca]))
+    pooled = [int(agg_tables[comp, j, ca]) for comp in range(3)]
+    if per_node is not None:
+        pooled = [min(a, b) for a, b in zip(pooled, per_node, strict=True)]
+    return (credit, pooled[0], pooled[1], pooled[2])
 
 
 def optimistic(

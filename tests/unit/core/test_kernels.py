@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import hypothesis.strategies as st
 import numpy as np
 from hypothesis import given, settings
 
-from shared.core import kernels, reference
+from shared.core import kernels, planner, reference
 from shared.core.problem import Dense, is_feasible, objective_of
 
 NO_JIT = os.environ.get("NUMBA_DISABLE_JIT") == "1"
@@ -155,17 +155,20 @@ def layers(draw: st.DrawFn, *, huge_bound: bool = False, low_lb: bool = False) -
     cap: list[int] = []
     elig: list[bool] = []
     k_row: list[int] = []
-    tab_idx: list[int] = []
-    n_tables = draw(st.integers(1, 3))
+    tab_idx: list[list[int]] = []
+    n_tables = draw(st.integers(3, 5))
+    lagrangian = draw(st.booleans())
     for size in sizes:
         start = len(group_start)
         c, e, k = draw(st.integers(0, 8)), draw(st.booleans()), draw(st.integers(0, 5))
         ti = draw(st.integers(0 if huge_bound else -1, n_tables - 1))
+        ci = draw(st.integers(0 if huge_bound else -1, n_tables - 3))
+        li = draw(st.integers(0 if huge_bound else -1, n_tables - 1)) if lagrangian else -1
         group_start += [start] * size
         cap += [c] * size
         elig += [e] * size
         k_row += [k] * size
-        tab_idx += [ti] * size
+        tab_idx += [[ti, ci, li]] * size
     m = len(cap)
     s_count = draw(st.integers(1, 6))
     used = []
@@ -189,14 +192,17 @@ def layers(draw: st.DrawFn, *, huge_bound: bool = False, low_lb: bool = False) -
         ),
         dtype=np.int64,
     ).reshape(n_tables, 4, width + 1)
+    planes = 4 if lagrangian else 3
     agg = np.array(
         draw(
             st.lists(
-                table_values, min_size=3 * 4 * (agg_width + 1), max_size=3 * 4 * (agg_width + 1)
+                table_values,
+                min_size=planes * 4 * (agg_width + 1),
+                max_size=planes * 4 * (agg_width + 1),
             )
         ),
         dtype=np.int64,
-    ).reshape(3, 4, agg_width + 1)
+    ).reshape(planes, 4, agg_width + 1)
     lb = [-(10**15)] * 4 if low_lb else list(draw(st.tuples(*[st.integers(0, 14)] * 4)))
     max_out = draw(st.integers(0, s_count * (m + 1) + 1)) if not huge_bound else s_count * (m + 1)
     return LayerCase(
@@ -211,7 +217,7 @@ def layers(draw: st.DrawFn, *, huge_bound: bool = False, low_lb: bool = False) -
         ti=draw(st.integers(0, 5)),
         j_next=j_next,
         node_table=node_table,
-        node_tab_idx=i64(tab_idx),
+        node_tab_idx=i64(tab_idx).reshape(m, 3),
         g_node=g_node,
         agg=agg,
         g_agg=g_agg,
@@ -443,43 +449,46 @@ def component_maxima(d: Dense, j: int, rem: list[int]) -> tuple[int, int, int, i
     return best[0], best[1], best[2], best[3]
 
 
-def bound_tables(d: Dense, g_node: int, g_agg: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Per-node credit tables and pooled (r, t, count) tables built from suffix_knapsack the
-    way the planner builds them: weights rounded down to the granularity."""
-    n, m = d.n, d.m
-    width = -(-int(d.cap.max()) // g_node)
-    idx = np.full(m, -1, dtype=np.int64)
-    node_table = np.zeros((m, n + 1, width + 1), dtype=np.int64)
-    for b in range(m):
-        if d.k[:, b].any():
-            idx[b] = b
-            node_table[b] = kernels.suffix_knapsack(
-                d.w // g_node, d.k[:, b], np.ascontiguousarray(d.elig[:, b]), width
-            )
-    agg_w = -(-int(d.cap.sum()) // g_agg)
-    ok = d.elig.any(axis=1)
-    agg = np.zeros((3, n + 1, agg_w + 1), dtype=np.int64)
-    for row, v in enumerate((d.r, d.t, np.ones(n, dtype=np.int64))):
-        agg[row] = kernels.suffix_knapsack(d.w // g_agg, v, ok, agg_w)
-    return node_table, idx, agg
+def planner_bounds(d: Dense, node_max: int, agg_max: int) -> tuple[Dense, Any]:
+    """The planner's own bound tables (credit, Lagrangian, per-node and pooled r/t/count) for
+    ``d``, with table widths capped at ``node_max`` / ``agg_max`` so coarse granularities are
+    exercised too. Returns ``d`` re-laid in the planner's candidate order, and the tables."""
+    saved = (planner.NODE_TABLE_MAX, planner.AGG_TABLE_MAX)
+    planner.NODE_TABLE_MAX, planner.AGG_TABLE_MAX = node_max, agg_max
+    try:
+        prep = planner._prepare(d, planner._order_pack)
+        bounds = planner._bounds(prep)
+    finally:
+        planner.NODE_TABLE_MAX, planner.AGG_TABLE_MAX = saved
+    ordered = replace(
+        d,
+        w=prep.w,
+        cap=prep.cap,
+        k=prep.k,
+        r=prep.r,
+        t=prep.t,
+        elig=prep.elig,
+        cand_ids=tuple(d.cand_ids[int(i)] for i in prep.items),
+        node_ids=tuple(d.node_ids[int(b)] for b in prep.node_perm),
+    )
+    return ordered, bounds
 
 
 class TestBoundIsABound:
-    @given(dense_problems(max_n=6), st.integers(1, 3), st.integers(1, 4), st.data())
+    @given(dense_problems(max_n=6), st.integers(1, 8), st.integers(1, 16), st.data())
     @settings(max_examples=FEW, deadline=None)
     def test_bound_dominates_every_component(
-        self, d: Dense, g_node: int, g_agg: int, data: st.DataObject
+        self, d: Dense, node_max: int, agg_max: int, data: st.DataObject
     ) -> None:
-        """bound_of over suffix_knapsack tables is at least the best of each component that
-        items ``j..`` can add within the remaining capacities (so it never prunes an optimum)."""
-        node_table, idx, agg = bound_tables(d, g_node, g_agg)
-        j = data.draw(st.integers(0, d.n))
-        rem = [data.draw(st.integers(0, int(c))) for c in d.cap]
-        got = kernels.bound_of(i64(rem), j, node_table, idx, g_node, agg, g_agg)
-        assert tuple(int(x) for x in got) == reference.bound_of(
-            i64(rem), j, node_table, idx, g_node, agg, g_agg
-        )
-        maxima = component_maxima(d, j, rem)
+        """bound_of over the planner's tables is at least the best of each component that items
+        ``j..`` can add within the remaining capacities (so it never prunes an optimum)."""
+        od, bd = planner_bounds(d, node_max, agg_max)
+        j = data.draw(st.integers(0, od.n))
+        rem = [data.draw(st.integers(0, int(c))) for c in od.cap]
+        args = (bd.node_table, bd.node_tab_idx, bd.g_node, bd.agg, bd.g_agg)
+        got = kernels.bound_of(i64(rem), j, *args)
+        assert tuple(int(x) for x in got) == reference.bound_of(i64(rem), j, *args)
+        maxima = component_maxima(od, j, rem)
         assert all(int(u) >= x for u, x in zip(got, maxima, strict=True))
 
 

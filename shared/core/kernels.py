@@ -62,6 +62,41 @@ def suffix_knapsack_into(w: I64, v: I64, ok: np.ndarray, table: I64) -> None:
 
 
 @njit(cache=True, nogil=True)
+def suffix_knapsack_lex_into(w: I64, vals: I64, ok: np.ndarray, planes: I64) -> None:
+    """Lexicographic suffix knapsack: ``planes[:, j, c]`` is the lexicographically largest sum
+    of ``vals`` rows (``q`` components, compared in order) over subsets of items ``j..n-1``
+    with ``ok`` true and Σ w ≤ c. ``planes`` is a preallocated zeroed ``(q, n + 1, cap + 1)``.
+    """
+    q = planes.shape[0]
+    n = w.shape[0]
+    cap = planes.shape[2] - 1
+    for j in range(n - 1, -1, -1):
+        wj = w[j]
+        useful = ok[j] and wj <= cap
+        if useful:
+            useful = False
+            for x in range(q):
+                if vals[j, x] != 0:
+                    useful = vals[j, x] > 0
+                    break
+        for c in range(cap + 1):
+            take = False
+            if useful and c >= wj:
+                for x in range(q):
+                    cand = planes[x, j + 1, c - wj] + vals[j, x]
+                    cur = planes[x, j + 1, c]
+                    if cand != cur:
+                        take = cand > cur
+                        break
+            if take:
+                for x in range(q):
+                    planes[x, j, c] = planes[x, j + 1, c - wj] + vals[j, x]
+            else:
+                for x in range(q):
+                    planes[x, j, c] = planes[x, j + 1, c]
+
+
+@njit(cache=True, nogil=True)
 def knapsack_lex(w: I64, vals: I64, cap: int) -> np.ndarray:
     """Exact single-knapsack with lexicographic values. ``vals`` is (n, 4). Returns a bool mask.
 
@@ -115,61 +150,109 @@ def bound_of(
     agg_tables: np.ndarray,
     g_agg: int,
 ) -> tuple[int, int, int, int]:
-    """Upper bound (componentwise, hence lexicographic) on what items ``j..`` can still add.
+    """A lexicographic upper bound on what items ``j..`` can still add at remaining capacities
+    ``rem``: every completion's value ``(Σk, Σr, Σt, count)`` is lexicographically ≤ it.
 
-    ``node_tab_idx[b, 0]`` names node ``b``'s suffix credit-knapsack table (or -1: no credit
-    there); ``node_tab_idx[b, 1]`` names the first of three consecutive tables (readiness,
-    tokens, count) for the sessions that may go to ``b`` (or -1: not kept);
-    ``node_tab_idx[b, 2]`` names its Lagrangian credit table (or -1), built on
-    ``max(k_ib − λ_i, 0)``.
+    Tables are suffix knapsacks over the DP's candidate order, indexed ``[.., j, capacity]``.
+    ``node_tab_idx[b, 0]``: node ``b``'s credit table (-1: no credit there).
+    ``node_tab_idx[b, 1]``: first of five tables for the sessions that may go anywhere, shared
+    by every node (-1: none): lexicographic (r, t, count) planes, then max Σt, then max count.
+    ``node_tab_idx[b, 2]``: its Lagrangian credit table (-1 everywhere: off).
+    ``node_tab_idx[b, 3]``: first of four lexicographic (k, r, t, count) planes for credit node
+    ``b`` (-1: not a credit node, or off).
+    ``agg_tables`` over pooled capacity: ``0:3`` lexicographic (r, t, count), ``3`` max Σt,
+    ``4`` max count; ``5`` (if present) the suffix sum of λ in column 0; ``6:9`` (if present)
+    lexicographic (r, t, count) over the capacity of the nodes without credit.
 
-    Credit: Σ over nodes of the credit table at the node's remaining capacity (exact when each
-    session's credit sits on one node). When sessions hold credit on several nodes that sum
-    counts a session once per node; the Lagrangian form ``Σ_{i≥j} λ_i + Σ_b T^λ_b`` (valid for
-    any λ ≥ 0, since each session goes to at most one node; ``agg_tables[3, j, 0]`` holds the
-    suffix sum of λ) is then usually tighter, and the smaller of the two is used.
+    It is the lexicographic minimum of bounds that are each valid on their own:
 
-    Readiness, tokens, count: the smaller of one knapsack over the *pooled* remaining capacity
-    and the sum of per-node knapsacks. Both relax the problem (the first lets a session straddle
-    nodes, the second lets it go to several), so both are bounds; the first is tight early, the
-    second sees fragmentation late. Capacities are rounded up and weights down to each table's
+    * ``(U_k, X)``. ``U_k`` bounds Σk alone: Σ over nodes of the credit table (exact when each
+      session's credit sits on one node), lowered to the Lagrangian ``Σ_{i≥j} λ_i + Σ_b T^λ_b``
+      when on (valid for any λ ≥ 0 since a session goes to at most one node). ``X`` bounds
+      (Σr, Σt, count): the smallest of the componentwise maxima (each the smaller of pooled and
+      per-node), the pooled lexicographic table and the per-node lexicographic sum. Pooled
+      capacity lets a session straddle nodes; per-node sums let it go to several; both relax.
+    * ``mixed`` (when credit planes exist): Σ over credit nodes of their own lexicographic
+      (k, r, t, count) tables, plus (0, pooled (r, t, count) over the other nodes). It sees the
+      capacity that the credit optimum takes from readiness and tokens on the credit nodes.
+
+    Sums of lexicographic bounds are bounds (the order is translation-invariant), and so are
+    componentwise maxima. Capacities are rounded up and weights down to each table's
     granularity, which keeps them bounds.
     """
+    m = rem.shape[0]
+    lam = m > 0 and node_tab_idx[0, 2] >= 0
+    mixed = False
     uk = 0
-    lam = agg_tables.shape[0] > 3
-    uk_lam = agg_tables[3, j, 0] if lam else 0
-    sr = 0
-    st = 0
-    sc = 0
-    per_node = True
+    uk_lam = agg_tables[5, j, 0] if lam else 0
+    pr = 0
+    pt = 0
+    pc = 0
+    pt_max = 0
+    pc_max = 0
+    per_node = m > 0
     total = 0
-    for b in range(rem.shape[0]):
+    other = 0
+    x0 = 0
+    x1 = 0
+    x2 = 0
+    x3 = 0
+    for b in range(m):
         total += rem[b]
         c = (rem[b] + g_node - 1) // g_node
         ti = node_tab_idx[b, 0]
         if ti >= 0:
             uk += node_table[ti, j, c]
         if lam:
-            li = node_tab_idx[b, 2]
-            if li >= 0:
-                uk_lam += node_table[li, j, c]
+            uk_lam += node_table[node_tab_idx[b, 2], j, c]
         ci = node_tab_idx[b, 1]
         if ci >= 0:
-            sr += node_table[ci, j, c]
-            st += node_table[ci + 1, j, c]
-            sc += node_table[ci + 2, j, c]
+            pr += node_table[ci, j, c]
+            pt += node_table[ci + 1, j, c]
+            pc += node_table[ci + 2, j, c]
+            pt_max += node_table[ci + 3, j, c]
+            pc_max += node_table[ci + 4, j, c]
         else:
             per_node = False
+        li = node_tab_idx[b, 3]
+        if li >= 0:
+            mixed = True
+            x0 += node_table[li, j, c]
+            x1 += node_table[li + 1, j, c]
+            x2 += node_table[li + 2, j, c]
+            x3 += node_table[li + 3, j, c]
+        else:
+            other += rem[b]
+    if lam and uk_lam < uk:
+        uk = uk_lam
     ca = (total + g_agg - 1) // g_agg
+    # pooled lexicographic
     ur = agg_tables[0, j, ca]
     ut = agg_tables[1, j, ca]
     uc = agg_tables[2, j, ca]
+    # componentwise maxima (the r plane of a lexicographic table is the max Σr)
+    wr = ur
+    wt = agg_tables[3, j, ca]
+    wc = agg_tables[4, j, ca]
     if per_node:
-        ur = min(ur, sr)
-        ut = min(ut, st)
-        uc = min(uc, sc)
-    if lam:
-        uk = min(uk, uk_lam)
+        wr = min(wr, pr)
+        wt = min(wt, pt_max)
+        wc = min(wc, pc_max)
+        if lex_cmp(pr, pt, pc, 0, ur, ut, uc, 0) < 0:
+            ur = pr
+            ut = pt
+            uc = pc
+    if lex_cmp(wr, wt, wc, 0, ur, ut, uc, 0) < 0:
+        ur = wr
+        ut = wt
+        uc = wc
+    if mixed:
+        co = (other + g_agg - 1) // g_agg
+        x1 += agg_tables[6, j, co]
+        x2 += agg_tables[7, j, co]
+        x3 += agg_tables[8, j, co]
+        if lex_cmp(x0, x1, x2, x3, uk, ur, ut, uc) < 0:
+            return (x0, x1, x2, x3)
     return (uk, ur, ut, uc)
 
 

@@ -46,6 +46,7 @@ from shared.core.kernels import (
     improve,
     optimistic,
     suffix_knapsack_into,
+    suffix_knapsack_lex_into,
 )
 from shared.core.problem import Dense, Objective, objective_of
 
@@ -53,6 +54,8 @@ NODE_TABLE_MAX = 1024
 """Largest per-node bound-table width; coarser granularity beyond it (still a valid bound)."""
 AGG_TABLE_MAX = 2048
 """Largest pooled bound-table width."""
+MIXED_CELLS_MAX = 1_000_000
+"""Most table cells spent on per-credit-node lexicographic (k, r, t, count) tables."""
 BEAM_SHARE = 4
 """The probe and the exact phase may use ``budget - budget // BEAM_SHARE`` states; the final
 beam gets the rest."""
@@ -137,67 +140,86 @@ class _Bounds:
 
 
 def _bounds(p: _Prepared) -> _Bounds:
+    """Suffix-knapsack tables for :func:`shared.core.kernels.bound_of` (layout documented
+    there). Identical columns share a table; the per-credit-node lexicographic tables are built
+    only while they stay within :data:`MIXED_CELLS_MAX`."""
     n, m = p.k.shape
     max_cap = int(p.cap.max()) if m else 0
     g_node = max(1, -(-max_cap // NODE_TABLE_MAX))
     width = -(-max_cap // g_node)
     wg = p.w // g_node
-    # credit tables: one per distinct (credit column, eligibility column) with any credit
-    credit_keys: dict[bytes, int] = {}
-    node_tab_idx = np.full((m, 3), -1, dtype=np.int64)
-    for b in range(m):
-        if bool(p.k[:, b].any()):
-            key = p.k[:, b].tobytes() + p.elig[:, b].tobytes()
-            node_tab_idx[b, 0] = credit_keys.setdefault(key, len(credit_keys))
-    # readiness / tokens / count per node: one triple shared by every node, over the sessions
-    # eligible anywhere (a superset of each node's own, so still a bound, and 3 tables, not 3m)
     ok: np.ndarray = np.asarray(p.elig.any(axis=1), dtype=np.bool_)
+    ones = np.ones(n, dtype=np.int64)
+    rtc = np.ascontiguousarray(np.stack((p.r, p.t, ones), axis=1))
+    node_tab_idx = np.full((m, 4), -1, dtype=np.int64)
+    plan: list[tuple[str, int, np.ndarray]] = []  # (kind, node, column) per table to build
+    slots: dict[bytes, int] = {}
+
+    def slot(kind: str, key: bytes, size: int, b: int, col: np.ndarray) -> int:
+        full = kind.encode() + key
+        if full not in slots:
+            slots[full] = sum(sz for _, _, sz in _sizes(plan))
+            plan.append((kind, b, col))
+        return slots[full]
+
+    credit_nodes = [b for b in range(m) if bool(p.k[:, b].any())]
+    for b in credit_nodes:
+        key = p.k[:, b].tobytes() + p.elig[:, b].tobytes()
+        node_tab_idx[b, 0] = slot("k", key, 1, b, p.k[:, b])
+    # (r, t, count) per node: lexicographic planes plus max Σt and max count, shared by every
+    # node, over the sessions eligible anywhere (a superset of each node's own, so still a
+    # bound; 5 tables, not 5m)
+    node_tab_idx[:, 1] = slot("rtc", b"", 3, -1, rtc)
+    slot("t", b"", 1, -1, p.t)
+    slot("c", b"", 1, -1, ones)
     # Lagrangian credit tables when some session holds credit on several nodes: λ_i is its
     # second-largest credit, so only the margin over it is counted per node
-    several = bool(((p.k > 0).sum(axis=1) >= 2).any()) if m >= 2 else False
+    several = m >= 2 and bool(((p.k > 0).sum(axis=1) >= 2).any())
     lam = np.sort(p.k, axis=1)[:, -2] if several else np.zeros(n, dtype=np.int64)
-    k_lam = np.maximum(p.k - lam[:, None], 0)
-    lam_keys: dict[bytes, int] = {}
     if several:
+        k_lam = np.maximum(p.k - lam[:, None], 0)
         for b in range(m):
-            if bool(k_lam[:, b].any()):
-                key = k_lam[:, b].tobytes() + p.elig[:, b].tobytes()
-                node_tab_idx[b, 2] = lam_keys.setdefault(key, len(lam_keys))
-    n_tab = len(credit_keys) + 3 + len(lam_keys)
-    node_table = np.zeros((max(n_tab, 1), n + 1, width + 1), dtype=np.int64)
-    done: set[int] = set()
-    for b in range(m):
-        ti = int(node_tab_idx[b, 0])
-        if ti >= 0 and ti not in done:
-            done.add(ti)
-            suffix_knapsack_into(wg, p.k[:, b], p.elig[:, b], node_table[ti])
-    ci = len(credit_keys)
-    node_tab_idx[:, 1] = ci
-    suffix_knapsack_into(wg, p.r, ok, node_table[ci])
-    suffix_knapsack_into(wg, p.t, ok, node_table[ci + 1])
-    suffix_knapsack_into(wg, np.ones(n, dtype=np.int64), ok, node_table[ci + 2])
-    if several:
-        base = ci + 3
-        for b in range(m):
-            li = int(node_tab_idx[b, 2])
-            if li >= 0:
-                node_tab_idx[b, 2] = base + li
-                if base + li not in done:
-                    done.add(base + li)
-                    col = np.ascontiguousarray(k_lam[:, b])
-                    suffix_knapsack_into(wg, col, p.elig[:, b], node_table[base + li])
+            col = np.ascontiguousarray(k_lam[:, b])
+            node_tab_idx[b, 2] = slot("lam", col.tobytes() + p.elig[:, b].tobytes(), 1, b, col)
+    mixed = bool(credit_nodes) and len(credit_nodes) * 4 * (n + 1) * (width + 1) <= MIXED_CELLS_MAX
+    if mixed:
+        for b in credit_nodes:
+            kv = np.ascontiguousarray(np.stack((p.k[:, b], p.r, p.t, ones), axis=1))
+            key = p.k[:, b].tobytes() + p.elig[:, b].tobytes()
+            node_tab_idx[b, 3] = slot("mix", key, 4, b, kv)
+    node_table = np.zeros(
+        (max(sum(sz for _, _, sz in _sizes(plan)), 1), n + 1, width + 1), dtype=np.int64
+    )
+    at = 0
+    for _kind, b, col in plan:
+        okb = ok if b < 0 else np.ascontiguousarray(p.elig[:, b])
+        if col.ndim == 1:
+            suffix_knapsack_into(wg, col, okb, node_table[at])
+            at += 1
+        else:
+            q = col.shape[1]
+            suffix_knapsack_lex_into(wg, col, okb, node_table[at : at + q])
+            at += q
     total = int(p.cap.sum())
     g_agg = max(1, -(-total // AGG_TABLE_MAX))
     agg_w = -(-total // g_agg)
     wa = p.w // g_agg
-    agg = np.zeros((4 if several else 3, n + 1, agg_w + 1), dtype=np.int64)
-    if several:  # plane 3: suffix sums of λ over sessions that can be placed at all
+    agg = np.zeros((9 if mixed else (6 if several else 5), n + 1, agg_w + 1), dtype=np.int64)
+    suffix_knapsack_lex_into(wa, rtc, ok, agg[0:3])
+    suffix_knapsack_into(wa, p.t, ok, agg[3])
+    suffix_knapsack_into(wa, ones, ok, agg[4])
+    if several:  # plane 5: suffix sums of λ over sessions that can be placed at all
         lam_ok = np.where(ok, lam, 0)
-        agg[3] = np.concatenate((np.cumsum(lam_ok[::-1])[::-1], [0]))[:, None]
-    suffix_knapsack_into(wa, p.r, ok, agg[0])
-    suffix_knapsack_into(wa, p.t, ok, agg[1])
-    suffix_knapsack_into(wa, np.ones(n, dtype=np.int64), ok, agg[2])
+        agg[5] = np.concatenate((np.cumsum(lam_ok[::-1])[::-1], [0]))[:, None]
+    if mixed:  # planes 6-8: (r, t, count) over the nodes without credit
+        others = [b for b in range(m) if b not in credit_nodes]
+        ok_o = np.asarray(p.elig[:, others].any(axis=1), dtype=np.bool_) if others else ok & False
+        suffix_knapsack_lex_into(wa, rtc, ok_o, agg[6:9])
     return _Bounds(node_table, node_tab_idx, g_node, agg, g_agg)
+
+
+def _sizes(plan: list[tuple[str, int, np.ndarray]]) -> list[tuple[str, int, int]]:
+    return [(kind, b, 1 if col.ndim == 1 else col.shape[1]) for kind, b, col in plan]
 
 
 def _root_bound(p: _Prepared, bd: _Bounds) -> Objective:
@@ -425,13 +447,14 @@ def warm_up() -> None:
     so that the first real solve is not charged for it. Services call this at start-up."""
     from shared.core.problem import Candidate, Node, Problem, densify
 
-    nodes = (Node("a", 4096), Node("b", 4096), Node("c", 2048))
+    nodes = (Node("a", 4096), Node("b", 4096), Node("c", 2048), Node("d", 2048))
+    credits: tuple[dict[str, int], ...] = ({"a": 512}, {"a": 512, "b": 1024}, {})
     cands = tuple(
-        Candidate(f"s{i}", 1024 + 512 * i, 900 + 400 * i, i % 2, {"a": 512} if i % 3 else {})
-        for i in range(8)
+        Candidate(f"s{i}", 1024 + 512 * i, 900 + 400 * i, i % 2, credits[i % 3]) for i in range(10)
     )
     d = densify(Problem(512, nodes, cands))
-    solve(d, budget=10_000)
+    for budget in (10_000, 50):  # the exact search, then the beam fallback
+        solve(d, budget=budget)
     p = _prepare(d, _order_pack)
     bd = _bounds(p)
     for width in (0, 1):  # the exact search and the beam, whatever solve() needed above

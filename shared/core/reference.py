@@ -62,6 +62,25 @@ def suffix_knapsack_into(w: Array, v: Array, ok: Array, table: Array) -> None:
     table[:] = np.array(suffix_knapsack(w, v, ok, table.shape[1] - 1), dtype=table.dtype)
 
 
+def suffix_knapsack_lex_into(w: Array, vals: Array, ok: Array, planes: Array) -> None:
+    """``planes[:, j, c]`` = the lexicographically largest Σ of ``vals`` rows over subsets of
+    the allowed items ``j..n-1`` with Σ w ≤ c, found by enumerating the subsets."""
+    ws, oks = _ints(w), [bool(x) for x in np.asarray(ok).reshape(-1)]
+    rows = [tuple(int(x) for x in vals[i]) for i in range(len(ws))]
+    q = planes.shape[0]
+    subsets: list[tuple[int, tuple[int, ...]]] = [(0, (0,) * q)]
+    for j in range(len(ws) - 1, -1, -1):
+        if oks[j]:
+            subsets = subsets + [
+                (sw + ws[j], tuple(a + b for a, b in zip(sv, rows[j], strict=True)))
+                for sw, sv in subsets
+            ]
+        for c in range(planes.shape[2]):
+            best = max(sv for sw, sv in subsets if sw <= c)
+            for x in range(q):
+                planes[x, j, c] = best[x]
+
+
 def lex_knapsack_best(w: Array, vals: Array, cap: int) -> tuple[tuple[bool, ...], Value]:
     """Every subset enumerated: the first (in ``itertools.product`` order) with the
     lexicographically largest Σ vals among those with Σ w ≤ cap, and that value."""
@@ -95,36 +114,42 @@ def bound_of(
     agg_tables: Array,
     g_agg: int,
 ) -> Value:
-    """Credit: Σ over credit-bearing nodes of their table at ``ceil(rem_b / g_node)``.
-    lowered to the Lagrangian sum when ``agg_tables`` carries λ (plane 3). Readiness, tokens,
-    count: the pooled tables at ``ceil(Σ rem / g_agg)``, lowered to the sum of the per-node
-    tables when every node has them (the kernel's formula, written out)."""
+    """The kernel's bound written out: the lexicographic minimum of ``(U_k, X)`` and, when
+    credit nodes carry lexicographic planes, the mixed bound (see the kernel's docstring)."""
     rems = _ints(rem)
-    credit = 0
-    per_node: list[int] | None = [0, 0, 0]
-    for b, left in enumerate(rems):
-        c = -(-left // g_node)
-        ti = int(node_tab_idx[b, 0])
-        if ti >= 0:
-            credit += int(node_table[ti, j, c])
-        ci = int(node_tab_idx[b, 1])
-        if ci < 0:
-            per_node = None
-        elif per_node is not None:
-            for comp in range(3):
-                per_node[comp] += int(node_table[ci + comp, j, c])
-    if agg_tables.shape[0] > 3:  # the Lagrangian credit bound: Σ_{i≥j} λ_i + Σ_b T^λ_b
-        lagrangian = int(agg_tables[3, j, 0])
-        for b, left in enumerate(rems):
-            li = int(node_tab_idx[b, 2])
-            if li >= 0:
-                lagrangian += int(node_table[li, j, -(-left // g_node)])
+    m = len(rems)
+    cols = [-(-left // g_node) for left in rems]
+
+    def cell(table: int, b: int) -> int:
+        return int(node_table[table, j, cols[b]])
+
+    credit = sum(cell(int(node_tab_idx[b, 0]), b) for b in range(m) if node_tab_idx[b, 0] >= 0)
+    if m and int(node_tab_idx[0, 2]) >= 0:
+        lagrangian = int(agg_tables[5, j, 0]) + sum(
+            cell(int(node_tab_idx[b, 2]), b) for b in range(m)
+        )
         credit = min(credit, lagrangian)
     ca = -(-sum(rems) // g_agg)
-    pooled = [int(agg_tables[comp, j, ca]) for comp in range(3)]
-    if per_node is not None:
-        pooled = [min(a, b) for a, b in zip(pooled, per_node, strict=True)]
-    return (credit, pooled[0], pooled[1], pooled[2])
+    pooled_lex = tuple(int(agg_tables[comp, j, ca]) for comp in range(3))
+    widest = [pooled_lex[0], int(agg_tables[3, j, ca]), int(agg_tables[4, j, ca])]
+    candidates = [pooled_lex]
+    if m and all(int(node_tab_idx[b, 1]) >= 0 for b in range(m)):
+        per = [sum(cell(int(node_tab_idx[b, 1]) + x, b) for b in range(m)) for x in range(5)]
+        candidates.append((per[0], per[1], per[2]))
+        widest = [min(widest[0], per[0]), min(widest[1], per[3]), min(widest[2], per[4])]
+    candidates.append((widest[0], widest[1], widest[2]))
+    x = min(candidates)
+    best: Value = (credit, x[0], x[1], x[2])
+    credit_nodes = [b for b in range(m) if int(node_tab_idx[b, 3]) >= 0]
+    if credit_nodes:
+        other = sum(rems[b] for b in range(m) if b not in credit_nodes)
+        co = -(-other // g_agg)
+        mixed = [0, *(int(agg_tables[6 + comp, j, co]) for comp in range(3))]
+        for b in credit_nodes:
+            for comp in range(4):
+                mixed[comp] += cell(int(node_tab_idx[b, 3]) + comp, b)
+        best = min(best, (mixed[0], mixed[1], mixed[2], mixed[3]))
+    return best
 
 
 def optimistic(

@@ -76,6 +76,24 @@ class TestSuffixKnapsack:
         assert column.tolist() == want.tolist()
 
 
+class TestSuffixKnapsackLex:
+    @given(items(), st.integers(1, 4), st.data())
+    @settings(max_examples=MANY, deadline=None)
+    def test_planes_match_enumeration(self, case: Any, q: int, data: st.DataObject) -> None:
+        """Every cell holds the lexicographically best sum of value rows over the allowed suffix
+        items within the capacity (rows may be zero or negative in leading components)."""
+        w, _, ok, cap = case
+        n = w.shape[0]
+        flat = data.draw(st.lists(st.integers(-2, 4), min_size=n * q, max_size=n * q))
+        vals = i64(flat).reshape(n, q)
+        got = np.zeros((q + 1, n + 1, cap + 1), dtype=np.int64)
+        kernels.suffix_knapsack_lex_into(w, vals, ok, got[1:])
+        want = np.zeros((q, n + 1, cap + 1), dtype=np.int64)
+        reference.suffix_knapsack_lex_into(w, vals, ok, want)
+        assert got[1:].tolist() == want.tolist()
+        assert not got[0].any()
+
+
 @st.composite
 def lex_items(draw: st.DrawFn) -> Any:
     n = draw(st.integers(0, 8))
@@ -156,19 +174,21 @@ def layers(draw: st.DrawFn, *, huge_bound: bool = False, low_lb: bool = False) -
     elig: list[bool] = []
     k_row: list[int] = []
     tab_idx: list[list[int]] = []
-    n_tables = draw(st.integers(3, 5))
+    n_tables = draw(st.integers(5, 7))
     lagrangian = draw(st.booleans())
+    mixed = draw(st.booleans())
     for size in sizes:
         start = len(group_start)
         c, e, k = draw(st.integers(0, 8)), draw(st.booleans()), draw(st.integers(0, 5))
         ti = draw(st.integers(0 if huge_bound else -1, n_tables - 1))
-        ci = draw(st.integers(0 if huge_bound else -1, n_tables - 3))
-        li = draw(st.integers(0 if huge_bound else -1, n_tables - 1)) if lagrangian else -1
+        ci = draw(st.integers(0 if huge_bound else -1, n_tables - 5))
+        li = draw(st.integers(0, n_tables - 1)) if lagrangian else -1
+        xi = draw(st.integers(-1, n_tables - 4)) if mixed else -1
         group_start += [start] * size
         cap += [c] * size
         elig += [e] * size
         k_row += [k] * size
-        tab_idx += [[ti, ci, li]] * size
+        tab_idx += [[ti, ci, li, xi]] * size
     m = len(cap)
     s_count = draw(st.integers(1, 6))
     used = []
@@ -192,7 +212,7 @@ def layers(draw: st.DrawFn, *, huge_bound: bool = False, low_lb: bool = False) -
         ),
         dtype=np.int64,
     ).reshape(n_tables, 4, width + 1)
-    planes = 4 if lagrangian else 3
+    planes = 9 if mixed else (6 if lagrangian else 5)
     agg = np.array(
         draw(
             st.lists(
@@ -217,7 +237,7 @@ def layers(draw: st.DrawFn, *, huge_bound: bool = False, low_lb: bool = False) -
         ti=draw(st.integers(0, 5)),
         j_next=j_next,
         node_table=node_table,
-        node_tab_idx=i64(tab_idx).reshape(m, 3),
+        node_tab_idx=i64(tab_idx).reshape(m, 4),
         g_node=g_node,
         agg=agg,
         g_agg=g_agg,
@@ -427,10 +447,9 @@ class TestImprove:
         assert (now > before) == (moved > 0)
 
 
-def component_maxima(d: Dense, j: int, rem: list[int]) -> tuple[int, int, int, int]:
-    """Max of each objective component separately, over every choice of items ``j..`` that
-    fits in ``rem``."""
-    best = [0, 0, 0, 0]
+def completion_values(d: Dense, j: int, rem: list[int]) -> list[tuple[int, int, int, int]]:
+    """The value of every choice of items ``j..`` that fits in ``rem``."""
+    values = []
     options = [[-1, *(b for b in range(d.m) if d.elig[i, b])] for i in range(j, d.n)]
     for tail in itertools.product(*options):
         used = [0] * d.m
@@ -438,15 +457,11 @@ def component_maxima(d: Dense, j: int, rem: list[int]) -> tuple[int, int, int, i
         for i, b in enumerate(tail, start=j):
             if b >= 0:
                 used[b] += int(d.w[i])
-                total = [
-                    x + y
-                    for x, y in zip(
-                        total, (int(d.k[i, b]), int(d.r[i]), int(d.t[i]), 1), strict=True
-                    )
-                ]
+                for x, v in enumerate((int(d.k[i, b]), int(d.r[i]), int(d.t[i]), 1)):
+                    total[x] += v
         if all(u <= c for u, c in zip(used, rem, strict=True)):
-            best = [max(x, y) for x, y in zip(best, total, strict=True)]
-    return best[0], best[1], best[2], best[3]
+            values.append((total[0], total[1], total[2], total[3]))
+    return values
 
 
 def planner_bounds(d: Dense, node_max: int, agg_max: int) -> tuple[Dense, Any]:
@@ -480,16 +495,19 @@ class TestBoundIsABound:
     def test_bound_dominates_every_component(
         self, d: Dense, node_max: int, agg_max: int, data: st.DataObject
     ) -> None:
-        """bound_of over the planner's tables is at least the best of each component that items
-        ``j..`` can add within the remaining capacities (so it never prunes an optimum)."""
+        """bound_of over the planner's tables is lexicographically at least every value items
+        ``j..`` can add within the remaining capacities (so it never prunes an optimum), and its
+        credit component is at least the largest Σk alone."""
         od, bd = planner_bounds(d, node_max, agg_max)
         j = data.draw(st.integers(0, od.n))
         rem = [data.draw(st.integers(0, int(c))) for c in od.cap]
         args = (bd.node_table, bd.node_tab_idx, bd.g_node, bd.agg, bd.g_agg)
         got = kernels.bound_of(i64(rem), j, *args)
         assert tuple(int(x) for x in got) == reference.bound_of(i64(rem), j, *args)
-        maxima = component_maxima(od, j, rem)
-        assert all(int(u) >= x for u, x in zip(got, maxima, strict=True))
+        values = completion_values(od, j, rem)
+        bound = tuple(int(x) for x in got)
+        assert bound >= max(values)
+        assert bound[0] >= max(v[0] for v in values)
 
 
 class TestEveryKernelHasATwin:

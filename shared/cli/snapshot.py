@@ -9,7 +9,7 @@ The format (every number an integer; ``credit``, ``eligible``, ``load`` and ``ph
 
 Every problem raises :class:`~shared.core.problem.ProblemError` naming the field by its path
 (``candidates[3].weight``) and the reason. Rules: integers are JSON integers (not ``true``, not
-``3.0``), from 0 to 2**53; ``quantum`` is at least 1; ``ready`` is 0 or 1; ids are non-empty
+``3.0``), from 0 to 2**40; ``quantum`` is at least 1; ``ready`` is 0 or 1; ids are non-empty
 strings, unique among nodes and among candidates; ``credit`` and ``eligible`` name only known
 nodes, each at most once. Unknown keys at the top level are ignored (room for metadata);
 unknown keys inside a node or a candidate are errors, so a misspelt optional field (``eligable``)
@@ -22,9 +22,9 @@ import json
 from collections.abc import Mapping
 from typing import Any, cast, get_args
 
-from shared.core.problem import Candidate, Node, Phase, Problem, ProblemError
+from shared.core.problem import MAX_VALUE, Candidate, Node, Phase, Problem, ProblemError
 
-MAX_INT = 2**53
+MAX_INT = MAX_VALUE
 """Largest integer accepted (the largest every JSON implementation reads exactly)."""
 
 PHASES: tuple[str, ...] = get_args(Phase)
@@ -105,14 +105,14 @@ def _type_name(value: object) -> str:
 
 def _int(value: object, path: str, *, minimum: int = 0) -> int:
     if isinstance(value, _TooLarge):
-        raise ProblemError(path, f"too large (at most 2**53 = {MAX_INT})")
+        raise ProblemError(path, f"too large (at most 2**40 = {MAX_INT})")
     if isinstance(value, bool) or not isinstance(value, int):
         shown = f" ({value!r})" if isinstance(value, float) else ""
         raise ProblemError(path, f"must be an integer, got {_type_name(value)}{shown}")
     if value < minimum:
         raise ProblemError(path, f"must be >= {minimum}, got {value}")
     if value > MAX_INT:
-        raise ProblemError(path, f"too large (at most 2**53 = {MAX_INT}), got {value}")
+        raise ProblemError(path, f"too large (at most 2**40 = {MAX_INT}), got {value}")
     return value
 
 

@@ -153,12 +153,45 @@ class Dense:
         return int(self.cap.shape[0])
 
 
+MAX_VALUE = 2**40
+"""Largest integer a snapshot may carry (tokens, credit, capacity, quantum): about 1.1e12, far
+beyond any KV cache. It keeps every sum the planner forms (at most nodes × sessions such
+values) inside int64 for up to 2**22 (session, node) pairs."""
+MAX_PAIRS = 2**22
+"""Most (session, node) pairs one snapshot may have."""
+
+
 def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def _check_sizes(problem: Problem) -> None:
+    """Raise :class:`ProblemError` for values past :data:`MAX_VALUE` or too many pairs, which
+    could overflow the planner's int64 arithmetic. (Shape and sign checks belong to whoever
+    parses the snapshot, such as ``tao plan``.)"""
+    if len(problem.nodes) * len(problem.candidates) > MAX_PAIRS:
+        raise ProblemError("candidates", f"too many (session, node) pairs (at most {MAX_PAIRS})")
+    if problem.quantum > MAX_VALUE:
+        raise ProblemError("quantum", f"too large (at most 2**40 = {MAX_VALUE})")
+    for b, nd in enumerate(problem.nodes):
+        for name, value in (("free", nd.free), ("load", nd.load)):
+            if value > MAX_VALUE:
+                raise ProblemError(f"nodes[{b}].{name}", f"too large (at most {MAX_VALUE})")
+    for i, c in enumerate(problem.candidates):
+        for name, value in (("weight", c.weight), ("tokens", c.tokens)):
+            if value > MAX_VALUE:
+                raise ProblemError(f"candidates[{i}].{name}", f"too large (at most {MAX_VALUE})")
+        for node_id, credit in c.credit.items():
+            if credit > MAX_VALUE:
+                raise ProblemError(
+                    f'candidates[{i}].credit["{node_id}"]', f"too large (at most {MAX_VALUE})"
+                )
+
+
 def densify(problem: Problem) -> Dense:
-    """Discretise and lay out a problem as arrays. Assumes a validated problem."""
+    """Discretise and lay out a problem as arrays. Assumes a validated problem, apart from the
+    size limits, which it checks (:data:`MAX_VALUE`, :data:`MAX_PAIRS`)."""
+    _check_sizes(problem)
     q = problem.quantum
     nodes = problem.nodes
     cands = problem.candidates
@@ -240,6 +273,8 @@ def result_from_choice(
     reason: str | None = None,
     diagnostics: Mapping[str, object] | None = None,
 ) -> PlanResult:
+    if not exact and reason is None:
+        reason = f"{method}: a heuristic, not proven optimal"
     return PlanResult(
         assignments=ordered_assignments(d, choice),
         objective=objective_of(d, choice),

@@ -207,7 +207,7 @@ BAD_INPUTS: list[tuple[str, Any, str]] = [
      "candidates[0].eligible[0]"),
     ("empty id", {"quantum": 1, "nodes": [{"id": "", "free": 1}], "candidates": []},
      "nodes[0].id"),
-    ("too large", {"quantum": 2**53 + 1, "nodes": [], "candidates": []}, "quantum"),
+    ("too large", {"quantum": 2**40 + 1, "nodes": [], "candidates": []}, "quantum"),
 ]  # fmt: skip
 
 

@@ -21,11 +21,13 @@ from shared.core.planner import solve
 from shared.core.policies.base import PlanOptions
 from shared.core.policies.tao import TaoPolicy
 from shared.core.problem import (
+    MAX_VALUE,
     Candidate,
     Dense,
     Node,
     Objective,
     Problem,
+    ProblemError,
     densify,
     is_feasible,
     objective_of,
@@ -405,3 +407,48 @@ class TestEdgeCases:
         sol = solve(d, budget=GENEROUS)
         check_plan(d, sol.choice, sol.objective)
         assert sol.objective == brute_force(d)[1]
+
+
+class TestSizeLimits:
+    """Values past MAX_VALUE are refused up front, so int64 sums inside the planner never wrap."""
+
+    @pytest.mark.parametrize(
+        ("problem", "field"),
+        [
+            (Problem(MAX_VALUE + 1, (), ()), "quantum"),
+            (Problem(512, (Node("n0", MAX_VALUE + 1),), ()), "nodes[0].free"),
+            (
+                Problem(512, (Node("n0", 1024),), (Candidate("s0", 512, MAX_VALUE + 1),)),
+                "candidates[0].tokens",
+            ),
+            (
+                Problem(512, (Node("n0", 1024),), (Candidate("s0", 512, 1, credit={"n0": 2**53}),)),
+                'candidates[0].credit["n0"]',
+            ),
+        ],
+    )
+    def test_too_large_is_a_problem_error(self, problem: Problem, field: str) -> None:
+        """densify names the field that is too large."""
+        with pytest.raises(ProblemError) as err:
+            densify(problem)
+        assert err.value.field_path == field
+
+    def test_largest_values_plan_exactly(self) -> None:
+        """Credits and tokens at MAX_VALUE on 16 nodes x 64 sessions give exact Python ints."""
+        nodes = tuple(Node(f"n{b}", 512 * 40) for b in range(16))
+        cands = tuple(
+            Candidate(
+                f"s{i}",
+                512 * (1 + i % 5),
+                MAX_VALUE,
+                1,
+                credit={f"n{b}": MAX_VALUE - i - b for b in range(16)},
+            )
+            for i in range(64)
+        )
+        d = densify(Problem(512, nodes, cands))
+        sol = solve(d, budget=20_000)
+        assert is_feasible(d, sol.choice)
+        assert sol.objective.credit >= 0
+        assert sol.objective == objective_of(d, sol.choice)
+        assert sol.objective.tokens == MAX_VALUE * sol.objective.admitted

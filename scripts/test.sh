@@ -11,7 +11,7 @@ echo "== pytest" >&2
 .venv/bin/pytest
 echo "== pytest, planner and kernels with NUMBA_DISABLE_JIT=1" >&2
 status=0
-NUMBA_DISABLE_JIT=1 .venv/bin/pytest tests/unit/core -k "planner or kernel" -q || status=$?
+NUMBA_DISABLE_JIT=1 .venv/bin/pytest tests/unit/core -k "planner or kernel" || status=$?
 if [ "$status" -eq 5 ]; then
     echo "(no planner/kernel tests collected; skipped)" >&2
 elif [ "$status" -ne 0 ]; then

@@ -99,14 +99,10 @@ def value_density(d: Dense) -> Choice:
     return _greedy(d, _density_order(d), affinity=True)
 
 
-def k_first(d: Dense) -> Choice:
-    """Exact per-node credit knapsacks, then a fill.
-
-    Each session with credit is offered to its highest-credit node; every node solves an exact
-    single knapsack over those offers with lexicographic values (k, r, t, 1) (so Σk is optimal
-    when each session's credit sits on one node). The rest is filled by value density,
-    tightest fit.
-    """
+def _credit_knapsacks(d: Dense) -> tuple[Choice, list[int]]:
+    """Each session with credit offered to its highest-credit node; each node solves an exact
+    single knapsack over its offers with lexicographic values (k, r, t, 1). Returns the choice
+    and the capacity left per node."""
     choice = [-1] * d.n
     rem = _remaining(d)
     home = [-1] * d.n
@@ -126,6 +122,28 @@ def k_first(d: Dense) -> Choice:
             if mask[pos]:
                 choice[i] = b
                 rem[b] -= int(d.w[i])
+    return choice, rem
+
+
+def k_first_ready(d: Dense) -> Choice:
+    """The credit knapsacks of :func:`k_first`, then ready sessions smallest first (the most
+    ready sessions fit), then the rest by value density; tightest fit throughout."""
+    choice, rem = _credit_knapsacks(d)
+    dens = _density_order(d)
+    rank = {i: pos for pos, i in enumerate(dens)}
+    order = sorted(range(d.n), key=lambda i: (-int(d.r[i]), int(d.w[i]) if d.r[i] else 0, rank[i]))
+    return _greedy(d, order, affinity=True, start=choice, rem=rem)
+
+
+def k_first(d: Dense) -> Choice:
+    """Exact per-node credit knapsacks, then a fill.
+
+    Each session with credit is offered to its highest-credit node; every node solves an exact
+    single knapsack over those offers with lexicographic values (k, r, t, 1) (so Σk is optimal
+    when each session's credit sits on one node). The rest is filled by value density,
+    tightest fit.
+    """
+    choice, rem = _credit_knapsacks(d)
     return _greedy(d, _density_order(d), affinity=True, start=choice, rem=rem)
 
 
@@ -138,6 +156,7 @@ def ready_tokens_fill(d: Dense) -> Choice:
 
 PORTFOLIO: tuple[tuple[str, Callable[[Dense], Choice]], ...] = (
     ("k-first", k_first),
+    ("k-first-ready", k_first_ready),
     ("density", value_density),
     ("bfd", bfd),
     ("short-first", short_first),

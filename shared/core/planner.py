@@ -50,10 +50,14 @@ from shared.core.kernels import (
 )
 from shared.core.problem import Dense, Objective, objective_of
 
-NODE_TABLE_MAX = 1024
-"""Largest per-node bound-table width; coarser granularity beyond it (still a valid bound)."""
-AGG_TABLE_MAX = 2048
-"""Largest pooled bound-table width."""
+NODE_CELLS_MAX = 8_000_000
+"""Cells (int64) the per-node bound tables may take; past it their capacity granularity coarsens
+(still a valid bound, looser). At full granularity the credit bound is exact when each session's
+credit sits on one node."""
+AGG_CELLS_MAX = 4_000_000
+"""Cells the pooled bound tables may take."""
+MIN_COLUMNS = 64
+"""Fewest capacity columns a bound table gets, whatever the cell limits say."""
 MIXED_CELLS_MAX = 1_000_000
 """Most table cells spent on per-credit-node lexicographic (k, r, t, count) tables."""
 BEAM_SHARE = 4
@@ -145,7 +149,12 @@ def _bounds(p: _Prepared) -> _Bounds:
     only while they stay within :data:`MIXED_CELLS_MAX`."""
     n, m = p.k.shape
     max_cap = int(p.cap.max()) if m else 0
-    g_node = max(1, -(-max_cap // NODE_TABLE_MAX))
+    several = m >= 2 and bool(((p.k > 0).sum(axis=1) >= 2).any())
+    credit_cols = {
+        p.k[:, b].tobytes() + p.elig[:, b].tobytes() for b in range(m) if p.k[:, b].any()
+    }
+    tables = len(credit_cols) + 5 + (m if several else 0)
+    g_node = _granularity(max_cap, tables * (n + 1), NODE_CELLS_MAX)
     width = -(-max_cap // g_node)
     wg = p.w // g_node
     ok: np.ndarray = np.asarray(p.elig.any(axis=1), dtype=np.bool_)
@@ -174,7 +183,6 @@ def _bounds(p: _Prepared) -> _Bounds:
     slot("c", b"", 1, -1, ones)
     # Lagrangian credit tables when some session holds credit on several nodes: λ_i is its
     # second-largest credit, so only the margin over it is counted per node
-    several = m >= 2 and bool(((p.k > 0).sum(axis=1) >= 2).any())
     lam = np.sort(p.k, axis=1)[:, -2] if several else np.zeros(n, dtype=np.int64)
     if several:
         k_lam = np.maximum(p.k - lam[:, None], 0)
@@ -201,10 +209,11 @@ def _bounds(p: _Prepared) -> _Bounds:
             suffix_knapsack_lex_into(wg, col, okb, node_table[at : at + q])
             at += q
     total = int(p.cap.sum())
-    g_agg = max(1, -(-total // AGG_TABLE_MAX))
+    planes = 9 if mixed else (6 if several else 5)
+    g_agg = _granularity(total, planes * (n + 1), AGG_CELLS_MAX)
     agg_w = -(-total // g_agg)
     wa = p.w // g_agg
-    agg = np.zeros((9 if mixed else (6 if several else 5), n + 1, agg_w + 1), dtype=np.int64)
+    agg = np.zeros((planes, n + 1, agg_w + 1), dtype=np.int64)
     suffix_knapsack_lex_into(wa, rtc, ok, agg[0:3])
     suffix_knapsack_into(wa, p.t, ok, agg[3])
     suffix_knapsack_into(wa, ones, ok, agg[4])
@@ -216,6 +225,13 @@ def _bounds(p: _Prepared) -> _Bounds:
         ok_o = np.asarray(p.elig[:, others].any(axis=1), dtype=np.bool_) if others else ok & False
         suffix_knapsack_lex_into(wa, rtc, ok_o, agg[6:9])
     return _Bounds(node_table, node_tab_idx, g_node, agg, g_agg)
+
+
+def _granularity(cap: int, rows: int, cells: int) -> int:
+    """Smallest capacity granularity g ≥ 1 with ``rows × (ceil(cap / g) + 1) ≤ cells`` (at
+    least :data:`MIN_COLUMNS` columns): coarser tables are still bounds, just looser."""
+    columns = max(cells // max(rows, 1) - 1, MIN_COLUMNS)
+    return max(1, -(-cap // columns))
 
 
 def _sizes(plan: list[tuple[str, int, np.ndarray]]) -> list[tuple[str, int, int]]:

@@ -464,17 +464,20 @@ def completion_values(d: Dense, j: int, rem: list[int]) -> list[tuple[int, int, 
     return values
 
 
-def planner_bounds(d: Dense, node_max: int, agg_max: int) -> tuple[Dense, Any]:
-    """The planner's own bound tables (credit, Lagrangian, per-node and pooled r/t/count) for
-    ``d``, with table widths capped at ``node_max`` / ``agg_max`` so coarse granularities are
-    exercised too. Returns ``d`` re-laid in the planner's candidate order, and the tables."""
-    saved = (planner.NODE_TABLE_MAX, planner.AGG_TABLE_MAX)
-    planner.NODE_TABLE_MAX, planner.AGG_TABLE_MAX = node_max, agg_max
+def planner_bounds(d: Dense, node_cells: int, agg_cells: int) -> tuple[Dense, Any]:
+    """The planner's own bound tables (credit, Lagrangian, per-node and pooled r/t/count, mixed)
+    for ``d``, with the cell limits lowered so coarse granularities are exercised too. Returns
+    ``d`` re-laid in the planner's candidate order, and the tables."""
+    names = ("NODE_CELLS_MAX", "AGG_CELLS_MAX", "MIN_COLUMNS")
+    saved = tuple(getattr(planner, x) for x in names)
+    for x, v in zip(names, (node_cells, agg_cells, 1), strict=True):
+        setattr(planner, x, v)
     try:
         prep = planner._prepare(d, planner._order_pack)
         bounds = planner._bounds(prep)
     finally:
-        planner.NODE_TABLE_MAX, planner.AGG_TABLE_MAX = saved
+        for x, v in zip(names, saved, strict=True):
+            setattr(planner, x, v)
     ordered = replace(
         d,
         w=prep.w,
@@ -490,15 +493,15 @@ def planner_bounds(d: Dense, node_max: int, agg_max: int) -> tuple[Dense, Any]:
 
 
 class TestBoundIsABound:
-    @given(dense_problems(max_n=6), st.integers(1, 8), st.integers(1, 16), st.data())
+    @given(dense_problems(max_n=6), st.integers(1, 400), st.integers(1, 400), st.data())
     @settings(max_examples=FEW, deadline=None)
     def test_bound_dominates_every_component(
-        self, d: Dense, node_max: int, agg_max: int, data: st.DataObject
+        self, d: Dense, node_cells: int, agg_cells: int, data: st.DataObject
     ) -> None:
         """bound_of over the planner's tables is lexicographically at least every value items
         ``j..`` can add within the remaining capacities (so it never prunes an optimum), and its
         credit component is at least the largest Σk alone."""
-        od, bd = planner_bounds(d, node_max, agg_max)
+        od, bd = planner_bounds(d, node_cells, agg_cells)
         j = data.draw(st.integers(0, od.n))
         rem = [data.draw(st.integers(0, int(c))) for c in od.cap]
         args = (bd.node_table, bd.node_tab_idx, bd.g_node, bd.agg, bd.g_agg)

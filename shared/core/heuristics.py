@@ -100,28 +100,47 @@ def value_density(d: Dense) -> Choice:
 
 
 def _credit_knapsacks(d: Dense) -> tuple[Choice, list[int]]:
-    """Each session with credit offered to its highest-credit node; each node solves an exact
-    single knapsack over its offers with lexicographic values (k, r, t, 1). Returns the choice
-    and the capacity left per node."""
+    """Credit holders placed by exact per-node knapsacks with deferred acceptance.
+
+    Each session with credit proposes to its highest-credit node; every node keeps the exact
+    lexicographically best (k, r, t, 1) subset of its proposers within its capacity and rejects
+    the rest, who propose to their next node with credit. Rounds repeat until no proposal is
+    left (each session proposes to each credit node at most once, so it ends). With credit on
+    one node per session this is one round of independent knapsacks, so Σk is optimal.
+    Returns the choice and the capacity left per node.
+    """
+    prefs: list[list[int]] = []
+    for i in range(d.n):
+        nodes = [b for b in range(d.m) if int(d.k[i, b]) > 0]
+        prefs.append(sorted(nodes, key=lambda b: (-int(d.k[i, b]), b)))
+    nxt = [0] * d.n
+    held: list[list[int]] = [[] for _ in range(d.m)]
+    proposing = [i for i in range(d.n) if prefs[i]]
+    while proposing:
+        touched: dict[int, list[int]] = {}
+        for i in proposing:
+            b = prefs[i][nxt[i]]
+            nxt[i] += 1
+            touched.setdefault(b, []).append(i)
+        proposing = []
+        for b in sorted(touched):
+            items = held[b] + touched[b]
+            w = np.array([int(d.w[i]) for i in items], dtype=np.int64)
+            vals = np.array(
+                [[int(d.k[i, b]), int(d.r[i]), int(d.t[i]), 1] for i in items], dtype=np.int64
+            ).reshape(len(items), 4)
+            mask = knapsack_lex(w, vals, int(d.cap[b]))
+            held[b] = [i for pos, i in enumerate(items) if mask[pos]]
+            proposing += [
+                i for pos, i in enumerate(items) if not mask[pos] and nxt[i] < len(prefs[i])
+            ]
+        proposing.sort()
     choice = [-1] * d.n
     rem = _remaining(d)
-    home = [-1] * d.n
-    for i in range(d.n):
-        if d.m and int(d.k[i].max()) > 0:
-            home[i] = int(np.argmax(d.k[i]))
     for b in range(d.m):
-        items = [i for i in range(d.n) if home[i] == b]
-        if not items:
-            continue
-        w = np.array([int(d.w[i]) for i in items], dtype=np.int64)
-        vals = np.array(
-            [[int(d.k[i, b]), int(d.r[i]), int(d.t[i]), 1] for i in items], dtype=np.int64
-        ).reshape(len(items), 4)
-        mask = knapsack_lex(w, vals, rem[b])
-        for pos, i in enumerate(items):
-            if mask[pos]:
-                choice[i] = b
-                rem[b] -= int(d.w[i])
+        for i in held[b]:
+            choice[i] = b
+            rem[b] -= int(d.w[i])
     return choice, rem
 
 

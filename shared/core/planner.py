@@ -51,9 +51,9 @@ from shared.core.kernels import (
 from shared.core.problem import Dense, Objective, objective_of
 
 NODE_CELLS_MAX = 3_000_000
-"""Cells (int64, 8 bytes each) the per-node bound tables may take; past it their capacity granularity coarsens
-(still a valid bound, looser). At full granularity the credit bound is exact when each session's
-credit sits on one node."""
+"""Cells (int64, 8 bytes each) the per-node bound tables may take; past it their capacity
+granularity coarsens (still a valid bound, looser). At full granularity the credit bound is
+exact when each session's credit sits on one node."""
 AGG_CELLS_MAX = 2_000_000
 """Cells the pooled bound tables may take."""
 MIN_COLUMNS = 64

@@ -165,3 +165,17 @@ class TestKFirst:
         assert is_feasible(d, choice)
         got = sum(int(d.k[i, b]) for i, b in enumerate(choice) if b >= 0)
         assert got == brute_force(d)[1].credit
+
+    def test_rejected_credit_holder_moves_to_its_next_credit_node(self) -> None:
+        """A session crowded out of its best node proposes to its next node with credit
+        (deferred acceptance), and may displace a weaker holder there, who moves on in turn."""
+        d = dense(
+            [4, 4, 4],
+            [
+                {"w": 4, "k": {"n0": 900}},  # keeps n0
+                {"w": 4, "k": {"n0": 800, "n1": 700}},  # rejected at n0, takes n1
+                {"w": 4, "k": {"n1": 500, "n2": 400}},  # displaced from n1, takes n2
+            ],
+        )
+        assert k_first(d) == [0, 1, 2]
+        assert sum(int(d.k[i, b]) for i, b in enumerate(k_first(d))) == 2000

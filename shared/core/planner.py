@@ -103,7 +103,7 @@ def _order_pack(d: Dense, i: int) -> tuple[int, ...]:
     return (-int(kmax > 0), -int(d.w[i]), i)
 
 
-def _prepare(d: Dense, order: Callable[[Dense, int], tuple[int, ...]]) -> _Prepared:
+def _prepare(d: Dense) -> _Prepared:
     active = [i for i in range(d.n) if bool(d.elig[i].any())]
     # Nodes: group the interchangeable ones, groups contiguous, in first-appearance order.
     keys: dict[tuple[object, ...], list[int]] = {}
@@ -117,7 +117,7 @@ def _prepare(d: Dense, order: Callable[[Dense, int], tuple[int, ...]]) -> _Prepa
         node_perm.extend(members)
         group_start.extend([start] * len(members))
 
-    items = np.array(sorted(active, key=lambda i: order(d, i)), dtype=np.int64)
+    items = np.array(sorted(active, key=lambda i: _order_pack(d, i)), dtype=np.int64)
     perm = np.array(node_perm, dtype=np.int64)
     ix = np.ix_(items, perm)
     return _Prepared(
@@ -398,7 +398,7 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
     if polished is not None and objective_of(d, polished) > best_obj:
         best_choice, best_obj = polished, objective_of(d, polished)
         best_method += "+ls"
-    p = _prepare(d, _order_pack)
+    p = _prepare(d)
     n, m = p.k.shape
     diag["groups"] = p.groups
     if n == 0 or m == 0:
@@ -471,7 +471,7 @@ def warm_up() -> None:
     d = densify(Problem(512, nodes, cands))
     for budget in (10_000, 50):  # the exact search, then the beam fallback
         solve(d, budget=budget)
-    p = _prepare(d, _order_pack)
+    p = _prepare(d)
     bd = _bounds(p)
     for width in (0, 1):  # the exact search and the beam, whatever solve() needed above
         _search(p, bd, np.zeros(4, dtype=np.int64), width=width, budget=10_000, expired=None)

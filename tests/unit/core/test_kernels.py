@@ -473,7 +473,7 @@ def planner_bounds(d: Dense, node_cells: int, agg_cells: int) -> tuple[Dense, An
     for x, v in zip(names, (node_cells, agg_cells, 1), strict=True):
         setattr(planner, x, v)
     try:
-        prep = planner._prepare(d, planner._order_pack)
+        prep = planner._prepare(d)
         bounds = planner._bounds(prep)
     finally:
         for x, v in zip(names, saved, strict=True):

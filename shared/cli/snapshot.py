@@ -45,7 +45,9 @@ class _DuplicateKey(ValueError):
 
 
 def _parse_int(text: str) -> int | _TooLarge:
-    return _TooLarge() if len(text) > _MAX_DIGITS else int(text)
+    if len(text.lstrip("-")) <= _MAX_DIGITS:
+        return int(text)
+    return -1 if text.startswith("-") else _TooLarge()  # any negative is refused as negative
 
 
 def _reject_constant(text: str) -> None:
@@ -121,6 +123,10 @@ def _id(value: object, path: str) -> str:
         raise ProblemError(path, f"must be a string, got {_type_name(value)}")
     if not value:
         raise ProblemError(path, "must be a non-empty string")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ProblemError(path, "must be valid Unicode (lone surrogate escape)") from None
     return value
 
 

@@ -157,10 +157,9 @@ def k_first_ready(d: Dense) -> Choice:
 def k_first(d: Dense) -> Choice:
     """Exact per-node credit knapsacks, then a fill.
 
-    Each session with credit is offered to its highest-credit node; every node solves an exact
-    single knapsack over those offers with lexicographic values (k, r, t, 1) (so Σk is optimal
-    when each session's credit sits on one node). The rest is filled by value density,
-    tightest fit.
+    Sessions with credit are placed by exact per-node knapsacks with lexicographic values
+    (k, r, t, 1) and deferred acceptance (see :func:`_credit_knapsacks`; Σk is optimal when
+    each session's credit sits on one node). The rest is filled by value density, tightest fit.
     """
     choice, rem = _credit_knapsacks(d)
     return _greedy(d, _density_order(d), affinity=True, start=choice, rem=rem)

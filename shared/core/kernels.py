@@ -322,12 +322,10 @@ def expand_layer(
     n_used = np.empty((out_cap, m), dtype=used.dtype)
     n_vals = np.empty((out_cap, 4), dtype=np.int64)
     n_parent = np.empty(out_cap, dtype=np.int32)
-    n_move = np.empty(out_cap, dtype=np.int16)
+    n_move = np.empty(out_cap, dtype=np.int32)
     size = 1
     while size < 2 * out_cap + 2:
         size *= 2
-    if size > 1 << 24:
-        size = 1 << 24
     mask = np.uint64(size - 1)
     table = np.full(size, -1, dtype=np.int32)
     child = np.empty(m, dtype=used.dtype)

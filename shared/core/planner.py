@@ -5,16 +5,18 @@ node Σ w̄ ≤ C̄ and the sum of pair values ``(k, r, t, 1)`` is lexicographic
 
 How it is solved, in order:
 
-1. **Portfolio.** Cheap heuristics (:data:`shared.core.heuristics.PORTFOLIO`: k-first, value
-   density, best-fit-decreasing, short-first, value greedy) run on the same snapshot, and the
-   best, polished by a local search (insert / swap / shift), is the incumbent. So the answer is
-   never lexicographically worse than BFD or short-first. If it admits every session on its best
-   node, nothing can beat it and it is returned as proven.
-2. **Root bound.** A componentwise (hence lexicographic) upper bound on what the sessions can
-   add (:func:`shared.core.kernels.bound_of`): for Σk the per-node credit knapsacks summed over
+1. **Portfolio.** Cheap heuristics (:data:`shared.core.heuristics.PORTFOLIO`: k-first,
+   k-first-ready, value density, best-fit-decreasing, short-first, value greedy) run on the
+   same snapshot, and the best, polished by a local search (insert / swap / shift), is the
+   incumbent. So the answer is never lexicographically worse than BFD or short-first. If it
+   admits every session on its best node, nothing can beat it and it is returned as proven.
+2. **Root bound.** A lexicographic upper bound on what the sessions can add
+   (:func:`shared.core.kernels.bound_of`): for Σk the per-node credit knapsacks summed over
    nodes (exact when each session's credit sits on one node), tightened by a Lagrangian form when
-   credit sits on several nodes; for Σr, Σt and the count the smaller of a knapsack over pooled
-   capacity and the sum of per-node knapsacks. If the incumbent meets it, it is optimal.
+   credit sits on several nodes; for (Σr, Σt, count) the lexicographically smallest of the
+   componentwise maxima, a lexicographic knapsack over pooled capacity and the sum of per-node
+   ones; and on small snapshots a mixed bound over credit nodes. If the incumbent meets it, it
+   is optimal.
 3. **Probe.** A narrow beam over the DP below, to raise the incumbent before the exact search.
 4. **Exact DP over capacity vectors.** One layer per candidate (sessions with credit first, then
    largest first); a state is the vector of capacity used per node. Interchangeable nodes (equal
@@ -161,26 +163,29 @@ def _bounds(p: _Prepared) -> _Bounds:
     ones = np.ones(n, dtype=np.int64)
     rtc = np.ascontiguousarray(np.stack((p.r, p.t, ones), axis=1))
     node_tab_idx = np.full((m, 4), -1, dtype=np.int64)
-    plan: list[tuple[str, int, np.ndarray]] = []  # (kind, node, column) per table to build
+    plan: list[tuple[int, np.ndarray]] = []  # (node or -1 for "anywhere", values) per table
     slots: dict[bytes, int] = {}
+    size = 0  # tables planned so far (a 2-D ``values`` takes one table per column)
 
-    def slot(kind: str, key: bytes, size: int, b: int, col: np.ndarray) -> int:
+    def slot(kind: str, key: bytes, b: int, values: np.ndarray) -> int:
+        nonlocal size
         full = kind.encode() + key
         if full not in slots:
-            slots[full] = sum(sz for _, _, sz in _sizes(plan))
-            plan.append((kind, b, col))
+            slots[full] = size
+            plan.append((b, values))
+            size += 1 if values.ndim == 1 else values.shape[1]
         return slots[full]
 
     credit_nodes = [b for b in range(m) if bool(p.k[:, b].any())]
     for b in credit_nodes:
         key = p.k[:, b].tobytes() + p.elig[:, b].tobytes()
-        node_tab_idx[b, 0] = slot("k", key, 1, b, p.k[:, b])
+        node_tab_idx[b, 0] = slot("k", key, b, p.k[:, b])
     # (r, t, count) per node: lexicographic planes plus max Σt and max count, shared by every
     # node, over the sessions eligible anywhere (a superset of each node's own, so still a
     # bound; 5 tables, not 5m)
-    node_tab_idx[:, 1] = slot("rtc", b"", 3, -1, rtc)
-    slot("t", b"", 1, -1, p.t)
-    slot("c", b"", 1, -1, ones)
+    node_tab_idx[:, 1] = slot("rtc", b"", -1, rtc)
+    slot("t", b"", -1, p.t)
+    slot("c", b"", -1, ones)
     # Lagrangian credit tables when some session holds credit on several nodes: λ_i is its
     # second-largest credit, so only the margin over it is counted per node
     lam = np.sort(p.k, axis=1)[:, -2] if several else np.zeros(n, dtype=np.int64)
@@ -188,18 +193,16 @@ def _bounds(p: _Prepared) -> _Bounds:
         k_lam = np.maximum(p.k - lam[:, None], 0)
         for b in range(m):
             col = np.ascontiguousarray(k_lam[:, b])
-            node_tab_idx[b, 2] = slot("lam", col.tobytes() + p.elig[:, b].tobytes(), 1, b, col)
+            node_tab_idx[b, 2] = slot("lam", col.tobytes() + p.elig[:, b].tobytes(), b, col)
     mixed = bool(credit_nodes) and len(credit_nodes) * 4 * (n + 1) * (width + 1) <= MIXED_CELLS_MAX
     if mixed:
         for b in credit_nodes:
             kv = np.ascontiguousarray(np.stack((p.k[:, b], p.r, p.t, ones), axis=1))
             key = p.k[:, b].tobytes() + p.elig[:, b].tobytes()
-            node_tab_idx[b, 3] = slot("mix", key, 4, b, kv)
-    node_table = np.zeros(
-        (max(sum(sz for _, _, sz in _sizes(plan)), 1), n + 1, width + 1), dtype=np.int64
-    )
+            node_tab_idx[b, 3] = slot("mix", key, b, kv)
+    node_table = np.zeros((max(size, 1), n + 1, width + 1), dtype=np.int64)
     at = 0
-    for _kind, b, col in plan:
+    for b, col in plan:
         okb = ok if b < 0 else np.ascontiguousarray(p.elig[:, b])
         if col.ndim == 1:
             suffix_knapsack_into(wg, col, okb, node_table[at])
@@ -232,10 +235,6 @@ def _granularity(cap: int, rows: int, cells: int) -> int:
     least :data:`MIN_COLUMNS` columns): coarser tables are still bounds, just looser."""
     columns = max(cells // max(rows, 1) - 1, MIN_COLUMNS)
     return max(1, -(-cap // columns))
-
-
-def _sizes(plan: list[tuple[str, int, np.ndarray]]) -> list[tuple[str, int, int]]:
-    return [(kind, b, 1 if col.ndim == 1 else col.shape[1]) for kind, b, col in plan]
 
 
 def _root_bound(p: _Prepared, bd: _Bounds) -> Objective:
@@ -358,6 +357,8 @@ def _search(
             lb,
             examined,
         )
+        if count < 0:  # cannot happen: max_out is every child this layer can make
+            raise AssertionError("expand_layer overflowed its own bound")
         states += examined
         used, vals = n_used[:count], n_vals[:count]
         parents.append(n_parent[:count])
@@ -371,7 +372,9 @@ def _search(
 
 def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -> Solution:
     """Best placement for ``d`` (see the module docstring). Deterministic when ``expired`` is
-    ``None``. States explored stay within ``budget`` (plus at most one width-1 pass)."""
+    ``None``. States examined stay within ``budget``, except that the probe beam is at least
+    one state wide, which can pass a tiny budget by up to n × (m + 1). ``expired`` is checked
+    between DP and beam layers only: the portfolio and the bound tables always run."""
     best_choice: Choice = [-1] * d.n
     best_obj = objective_of(d, best_choice)
     best_method = "empty"
@@ -401,8 +404,8 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
     p = _prepare(d)
     n, m = p.k.shape
     diag["groups"] = p.groups
-    if n == 0 or m == 0:
-        diag["proof"] = "trivial"
+    if n == 0 or m == 0:  # (the "everyone" test above has already returned then)
+        diag["proof"] = "bound"
         return Solution(best_choice, best_obj, True, best_method, 0, None, diag)
     bd = _bounds(p)
     root = _root_bound(p, bd)
@@ -423,7 +426,7 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
         polished = _polish(d, best_choice)
         if polished is not None:
             best_choice, best_obj = polished, objective_of(d, polished)
-            best_method += "+ls"
+            best_method += "" if best_method.endswith("+ls") else "+ls"
             lb[:] = np.array(best_obj, dtype=np.int64)
 
     # A narrow beam first: a strong incumbent makes the exact search prune far more.

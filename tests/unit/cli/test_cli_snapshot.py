@@ -155,6 +155,8 @@ BAD_DOCS: list[tuple[str, Callable[[Doc], None], str, str]] = [
     ("ready -1", _set(["candidates", 0, "ready"], -1), "candidates[0].ready", "must be 0 or 1"),
     ("too large", _set(["nodes", 0, "free"], 2**40 + 1), "nodes[0].free", "too large"),
     ("huge literal", _set(["candidates", 1, "tokens"], 10**100), "candidates[1].tokens", "large"),
+    ("huge negative literal", _set(["nodes", 0, "free"], -(10**100)), "nodes[0].free", ">= 0"),
+    ("lone surrogate id", _set(["nodes", 0, "id"], "\ud800"), "nodes[0].id", "valid Unicode"),
     ("duplicate node id", _set(["nodes", 1, "id"], "n1"), "nodes[1].id", "duplicate node id"),
     ("duplicate candidate id", _set(["candidates", 1, "id"], "s1"), "candidates[1].id",
      "duplicate candidate id"),

@@ -452,3 +452,20 @@ class TestSizeLimits:
         assert sol.objective.credit >= 0
         assert sol.objective == objective_of(d, sol.choice)
         assert sol.objective.tokens == MAX_VALUE * sol.objective.admitted
+
+
+class TestManyNodes:
+    def test_node_positions_past_int16(self) -> None:
+        """A placement on a node whose position in the search order passes 32767 is replayed
+        on that node (a move index kept in int16 would wrap and drop it)."""
+        fillers = tuple(Node(f"d{i}", 1000 + i) for i in range(32768))
+        only = frozenset({"T"})
+        cands = tuple(
+            Candidate(cid, weight, tokens, 0, eligible=only)
+            for cid, weight, tokens in (("big", 6, 10), ("a", 5, 6), ("b", 5, 6), ("tiny", 1, 0))
+        )
+        d = densify(Problem(1, (*fillers, Node("T", 10)), cands))
+        sol = solve(d, budget=1_000_000)
+        assert is_feasible(d, sol.choice)
+        assert sol.exact
+        assert sol.objective.tokens == 12  # a + b

@@ -29,6 +29,7 @@ Here, per candidate in arrival order (FCFS):
 from __future__ import annotations
 
 from shared.core.policies.base import PlanOptions
+from shared.core.policies.routing import route_fcfs
 from shared.core.problem import Dense, PlanResult, Problem, densify, result_from_choice
 
 DEFAULT_CACHE_THRESHOLD = 0.5
@@ -52,26 +53,17 @@ def cache_aware(
 ) -> list[int]:
     """Choice vector of the cache-aware router applied FCFS to the pool."""
     del problem  # everything needed is in the dense snapshot
-    n, m = d.n, d.m
-    choice = [-1] * n
-    rem = [int(c) for c in d.cap]
-    load = [int(x) for x in d.load]
-    for i in range(n):
-        wi, ti = int(d.w[i]), int(d.t[i])
-        fits = [b for b in range(m) if d.elig[i, b] and wi <= rem[b]]
-        if not fits:
-            continue
-        allowed_loads = [load[b] for b in range(m) if d.elig[i, b]]
+
+    def pick(i: int, fits: list[int], load: list[int]) -> int:
+        ti = int(d.t[i])
+        allowed_loads = [load[b] for b in range(d.m) if d.elig[i, b]]
         best_k = max(int(d.k[i, b]) for b in fits)
         by_cache = ti > 0 and best_k > cache_threshold * ti
         if by_cache and not _imbalanced(allowed_loads, balance_abs_tokens, balance_rel):
-            b = min(fits, key=lambda b: (-int(d.k[i, b]), load[b], b))
-        else:
-            b = min(fits, key=lambda b: (load[b], -int(d.k[i, b]), b))
-        choice[i] = b
-        rem[b] -= wi
-        load[b] += ti
-    return choice
+            return min(fits, key=lambda b: (-int(d.k[i, b]), load[b], b))
+        return min(fits, key=lambda b: (load[b], -int(d.k[i, b]), b))
+
+    return route_fcfs(d, pick)
 
 
 class CacheAwarePolicy:

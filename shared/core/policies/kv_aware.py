@@ -26,6 +26,7 @@ cheapest that fits (Dynamo itself never refuses; the engine would queue).
 from __future__ import annotations
 
 from shared.core.policies.base import PlanOptions
+from shared.core.policies.routing import route_fcfs
 from shared.core.problem import (
     Dense,
     PlanResult,
@@ -62,30 +63,21 @@ def kv_aware(
 ) -> list[int]:
     """Choice vector of Dynamo's KV router (temperature 0) applied FCFS to the pool."""
     del problem  # everything needed is in the dense snapshot
-    n, m = d.n, d.m
-    choice = [-1] * n
-    rem = [int(c) for c in d.cap]
-    load = [int(x) for x in d.load]
-    for i in range(n):
-        wi, ti = int(d.w[i]), int(d.t[i])
-        best, best_cost = -1, 0.0
-        for b in range(m):
-            if not (d.elig[i, b] and wi <= rem[b]):
-                continue
-            cost = kv_cost(
-                ti,
+
+    def pick(i: int, fits: list[int], load: list[int]) -> int:
+        def cost(b: int) -> tuple[float, int]:
+            c = kv_cost(
+                int(d.t[i]),
                 int(d.k[i, b]),
                 load[b],
                 overlap_score_weight=overlap_score_weight,
                 block_size=block_size,
             )
-            if best < 0 or cost < best_cost:
-                best, best_cost = b, cost
-        if best >= 0:
-            choice[i] = best
-            rem[best] -= wi
-            load[best] += ti
-    return choice
+            return (c, b)
+
+        return min(fits, key=cost)
+
+    return route_fcfs(d, pick)
 
 
 class KvAwarePolicy:

@@ -41,9 +41,10 @@ import shlex
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -568,40 +569,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
     )
     say("")
-    say("### By load (demand / capacity)\n")
-    say(
-        table(
-            header(with_highs, "load"),
-            [
-                summary_row(f"{x:g}", [r for r in recs if r.load == x], with_highs)
-                for x in LOAD_ROWS
-                if any(r.load == x for r in recs)
-            ],
-        )
-    )
-    say("")
-    say("### By nodes\n")
-    say(
-        table(
-            header(with_highs, "nodes"),
-            [
-                summary_row(str(m), [r for r in recs if r.nodes == m], with_highs)
-                for m in sorted({r.nodes for r in recs})
-            ],
-        )
-    )
-    say("")
-    say("### By candidates\n")
-    say(
-        table(
-            header(with_highs, "candidates"),
-            [
-                summary_row(str(n), [r for r in recs if r.candidates == n], with_highs)
-                for n in sorted({r.candidates for r in recs})
-            ],
-        )
-    )
-    say("")
+    groupings: list[tuple[str, str, Callable[[Record], Any], list[Any], Callable[[Any], str]]] = [
+        ("By load (demand / capacity)", "load", lambda r: r.load, list(LOAD_ROWS), "{:g}".format),
+        ("By nodes", "nodes", lambda r: r.nodes, sorted({r.nodes for r in recs}), str),
+        (
+            "By candidates",
+            "candidates",
+            lambda r: r.candidates,
+            sorted({r.candidates for r in recs}),
+            str,
+        ),
+    ]
+    for title, column, key, values, label in groupings:
+        say(f"### {title}\n")
+        rows = [
+            summary_row(label(v), [r for r in recs if key(r) == v], with_highs)
+            for v in values
+            if any(key(r) == v for r in recs)
+        ]
+        say(table(header(with_highs, column), rows))
+        say("")
     say("### By slice\n")
     slices: dict[str, list[Record]] = defaultdict(list)
     for r in recs:

@@ -41,6 +41,7 @@ from .kv import (
 from .node import NodeStatus
 from .plan import PLACEMENT_KINDS, Assignment, Objective, Placement, PlacementKind, Plan
 from .session import (
+    SessionCancel,
     SessionEnd,
     SessionEvent,
     SessionRequest,
@@ -80,6 +81,7 @@ __all__ = [
     "PlacementKind",
     "Plan",
     "Record",
+    "SessionCancel",
     "SessionEnd",
     "SessionEvent",
     "SessionRequest",

@@ -17,7 +17,7 @@ from .deadletter import DeadLetter
 from .errors import DecodeError
 from .node import NodeStatus
 from .plan import Placement, Plan
-from .session import SessionEnd, SessionEvent, SessionRequest, SessionResponse
+from .session import SessionCancel, SessionEnd, SessionEvent, SessionRequest, SessionResponse
 from .tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from .valuation import ValuationSnapshot
 
@@ -36,6 +36,7 @@ T = TypeVar("T")
 AnyMessage = (
     SessionRequest
     | SessionResponse
+    | SessionCancel
     | SessionEnd
     | ToolStart
     | ToolEnd
@@ -51,6 +52,7 @@ AnyMessage = (
 MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     SessionRequest,
     SessionResponse,
+    SessionCancel,
     SessionEnd,
     ToolStart,
     ToolEnd,
@@ -104,7 +106,7 @@ def decode_tool_event(data: Buffer) -> ToolEvent:
 
 def decode_session_event(data: Buffer) -> SessionEvent:
     """Decode a message from ``tao.v1.session.>`` (SessionRequest | SessionResponse |
-    SessionEnd)."""
+    SessionCancel | SessionEnd)."""
     return cast(SessionEvent, _decode(data, SessionEvent, "SessionEvent"))
 
 

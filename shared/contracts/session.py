@@ -20,6 +20,7 @@ __all__ = [
     "END_ERROR",
     "END_IDLE_TIMEOUT",
     "END_WAIT_TIMEOUT",
+    "SessionCancel",
     "SessionEnd",
     "SessionEvent",
     "SessionRequest",
@@ -106,5 +107,20 @@ class SessionEnd(Message, tag="SessionEnd", frozen=True, kw_only=True):
     gateway_id: str | None = None
 
 
-SessionEvent = SessionRequest | SessionResponse | SessionEnd
+class SessionCancel(Message, tag="SessionCancel", frozen=True, kw_only=True):
+    """Request ``request_id`` of a session was withdrawn before a node served it.
+
+    The gateway publishes it when a held request is released: the client disconnected
+    (``reason`` = ``client_closed``) or the hold outlived its limit (``wait_timeout``, answered
+    with 503 and ``Retry-After``). The session stays alive; it just has no pending request.
+    """
+
+    session_id: str
+    request_id: str
+    cancelled_at: float
+    reason: str = END_CLIENT_CLOSED
+    gateway_id: str | None = None
+
+
+SessionEvent = SessionRequest | SessionResponse | SessionCancel | SessionEnd
 """Everything published under ``tao.v1.session.>``."""

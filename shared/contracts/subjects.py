@@ -3,7 +3,7 @@
 All subjects start with the versioned prefix ``tao.v1``; a breaking wire change gets ``tao.v2``.
 
     tao.v1.tool.<session>                  ToolStart | ToolEnd | ToolProgress   (stream TAO_V1_TOOL)
-    tao.v1.session.<kind>.<session>        kind ∈ request | response | end  (stream TAO_V1_SESSION)
+    tao.v1.session.<kind>.<session>        kind ∈ request | response | cancel | end  (stream TAO_V1_SESSION)
     tao.v1.node.status.<node>              NodeStatus                          (core NATS)
     tao.v1.kv.<node>                       vLLM KV-event payload bytes, as sent (stream TAO_V1_KV)
     tao.v1.valuation.snapshot              ValuationSnapshot                   (core NATS)
@@ -38,7 +38,7 @@ from .deadletter import DeadLetter
 from .errors import SubjectError
 from .node import NodeStatus
 from .plan import Placement, Plan
-from .session import SessionEnd, SessionRequest, SessionResponse
+from .session import SessionCancel, SessionEnd, SessionRequest, SessionResponse
 from .tool import ToolEnd, ToolProgress, ToolStart
 from .valuation import ValuationSnapshot
 
@@ -76,7 +76,7 @@ __all__ = [
 PREFIX: Final = "tao.v1"
 MAX_TOKEN_LEN: Final = 512
 
-SessionEventKind = Literal["request", "response", "end"]
+SessionEventKind = Literal["request", "response", "cancel", "end"]
 _SESSION_KINDS: Final[frozenset[str]] = frozenset(get_args(SessionEventKind))
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
@@ -141,7 +141,7 @@ def tool_events() -> str:
 
 
 def session_event(kind: SessionEventKind, session_id: str) -> str:
-    """``tao.v1.session.<kind>.<session>`` for kind ``request`` | ``response`` | ``end``."""
+    """``tao.v1.session.<kind>.<session>`` for kind ``request`` | ``response`` | ``cancel`` | ``end``."""
     if kind not in _SESSION_KINDS:
         raise SubjectError("session event kind", kind, f"must be one of {sorted(_SESSION_KINDS)}")
     return f"{PREFIX}.session.{kind}.{escape_token(session_id)}"
@@ -209,6 +209,7 @@ def dead_letters() -> str:
 _SESSION_KIND_OF: Final[dict[type[Message], SessionEventKind]] = {
     SessionRequest: "request",
     SessionResponse: "response",
+    SessionCancel: "cancel",
     SessionEnd: "end",
 }
 
@@ -218,7 +219,7 @@ def subject_for(msg: Message) -> str:
     match msg:
         case ToolStart() | ToolEnd() | ToolProgress():
             return tool_event(msg.session_id)
-        case SessionRequest() | SessionResponse() | SessionEnd():
+        case SessionRequest() | SessionResponse() | SessionCancel() | SessionEnd():
             return session_event(_SESSION_KIND_OF[type(msg)], msg.session_id)
         case NodeStatus():
             return node_status(msg.node_id)

@@ -19,6 +19,7 @@ from shared.contracts import (
     Objective,
     Placement,
     Plan,
+    SessionCancel,
     SessionEnd,
     SessionRequest,
     SessionResponse,
@@ -64,6 +65,9 @@ SAMPLES: list[Message] = [
         tool_calls=[ToolCallInfo(id="call_1", name="Bash", arguments_bytes=57)],
         ttft_s=0.12,
         duration_s=1.5,
+    ),
+    SessionCancel(
+        session_id="s1", request_id="r2", cancelled_at=1767225650.0, reason="wait_timeout"
     ),
     SessionEnd(session_id="s1", ended_at=1767225700.0, reason="client_closed", gateway_id="gw-0"),
     ToolStart(
@@ -200,7 +204,7 @@ class TestRoundTrip:
         for msg in SAMPLES:
             if isinstance(msg, ToolStart | ToolEnd | ToolProgress):
                 assert decode_tool_event(encode(msg)) == msg
-            if isinstance(msg, SessionRequest | SessionResponse | SessionEnd):
+            if isinstance(msg, SessionRequest | SessionResponse | SessionCancel | SessionEnd):
                 assert decode_session_event(encode(msg)) == msg
 
     def test_assignment_is_a_pair(self) -> None:
@@ -284,7 +288,7 @@ class TestDecodeErrors:
     def test_wrong_tag(self) -> None:
         """A message of another type is rejected by its tag."""
         with pytest.raises(DecodeError, match=r"Invalid value 'ToolStart' - at `\$\.type`"):
-            decode(encode(SAMPLES[3]), ToolEnd)
+            decode(encode(next(m for m in SAMPLES if isinstance(m, ToolStart))), ToolEnd)
 
     def test_unknown_tag_in_union(self) -> None:
         """A tool subject carrying a non-tool message is rejected."""

@@ -12,6 +12,7 @@ from shared.contracts import (
     NodeStatus,
     Placement,
     Plan,
+    SessionCancel,
     SessionEnd,
     SessionRequest,
     SessionResponse,
@@ -156,6 +157,10 @@ class TestSubjectFor:
                 "tao.v1.session.response.s1",
             ),
             (SessionEnd(session_id="s1", ended_at=0), "tao.v1.session.end.s1"),
+            (
+                SessionCancel(session_id="s1", request_id="r", cancelled_at=0),
+                "tao.v1.session.cancel.s1",
+            ),
             (NodeStatus(node_id="n1", ts=0), "tao.v1.node.status.n1"),
             (ValuationSnapshot(tick=1, now=0), "tao.v1.valuation.snapshot"),
             (Plan(tick=1, policy="tao"), "tao.v1.plan"),

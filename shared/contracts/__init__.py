@@ -51,6 +51,7 @@ from .session import (
 )
 from .tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from .valuation import Candidate, InterruptCandidate, NodeView, Signature, ValuationSnapshot
+from .wake import Wake
 
 __all__ = [
     "KV_ENCODINGS",
@@ -95,6 +96,7 @@ __all__ = [
     "ToolStart",
     "Usage",
     "ValuationSnapshot",
+    "Wake",
     "decode",
     "decode_kv_batch",
     "decode_message",

@@ -20,6 +20,7 @@ from .plan import Placement, Plan
 from .session import SessionCancel, SessionEnd, SessionEvent, SessionRequest, SessionResponse
 from .tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from .valuation import ValuationSnapshot
+from .wake import Wake
 
 __all__ = [
     "MESSAGE_TYPES",
@@ -46,6 +47,7 @@ AnyMessage = (
     | Plan
     | Placement
     | DeadLetter
+    | Wake
 )
 """Every top-level TAO message, distinguished by its ``type`` tag."""
 
@@ -62,6 +64,7 @@ MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Plan,
     Placement,
     DeadLetter,
+    Wake,
 )
 
 Buffer = bytes | bytearray | memoryview | str

@@ -3,11 +3,12 @@
 All subjects start with the versioned prefix ``tao.v1``; a breaking wire change gets ``tao.v2``.
 
     tao.v1.tool.<session>                  ToolStart | ToolEnd | ToolProgress   (stream TAO_V1_TOOL)
-    tao.v1.session.<kind>.<session>        kind ∈ request | response | cancel | end  (stream TAO_V1_SESSION)
+    tao.v1.session.<kind>.<session>        request | response | cancel | end  (TAO_V1_SESSION)
     tao.v1.node.status.<node>              NodeStatus                          (core NATS)
     tao.v1.kv.<node>                       vLLM KV-event payload bytes, as sent (stream TAO_V1_KV)
     tao.v1.valuation.snapshot              ValuationSnapshot                   (core NATS)
     tao.v1.plan                            Plan                                (core NATS)
+    tao.v1.wake                            Wake                                (core NATS)
     tao.v1.placement.<gateway>             Placement                   (stream TAO_V1_PLACEMENT)
     tao.v1.dlq.<service>                   DeadLetter                          (stream TAO_V1_DLQ)
 
@@ -41,6 +42,7 @@ from .plan import Placement, Plan
 from .session import SessionCancel, SessionEnd, SessionRequest, SessionResponse
 from .tool import ToolEnd, ToolProgress, ToolStart
 from .valuation import ValuationSnapshot
+from .wake import Wake
 
 __all__ = [
     "ALL_STREAMS",
@@ -71,6 +73,7 @@ __all__ = [
     "tool_events",
     "unescape_token",
     "valuation_snapshot",
+    "wake",
 ]
 
 PREFIX: Final = "tao.v1"
@@ -141,7 +144,7 @@ def tool_events() -> str:
 
 
 def session_event(kind: SessionEventKind, session_id: str) -> str:
-    """``tao.v1.session.<kind>.<session>`` for kind ``request`` | ``response`` | ``cancel`` | ``end``."""
+    """``tao.v1.session.<kind>.<session>``; kind: request, response, cancel or end."""
     if kind not in _SESSION_KINDS:
         raise SubjectError("session event kind", kind, f"must be one of {sorted(_SESSION_KINDS)}")
     return f"{PREFIX}.session.{kind}.{escape_token(session_id)}"
@@ -184,6 +187,11 @@ def valuation_snapshot() -> str:
 def plan() -> str:
     """``tao.v1.plan``."""
     return f"{PREFIX}.plan"
+
+
+def wake() -> str:
+    """``tao.v1.wake``: a change worth an early tick (tool end, arrival)."""
+    return f"{PREFIX}.wake"
 
 
 def placement(gateway_id: str) -> str:
@@ -231,6 +239,8 @@ def subject_for(msg: Message) -> str:
             return placement(msg.gateway_id)
         case DeadLetter():
             return dead_letter(msg.service)
+        case Wake():
+            return wake()
     raise TypeError(f"no subject for {type(msg).__name__}")
 
 

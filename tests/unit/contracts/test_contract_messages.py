@@ -30,6 +30,7 @@ from shared.contracts import (
     ToolStart,
     Usage,
     ValuationSnapshot,
+    Wake,
     decode,
     decode_message,
     decode_session_event,
@@ -66,6 +67,7 @@ SAMPLES: list[Message] = [
         ttft_s=0.12,
         duration_s=1.5,
     ),
+    Wake(reason="tool_end", ts=1767225650.5, session_id="s1"),
     SessionCancel(
         session_id="s1", request_id="r2", cancelled_at=1767225650.0, reason="wait_timeout"
     ),

@@ -1,0 +1,317 @@
+"""The session record and its pure transitions (DESIGN 2, 3.4; paper §3.1–3.5).
+
+One :class:`Session` per agent task. The live services keep it in Redis (one record per session,
+written by the valuation service from the gateway's session events, by the tools service from
+tool events, and by the planner's apply step); the offline simulator keeps the same records in
+memory and calls the same transitions. Every transition returns a new record with ``version``
+incremented, which is what the apply-time signature check compares (DESIGN 3.4).
+
+Activity (what the session is doing now)::
+
+    idle     no request pending and no tool running (between turns, or finished)
+    waiting  a model request is pending admission (the gateway holds it)
+    running  a model request is being served on ``node``
+    tool     the model asked for a tool; the call runs (or has completed, not yet followed by
+             the next request — its readiness is then 1)
+
+Admission is orthogonal: ``node`` is set while the session holds a reservation of ``weight``
+tokens there. A session is in the *pool* (:attr:`Session.pooled`) when it is not admitted, not
+ended, and either waiting or in a tool (an interrupted session rejoins the pool and may be
+restarted before its tool ends). An admitted session's requests go to its node at once.
+
+Tool calls have two sources. The gateway infers them: a response with ``tool_calls`` starts one
+(``source="gateway"``) and the session's next request ends it. Harness hooks report them
+explicitly (``source="hook"`` and others); hook events take precedence over inferred ones for
+the same call: a hook start replaces an inferred call, and an inferred end never overrides a
+hook end. Only explicit ends carry a trustworthy duration for the statistics; an inferred end
+(next request) includes the model's think time after the tool and is not recorded.
+
+Pure: ``at`` is always an argument; no clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Final, Literal
+
+from shared.core.predictor import ToolCallView
+from shared.core.problem import Phase
+
+__all__ = [
+    "INFERRED",
+    "Activity",
+    "Session",
+    "ToolCall",
+    "admit",
+    "on_cancel",
+    "on_end",
+    "on_request",
+    "on_response",
+    "on_tool_end",
+    "on_tool_progress",
+    "on_tool_start",
+    "release",
+    "set_probe_mark",
+]
+
+Activity = Literal["idle", "waiting", "running", "tool"]
+
+INFERRED: Final = "gateway"
+"""``source`` of a tool call the gateway inferred from ``tool_calls`` in a response."""
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """The session's current tool call; all times are absolute seconds.
+
+    ``deadline`` is when the tool interface cuts the call (start + timeout); ``expected_end`` /
+    ``progress`` are reported predictions with the time they were reported (``*_ts``).
+    ``completed_at`` is set once the end was observed; ``background`` once the call went to the
+    background (the session is runnable again although the work continues).
+    """
+
+    call_id: str
+    tool: str
+    started_at: float
+    source: str = INFERRED
+    deadline: float | None = None
+    expected_end: float | None = None
+    expected_end_ts: float | None = None
+    progress: float | None = None
+    progress_ts: float | None = None
+    background: bool = False
+    completed_at: float | None = None
+
+    def view(self) -> ToolCallView:
+        """What the predictor reads."""
+        return ToolCallView(
+            tool=self.tool,
+            started_at=self.started_at,
+            completed_at=self.completed_at,
+            background=self.background,
+            expected_end=self.expected_end,
+            expected_end_ts=self.expected_end_ts,
+            progress=self.progress,
+            progress_ts=self.progress_ts,
+            deadline=self.deadline,
+        )
+
+    @property
+    def open(self) -> bool:
+        """True while the call has neither completed nor gone to the background."""
+        return self.completed_at is None and not self.background
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One agent task as the scheduler sees it (module docstring)."""
+
+    id: str
+    version: int = 0
+    activity: Activity = "idle"
+    node: str | None = None
+    weight: int = 0
+    tokens: int = 0
+    model: str | None = None
+    gateway_id: str | None = None
+    request_id: str | None = None
+    tool: ToolCall | None = None
+    probe_mark: float | None = None
+    turns: int = 0
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    ended: bool = False
+
+    @property
+    def admitted(self) -> bool:
+        return self.node is not None
+
+    @property
+    def pooled(self) -> bool:
+        """Wants admission: not admitted, not ended, and waiting or in a tool."""
+        return self.node is None and not self.ended and self.activity in ("waiting", "tool")
+
+    @property
+    def phase(self) -> Phase:
+        """ThunderAgent's class: ``acting`` in a tool, ``new`` before its first response,
+        else ``reasoning`` (a model call pending or in flight)."""
+        if self.activity == "tool":
+            return "acting"
+        return "new" if self.turns == 0 else "reasoning"
+
+
+def _touch(s: Session, at: float, **changes: object) -> Session:
+    return replace(s, version=s.version + 1, updated_at=at, **changes)  # type: ignore[arg-type]
+
+
+def on_request(
+    s: Session,
+    request_id: str,
+    at: float,
+    *,
+    model: str | None = None,
+    gateway_id: str | None = None,
+    tokens_estimate: int = 0,
+) -> tuple[Session, ToolCall | None]:
+    """A model request arrived: ``waiting`` (pooled) or, when admitted, ``running``.
+
+    The request ends the session's open tool call, if any (the inferred end); that call is
+    returned completed at ``at`` so the caller can log it. ``tokens_estimate`` raises the token
+    count when the prompt grew (the node's usage replaces it on the response).
+    """
+    ended: ToolCall | None = None
+    if s.tool is not None and s.tool.open:
+        ended = replace(s.tool, completed_at=at)
+    created = s.created_at if s.version > 0 else at
+    out = _touch(
+        s,
+        at,
+        activity="running" if s.node is not None else "waiting",
+        request_id=request_id,
+        model=model if model is not None else s.model,
+        gateway_id=gateway_id if gateway_id is not None else s.gateway_id,
+        tokens=max(s.tokens, tokens_estimate),
+        tool=None,
+        probe_mark=None,
+        created_at=created,
+        ended=False,
+    )
+    return out, ended
+
+
+def on_response(
+    s: Session,
+    at: float,
+    *,
+    total_tokens: int,
+    tool_calls: Sequence[tuple[str, str]] = (),
+) -> Session:
+    """A model request completed with ``total_tokens`` of context; ``tool_calls`` is a list of
+    ``(call_id, tool name)``. With tool calls the session enters ``tool`` (the first call is the
+    one tracked), unless a hook already started a call; otherwise it goes ``idle``."""
+    tool = s.tool
+    if tool_calls and (tool is None or tool.source == INFERRED):
+        call_id, name = tool_calls[0]
+        tool = ToolCall(call_id=call_id, tool=name, started_at=at, source=INFERRED)
+    activity: Activity = "tool" if tool is not None else "idle"
+    return _touch(
+        s,
+        at,
+        activity=activity,
+        tokens=max(0, total_tokens),
+        turns=s.turns + 1,
+        request_id=None,
+        tool=tool,
+    )
+
+
+def on_cancel(s: Session, at: float) -> Session:
+    """The pending request was withdrawn (client gone, hold timeout): back to ``idle``."""
+    if s.activity != "waiting":
+        return s
+    return _touch(s, at, activity="idle", request_id=None)
+
+
+def on_tool_start(
+    s: Session,
+    call_id: str,
+    tool: str,
+    at: float,
+    *,
+    source: str,
+    deadline: float | None = None,
+    expected_end: float | None = None,
+    background: bool = False,
+) -> Session:
+    """A tool call started. A hook start replaces an inferred call (hooks take precedence);
+    an inferred start never replaces a hook's call. A start while a request is pending or
+    running is recorded but does not change the activity (the harness may report late)."""
+    cur = s.tool
+    if source == INFERRED and cur is not None and cur.source != INFERRED and cur.open:
+        return s
+    started = at
+    if cur is not None and cur.call_id == call_id:
+        started = min(cur.started_at, at)
+    call = ToolCall(
+        call_id=call_id,
+        tool=tool,
+        started_at=started,
+        source=source,
+        deadline=deadline,
+        expected_end=expected_end,
+        expected_end_ts=at if expected_end is not None else None,
+        background=background,
+    )
+    activity: Activity = s.activity if s.activity in ("waiting", "running") else "tool"
+    return _touch(s, at, tool=call, activity=activity, probe_mark=None)
+
+
+def on_tool_end(
+    s: Session,
+    call_id: str,
+    at: float,
+    *,
+    source: str,
+    duration_s: float | None = None,
+    background: bool = False,
+) -> tuple[Session, float | None]:
+    """A tool call ended (or went to the background). Returns the new record and the duration
+    to record in the statistics: the reported duration, else ``at - started_at`` when this call
+    was being tracked; ``None`` for background moves and unknown calls. Censoring (a call cut by
+    its timeout) is the caller's to decide from the event."""
+    cur = s.tool
+    if cur is None or cur.call_id != call_id:
+        return s, duration_s if duration_s is not None and duration_s >= 0 else None
+    if source == INFERRED and cur.source != INFERRED:
+        return s, None
+    if background:
+        return _touch(s, at, tool=replace(cur, background=True)), None
+    duration = duration_s if duration_s is not None else max(0.0, at - cur.started_at)
+    return _touch(s, at, tool=replace(cur, completed_at=at)), duration
+
+
+def on_tool_progress(
+    s: Session,
+    call_id: str,
+    at: float,
+    *,
+    fraction: float | None = None,
+    expected_end: float | None = None,
+) -> Session:
+    """A running call reported progress or an updated expected end (fresh evidence)."""
+    cur = s.tool
+    if cur is None or cur.call_id != call_id or not cur.open:
+        return s
+    call = cur
+    if fraction is not None:
+        call = replace(call, progress=min(max(fraction, 0.0), 1.0), progress_ts=at)
+    if expected_end is not None:
+        call = replace(call, expected_end=expected_end, expected_end_ts=at)
+    return _touch(s, at, tool=call)
+
+
+def on_end(s: Session, at: float) -> Session:
+    """The session is over: it leaves its node and the pool."""
+    return _touch(
+        s, at, ended=True, activity="idle", node=None, weight=0, request_id=None, tool=None
+    )
+
+
+def admit(s: Session, node: str, weight: int, at: float) -> Session:
+    """The planner admitted the session on ``node`` reserving ``weight`` tokens; a waiting
+    request now runs there (a tool-running session stays in its tool: an early restart)."""
+    activity: Activity = "running" if s.activity == "waiting" else s.activity
+    return _touch(s, at, node=node, weight=weight, activity=activity)
+
+
+def release(s: Session, at: float) -> Session:
+    """The session's admission is released (interrupt or revoke); it rejoins the pool if it
+    is waiting or in a tool."""
+    return _touch(s, at, node=None, weight=0)
+
+
+def set_probe_mark(s: Session, mark: float | None) -> Session:
+    """Persist the readiness probe mark. Not a change of the session's state: the version is
+    kept, so spending a probe does not invalidate a plan about the session."""
+    return s if s.probe_mark == mark else replace(s, probe_mark=mark)

@@ -1,0 +1,319 @@
+"""One scheduling round, pure: value → interrupt → plan → verify-and-apply (DESIGN 3.2–3.4).
+
+The live services split a round across processes — the valuation service calls
+:func:`value_snapshot`, the planner calls :func:`decide` on the snapshot it received, and the
+Redis apply script does what :func:`apply_decision` does — and the offline simulator calls the
+three in a row on in-memory records. Either way the same code values, interrupts and plans.
+
+Eligibility in the snapshot is health and model only (:attr:`TickCandidate.eligible`): whether
+the weight fits is decided against the free capacity the planner actually has, which the
+interrupt rule may have raised. The signature digest is over that health-and-model set, so a
+node going unhealthy or changing models invalidates plans about the session, while capacity
+moving is handled by the apply step's longest-prefix rule instead.
+
+Pure: ``now`` / ``at`` are arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from shared.core.decay import decayed_credits
+from shared.core.interrupt import InterruptCandidate, select_interrupts
+from shared.core.policies.base import PlanOptions, Policy
+from shared.core.predictor import History, predict_end
+from shared.core.problem import Candidate, Node, Phase, PlanResult, Problem
+from shared.core.readiness import ReadinessState, readiness
+from shared.core.session import Session, admit, release
+from shared.core.signature import eligibility_digest
+from shared.core.valuation import (
+    NodeView,
+    ValuationParams,
+    free_capacity,
+    ineligibility,
+    session_weight,
+)
+
+__all__ = [
+    "Applied",
+    "Decision",
+    "Move",
+    "Residency",
+    "TickCandidate",
+    "TickSnapshot",
+    "apply_decision",
+    "decide",
+    "live_free",
+    "usable_capacity",
+    "value_snapshot",
+]
+
+_PARAMS = ValuationParams()
+_OPTIONS = PlanOptions()
+
+Residency = Mapping[str, Mapping[str, tuple[int, float]]]
+"""session id → node id → ``(k0, t_obs)``: resident prefix tokens last observed, and when."""
+
+
+@dataclass(frozen=True, slots=True)
+class TickCandidate:
+    """A pooled session valued for this tick; ``eligible`` = healthy nodes serving its model."""
+
+    id: str
+    version: int
+    weight: int
+    tokens: int
+    ready: int
+    credit: Mapping[str, int]
+    eligible: frozenset[str]
+    digest: str
+    phase: Phase
+    rule: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class TickSnapshot:
+    """Everything the planner needs for one round (the core form of ``ValuationSnapshot``).
+
+    ``nodes`` carry ``free`` (capacity × target − reserved; 0 when unhealthy) and ``load``;
+    ``interrupts`` are admitted sessions in a tool with their value on their node.
+    ``probe_marks`` are the readiness probe marks the caller persists (DESIGN 3.1 rule 2).
+    """
+
+    tick: int
+    now: float
+    quantum: int
+    nodes: tuple[Node, ...]
+    candidates: tuple[TickCandidate, ...]
+    interrupts: tuple[InterruptCandidate, ...] = ()
+    versions: Mapping[str, int] = field(default_factory=dict)
+    probe_marks: Mapping[str, float | None] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """One decision about one session: admit it on (or interrupt it from) ``node``."""
+
+    session: str
+    node: str
+    weight: int
+    version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The planner's output for a snapshot: interrupts first, then admits in plan order."""
+
+    tick: int
+    interrupts: tuple[Move, ...]
+    admits: tuple[Move, ...]
+    result: PlanResult
+    demand: int = 0
+    free: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Applied:
+    """What the verify-and-apply step did.
+
+    ``discarded`` with ``changed`` naming the sessions whose version (or target node) moved;
+    otherwise ``interrupted`` and the applied ``admitted`` prefix, ``truncated`` when live
+    capacity cut the plan short. ``sessions`` holds the updated records.
+    """
+
+    discarded: bool
+    changed: tuple[str, ...] = ()
+    interrupted: tuple[Move, ...] = ()
+    admitted: tuple[Move, ...] = ()
+    truncated: bool = False
+    sessions: Mapping[str, Session] = field(default_factory=dict)
+
+
+def _free(nv: NodeView) -> int:
+    if not nv.healthy:
+        return 0
+    return free_capacity(nv.capacity_tokens, nv.target_utilisation, (nv.reserved,))
+
+
+def live_free(nodes: Sequence[NodeView]) -> dict[str, int]:
+    """Free tokens per healthy node (unhealthy nodes are absent: nothing may go there)."""
+    return {nv.id: _free(nv) for nv in nodes if nv.healthy}
+
+
+def value_snapshot(
+    sessions: Iterable[Session],
+    nodes: Sequence[NodeView],
+    residency: Residency,
+    history: History,
+    now: float,
+    *,
+    tick: int = 0,
+    params: ValuationParams = _PARAMS,
+) -> TickSnapshot:
+    """Value the pool and the interrupt candidates at ``now`` (DESIGN 3.1–3.3)."""
+    planned = tuple(Node(id=nv.id, free=_free(nv), load=nv.reserved) for nv in nodes)
+    by_id = {nv.id: nv for nv in nodes}
+    cands: list[TickCandidate] = []
+    inter: list[InterruptCandidate] = []
+    versions: dict[str, int] = {}
+    marks: dict[str, float | None] = {}
+    for s in sessions:
+        if s.ended:
+            continue
+        pooled = s.pooled
+        in_tool = s.node is not None and s.activity == "tool"
+        if not pooled and not in_tool:
+            continue
+        pred = None if s.tool is None else predict_end(s.tool.view(), history, now)
+        r = readiness(
+            ReadinessState(pred, s.probe_mark),
+            now,
+            horizon_s=params.horizon_s,
+            freshness_s=params.freshness_s,
+        )
+        marks[s.id] = r.probe_mark
+        versions[s.id] = s.version
+        credits = decayed_credits(
+            residency.get(s.id, {}), now, half_life_s=params.half_life_s, unit=params.credit_unit
+        )
+        if in_tool:
+            node = s.node
+            assert node is not None
+            inter.append(
+                InterruptCandidate(
+                    id=s.id,
+                    node=node,
+                    weight=s.weight,
+                    credit=credits.get(node, 0),
+                    ready=r.r,
+                    tokens=s.tokens,
+                )
+            )
+            continue
+        weight = session_weight(s.tokens, 0, params.reserve)
+        ok = frozenset(
+            nv.id
+            for nv in nodes
+            if ineligibility(nv.healthy, nv.models, s.model, 0, 0) is None
+            and weight <= usable_capacity(by_id[nv.id])
+        )
+        cands.append(
+            TickCandidate(
+                id=s.id,
+                version=s.version,
+                weight=weight,
+                tokens=s.tokens,
+                ready=r.r,
+                credit={b: k for b, k in credits.items() if b in ok and k > 0},
+                eligible=ok,
+                digest=eligibility_digest(ok),
+                phase=s.phase,
+                rule=r.rule,
+            )
+        )
+    return TickSnapshot(
+        tick=tick,
+        now=now,
+        quantum=params.quantum,
+        nodes=planned,
+        candidates=tuple(cands),
+        interrupts=tuple(inter),
+        versions=versions,
+        probe_marks=marks,
+    )
+
+
+def usable_capacity(nv: NodeView) -> int:
+    """The most a session may ever reserve on ``nv``: its capacity × target, empty."""
+    return free_capacity(nv.capacity_tokens, nv.target_utilisation, ())
+
+
+def decide(snapshot: TickSnapshot, policy: Policy, options: PlanOptions = _OPTIONS) -> Decision:
+    """Interrupt rule, then the policy on the room the pool actually has (DESIGN 3.2–3.3)."""
+    free = {nd.id: nd.free for nd in snapshot.nodes}
+    demand = sum(c.weight for c in snapshot.candidates)
+    total_free = sum(free.values())
+    interrupts: list[Move] = []
+    if snapshot.candidates and snapshot.interrupts:
+        chosen = select_interrupts(snapshot.interrupts, demand, total_free)
+        by_id = {c.id: c for c in snapshot.interrupts}
+        for sid in chosen.interrupt:
+            ic = by_id[sid]
+            interrupts.append(Move(sid, ic.node, ic.weight, snapshot.versions[sid]))
+            if ic.node in free:
+                free[ic.node] += ic.weight
+    nodes = tuple(replace(nd, free=free[nd.id]) for nd in snapshot.nodes)
+    planned: list[Candidate] = []
+    for c in snapshot.candidates:
+        fits = frozenset(b for b in c.eligible if c.weight <= free.get(b, 0))
+        planned.append(
+            Candidate(
+                id=c.id,
+                weight=c.weight,
+                tokens=c.tokens,
+                ready=c.ready,
+                credit={b: k for b, k in c.credit.items() if b in fits},
+                eligible=fits,
+                phase=c.phase,
+            )
+        )
+    problem = Problem(quantum=snapshot.quantum, nodes=nodes, candidates=tuple(planned))
+    result = policy.plan(problem, options)
+    weights = {c.id: c.weight for c in snapshot.candidates}
+    admits = tuple(
+        Move(a.session, a.node, weights[a.session], snapshot.versions[a.session])
+        for a in result.assignments
+    )
+    return Decision(
+        tick=snapshot.tick,
+        interrupts=tuple(interrupts),
+        admits=admits,
+        result=result,
+        demand=demand,
+        free=total_free,
+    )
+
+
+def apply_decision(
+    decision: Decision,
+    live: Mapping[str, Session],
+    free: Mapping[str, int],
+    at: float,
+) -> Applied:
+    """Verify-and-apply against live state (DESIGN 3.4); the Redis script mirrors this.
+
+    The whole decision is discarded when any session it names has a different version now,
+    or an admit's target node is no longer healthy (absent from ``free``). Otherwise the
+    interrupts are applied (their room is freed), then the longest prefix of the admits that
+    live free capacity admits, in plan order.
+    """
+    changed: list[str] = []
+    for m in (*decision.interrupts, *decision.admits):
+        s = live.get(m.session)
+        if s is None or s.version != m.version:
+            changed.append(m.session)
+    changed.extend(m.session for m in decision.admits if m.node not in free)
+    if changed:
+        return Applied(discarded=True, changed=tuple(dict.fromkeys(changed)))
+    room = dict(free)
+    out: dict[str, Session] = {}
+    for m in decision.interrupts:
+        out[m.session] = release(live[m.session], at)
+        room[m.node] = room.get(m.node, 0) + m.weight
+    admitted: list[Move] = []
+    truncated = False
+    for m in decision.admits:
+        if m.weight > room[m.node]:
+            truncated = True
+            break
+        room[m.node] -= m.weight
+        out[m.session] = admit(live[m.session], m.node, m.weight, at)
+        admitted.append(m)
+    return Applied(
+        discarded=False,
+        interrupted=decision.interrupts,
+        admitted=tuple(admitted),
+        truncated=truncated,
+        sessions=out,
+    )

@@ -181,3 +181,40 @@ PORTFOLIO: tuple[tuple[str, Callable[[Dense], Choice]], ...] = (
     ("value-greedy", ready_tokens_fill),
 )
 """Heuristics the planner always runs on the same snapshot; the best one is its incumbent."""
+
+
+def balance(d: Dense, choice: Sequence[int]) -> Choice:
+    """Spread a plan over equally valued nodes without changing its value or feasibility.
+
+    The lexicographic value of a pair differs across nodes only by its credit ``k[i, b]``
+    (``r`` and ``t`` belong to the session), so moving session ``i`` from node ``b`` to a node
+    ``b2`` where it is eligible with the same credit leaves the objective unchanged. Among such
+    equal-valued plans the DP's pick is arbitrary (ties go to the lower node index), which would
+    pile sessions without credit onto the first node. This pass moves sessions, largest first,
+    to the equal-valued node with the most remaining capacity whenever that node stays freer
+    than the source was (``rem[b2] - w > rem[b]``); each move strictly lowers the sum of
+    squared remaining capacities, so it terminates, and it never breaks a capacity.
+    """
+    out = [int(b) for b in choice]
+    rem = _remaining(d)
+    for i, b in enumerate(out):
+        if b >= 0:
+            rem[b] -= int(d.w[i])
+    order = sorted((i for i, b in enumerate(out) if b >= 0), key=lambda i: (-int(d.w[i]), i))
+    moved = True
+    while moved:
+        moved = False
+        for i in order:
+            b, wi = out[i], int(d.w[i])
+            best = -1
+            for b2 in range(d.m):
+                if b2 == b or not d.elig[i, b2] or d.k[i, b2] != d.k[i, b]:
+                    continue
+                if rem[b2] - wi > rem[b] and (best < 0 or rem[b2] > rem[best]):
+                    best = b2
+            if best >= 0:
+                rem[b] += wi
+                rem[best] -= wi
+                out[i] = best
+                moved = True
+    return out

@@ -186,19 +186,28 @@ def on_response(
     *,
     total_tokens: int,
     tool_calls: Sequence[tuple[str, str]] = (),
+    reserve: int | None = None,
 ) -> Session:
     """A model request completed with ``total_tokens`` of context; ``tool_calls`` is a list of
     ``(call_id, tool name)``. With tool calls the session enters ``tool`` (the first call is the
-    one tracked), unless a hook already started a call; otherwise it goes ``idle``."""
+    one tracked), unless a hook already started a call; otherwise it goes ``idle``.
+
+    With ``reserve`` given, an admitted session's reservation follows its grown context:
+    ``weight = total_tokens + reserve`` (the weight rule of DESIGN 3.2 with nothing shared), so
+    the node's reserved total keeps tracking what its sessions will need on their next turn."""
     tool = s.tool
     if tool_calls and (tool is None or tool.source == INFERRED):
         call_id, name = tool_calls[0]
         tool = ToolCall(call_id=call_id, tool=name, started_at=at, source=INFERRED)
     activity: Activity = "tool" if tool is not None else "idle"
+    weight = s.weight
+    if reserve is not None and s.node is not None:
+        weight = max(0, total_tokens) + reserve
     return _touch(
         s,
         at,
         activity=activity,
+        weight=weight,
         tokens=max(0, total_tokens),
         turns=s.turns + 1,
         request_id=None,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from shared.core.heuristics import bfd, short_first
+from shared.core.heuristics import balance, bfd, short_first
 from shared.core.planner import solve
 from shared.core.policies.base import PlanOptions
 from shared.core.problem import (
@@ -38,7 +38,8 @@ def _ablate(d: Dense, *, cache: bool, ready: bool) -> Dense:
 
 @dataclass
 class TaoPolicy:
-    """TAO: exact lexicographic DP with bounded fallback (see :mod:`shared.core.planner`)."""
+    """TAO: exact lexicographic DP with bounded fallback (see :mod:`shared.core.planner`),
+    spread over equally valued nodes by :func:`shared.core.heuristics.balance` (same value)."""
 
     name: str = "tao"
     use_cache: bool = True
@@ -52,7 +53,7 @@ class TaoPolicy:
         diag["own_objective"] = list(sol.objective)
         return result_from_choice(
             d,
-            sol.choice,
+            balance(own, sol.choice),
             exact=sol.exact,
             method=sol.method,
             states=sol.states,

@@ -13,13 +13,22 @@ from shared.core.generate import generate
 from shared.core.heuristics import (
     PORTFOLIO,
     Choice,
+    balance,
     bfd,
     k_first,
     ready_tokens_fill,
     short_first,
     value_density,
 )
-from shared.core.problem import Candidate, Dense, Node, Problem, densify, is_feasible
+from shared.core.problem import (
+    Candidate,
+    Dense,
+    Node,
+    Problem,
+    densify,
+    is_feasible,
+    objective_of,
+)
 
 NO_JIT = os.environ.get("NUMBA_DISABLE_JIT") == "1"
 EXAMPLES = 60 if NO_JIT else 150
@@ -179,3 +188,34 @@ class TestKFirst:
         )
         assert k_first(d) == [0, 1, 2]
         assert sum(int(d.k[i, b]) for i, b in enumerate(k_first(d))) == 2000
+
+
+class TestBalance:
+    """Balancing spreads a plan over equally valued nodes and never changes its value."""
+
+    def test_spreads_sessions_without_credit(self) -> None:
+        """Four equal sessions piled on node 0 end up two per node."""
+        d = dense([8, 8], [{"w": 2}, {"w": 2}, {"w": 2}, {"w": 2}])
+        out = balance(d, [0, 0, 0, 0])
+        assert sorted(out) == [0, 0, 1, 1]
+
+    def test_keeps_credit_affinity(self) -> None:
+        """A session with credit on its node is not moved to a node without it."""
+        d = dense([8, 8], [{"w": 4, "k": {"n0": 512}}, {"w": 2}])
+        assert balance(d, [0, 0]) == [0, 1]
+
+    def test_leaves_unplaced_alone(self) -> None:
+        """Sessions the plan did not admit stay unadmitted."""
+        d = dense([4, 4], [{"w": 2}, {"w": 2}])
+        assert balance(d, [0, -1]) == [0, -1]
+
+    @given(problems())
+    @settings(max_examples=EXAMPLES, deadline=None)
+    def test_same_objective_and_feasible(self, problem: Problem) -> None:
+        """On any plan (here the DP's), balancing keeps the objective and feasibility."""
+        d = densify(problem)
+        choice = k_first(d)
+        out = balance(d, choice)
+        assert objective_of(d, out) == objective_of(d, choice)
+        assert is_feasible(d, out)
+        assert [b < 0 for b in out] == [b < 0 for b in choice]

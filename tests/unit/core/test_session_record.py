@@ -72,6 +72,14 @@ class TestResponse:
         )
         assert (s.tokens, s.turns, s.phase, s.pooled) == (1234, 1, "acting", True)
 
+    def test_admitted_reservation_follows_context(self) -> None:
+        """With a reserve, an admitted session's weight becomes its new context + reserve."""
+        s = admit(_fresh(), "n1", 1412, 11.0)
+        s2 = on_response(s, 12.0, total_tokens=3000, reserve=512)
+        assert s2.weight == 3512
+        assert on_response(s, 12.0, total_tokens=3000).weight == 1412
+        assert on_response(_fresh(), 12.0, total_tokens=3000, reserve=512).weight == 0
+
     def test_no_tool_goes_idle(self) -> None:
         """A plain answer leaves the session idle and out of the pool."""
         s = on_response(_fresh(), 12.0, total_tokens=50)

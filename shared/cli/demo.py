@@ -1,0 +1,412 @@
+"""``tao demo``: bring the stack up and drive agent sessions through it, once per policy.
+
+For each policy (``tao`` and ``thunderagent`` by default) the demo starts a fresh stack
+(:mod:`shared.cli.stack`: embedded NATS + Valkey unless ``TAO_NATS_URL`` / ``TAO_REDIS_URL``
+are set, two simulated vLLM nodes, the five services) and runs ``--sessions`` agent sessions
+concurrently with the unmodified ``openai`` client through the gateway. Each session is a
+coding-agent task: a system prompt and a task, then ``--turns`` model calls; every call but the
+last asks (through the simnode's scripted replies) for a tool call, the session "runs" the tool
+by sleeping for a duration drawn from a realistic mix, and reports the tool start and end on
+NATS exactly as a harness hook would (``ToolStart`` / ``ToolEnd``, ``source="hook"``). The tool
+result is appended to the conversation, so each turn's prompt extends the previous one and the
+node's prefix cache can serve it — if the session comes back to the node that holds it.
+
+Tool durations: lognormal with median 0.4 s and p90 0.7 s (σ = ln(0.7/0.4)/1.2816), plus a 5 %
+tail of 5 s calls — the shape measured for mini-swe-agent on SWE-bench (the ``swe-lite``
+family of the simulator, which cites its sources). Output lengths 50–300 tokens per turn; tool
+outputs 200–1,500 tokens. The nodes' KV capacity is deliberately small (``--kv-tokens``) so
+that the sessions contend for it, which is when a scheduler matters.
+
+Measured per policy (all from the client side, except the planner counters, read from Redis):
+tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), tool end → first
+token mean (the time from reporting the tool's end to the next call's first token), prefix cache
+hit rate (Σ cached / Σ prompt tokens from ``usage``), plans applied / discarded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import math
+import random
+import statistics
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import orjson
+
+from shared.cli.ops import OpsError
+from shared.cli.stack import Stack, StackConfig, StackError
+from shared.contracts import ToolEnd, ToolStart
+from shared.core.policies import POLICY_NAMES
+from shared.infra.embedded import EmbeddedServers
+
+__all__ = ["DemoResult", "add_demo_parser", "demo_table"]
+
+_WORDS = [
+    "the",
+    "file",
+    "test",
+    "module",
+    "function",
+    "error",
+    "value",
+    "return",
+    "import",
+    "class",
+    "self",
+    "data",
+    "path",
+    "line",
+    "config",
+    "build",
+    "run",
+    "check",
+    "patch",
+    "diff",
+    "repo",
+    "issue",
+    "fix",
+    "assert",
+    "output",
+    "result",
+    "call",
+    "args",
+]
+TOOL_MEDIAN_S = 0.4
+TOOL_P90_S = 0.7
+TOOL_TAIL_P = 0.05
+TOOL_TAIL_S = 5.0
+
+
+class DemoError(OpsError):
+    """The demo could not run: one line, exit 2."""
+
+
+@dataclass
+class DemoResult:
+    """What one policy's run measured."""
+
+    policy: str
+    sessions: int
+    tasks_done: int = 0
+    latencies: list[float] = field(default_factory=list)
+    ttfts: list[float] = field(default_factory=list)
+    tool_to_token: list[float] = field(default_factory=list)
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    errors: list[str] = field(default_factory=list)
+    planner: dict[str, Any] = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def row(self) -> dict[str, Any]:
+        """The table row / JSON object of this run."""
+        return {
+            "policy": self.policy,
+            "tasks_done": self.tasks_done,
+            "sessions": self.sessions,
+            "latency_mean_s": _mean(self.latencies),
+            "latency_p99_s": _p99(self.latencies),
+            "ttft_mean_s": _mean(self.ttfts),
+            "ttft_p99_s": _p99(self.ttfts),
+            "tool_end_to_first_token_mean_s": _mean(self.tool_to_token),
+            "cache_hit_rate": self.cached_tokens / self.prompt_tokens
+            if self.prompt_tokens
+            else None,
+            "plans_applied": self.planner.get("plans_applied"),
+            "plans_discarded": self.planner.get("plans_discarded"),
+            "errors": len(self.errors),
+            "wall_s": self.wall_s,
+        }
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def _p99(xs: Sequence[float]) -> float | None:
+    if not xs:
+        return None
+    s = sorted(xs)
+    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+
+
+def tool_duration(rng: random.Random) -> float:
+    """A tool duration: the lognormal body (median 0.4 s, p90 0.7 s) or the 5 s tail."""
+    if rng.random() < TOOL_TAIL_P:
+        return TOOL_TAIL_S
+    sigma = math.log(TOOL_P90_S / TOOL_MEDIAN_S) / 1.2816
+    return rng.lognormvariate(math.log(TOOL_MEDIAN_S), sigma)
+
+
+def _text(rng: random.Random, tokens: int) -> str:
+    return " ".join(rng.choice(_WORDS) for _ in range(tokens))
+
+
+# -- one session ---------------------------------------------------------------------------------
+
+
+async def _session(
+    index: int,
+    args: argparse.Namespace,
+    client: Any,
+    bus: Any,
+    http: Any,
+    gateway: str,
+    result: DemoResult,
+) -> None:
+    rng = random.Random(args.seed * 100_003 + index)
+    sid = f"demo-{index}-{uuid.uuid4().hex[:8]}"
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": f"You are coding agent {index}. " + _text(rng, 1500)},
+        {"role": "user", "content": "Fix the failing test. " + _text(rng, 300)},
+    ]
+    started = time.monotonic()
+    tool_end_at: float | None = None
+    for turn in range(args.turns):
+        last = turn == args.turns - 1
+        script: dict[str, Any] = {"output_tokens": rng.randint(50, 300), "tool_call": None}
+        if not last:
+            script["tool_call"] = {"name": "bash", "arguments": {"command": f"pytest -k t{turn}"}}
+        sent = time.monotonic()
+        first: float | None = None
+        usage: Any = None
+        tool_calls: dict[int, dict[str, str]] = {}
+        content: list[str] = []
+        stream = await client.chat.completions.create(
+            model=args.model,
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_headers={"X-Session-ID": sid},
+            extra_body={"tao_script": script},
+        )
+        async for chunk in stream:
+            if chunk.usage is not None:
+                usage = chunk.usage
+            for choice in chunk.choices:
+                delta = choice.delta
+                if first is None and (delta.content or delta.tool_calls):
+                    first = time.monotonic()
+                if delta.content:
+                    content.append(delta.content)
+                for tc in delta.tool_calls or ():
+                    slot = tool_calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
+                    slot["id"] = tc.id or slot["id"]
+                    if tc.function is not None:
+                        slot["name"] = tc.function.name or slot["name"]
+                        slot["args"] += tc.function.arguments or ""
+        if first is not None:
+            result.ttfts.append(first - sent)
+            if tool_end_at is not None:
+                result.tool_to_token.append(first - tool_end_at)
+        if usage is not None:
+            result.prompt_tokens += usage.prompt_tokens
+            details = getattr(usage, "prompt_tokens_details", None)
+            result.cached_tokens += getattr(details, "cached_tokens", 0) or 0
+        assistant: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
+        if tool_calls:
+            assistant["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["args"]},
+                }
+                for c in tool_calls.values()
+            ]
+        messages.append(assistant)
+        if last or not tool_calls:
+            break
+        call = next(iter(tool_calls.values()))
+        began = time.time()
+        await bus.publish_msg(
+            ToolStart(
+                session_id=sid,
+                call_id=call["id"],
+                tool="bash",
+                started_at=began,
+                source="hook",
+                harness="tao-demo",
+            )
+        )
+        duration = tool_duration(rng)
+        await asyncio.sleep(duration)
+        await bus.publish_msg(
+            ToolEnd(
+                session_id=sid,
+                call_id=call["id"],
+                ended_at=time.time(),
+                tool="bash",
+                source="hook",
+                duration_s=duration,
+            )
+        )
+        tool_end_at = time.monotonic()
+        messages.append(
+            {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "content": _text(rng, rng.randint(200, 1500)),
+            }
+        )
+    await http.delete(f"{gateway}/v1/sessions/{sid}")
+    result.latencies.append(time.monotonic() - started)
+    result.tasks_done += 1
+
+
+async def _drive(stack: Stack, args: argparse.Namespace, policy: str, namespace: str) -> DemoResult:
+    import httpx
+    import openai
+
+    from shared.infra.bus import Bus
+
+    result = DemoResult(policy=policy, sessions=args.sessions)
+    bus = await Bus.connect(stack.nats_url, name="tao-demo", namespace=namespace)
+    client = openai.AsyncOpenAI(
+        base_url=f"{stack.gateway_url}/v1", api_key="tao-demo", max_retries=2, timeout=300.0
+    )
+    began = time.monotonic()
+    async with httpx.AsyncClient(timeout=30.0) as http:
+        outcomes = await asyncio.gather(
+            *(
+                _session(i, args, client, bus, http, stack.gateway_url, result)
+                for i in range(args.sessions)
+            ),
+            return_exceptions=True,
+        )
+    result.wall_s = time.monotonic() - began
+    result.errors = [f"{type(e).__name__}: {e}" for e in outcomes if isinstance(e, BaseException)]
+    await client.close()
+    await bus.drain()
+    result.planner = await _planner_stats(stack.redis_url, args.domain_of[policy])
+    return result
+
+
+async def _planner_stats(url: str, domain: str) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+
+    from shared.infra.store import Store
+
+    client = aioredis.from_url(url)
+    try:
+        return dict(await Store(client, domain).planner_stats())
+    finally:
+        await client.aclose()
+
+
+# -- command -------------------------------------------------------------------------------------
+
+
+def add_demo_parser(sub: Any) -> None:
+    """Register ``tao demo``."""
+    p = sub.add_parser(
+        "demo",
+        help="bring the stack up and compare tao with thunderagent on live agent sessions",
+        description="Drive agent sessions through the gateway, once per policy, and compare.",
+    )
+    p.add_argument("--sessions", type=int, default=16, help="concurrent sessions (default 16)")
+    p.add_argument("--turns", type=int, default=6, help="model calls per session (default 6)")
+    p.add_argument("--policies", default="tao,thunderagent", help="comma-separated policies")
+    p.add_argument("--sim-nodes", type=int, default=2, help="simulated nodes (default 2)")
+    p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
+    p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
+    p.add_argument("--model", default="sim-model", help="model name sent (default sim-model)")
+    p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.set_defaults(run=_cmd_demo)
+
+
+def _check(args: argparse.Namespace) -> list[str]:
+    policies = [p.strip() for p in args.policies.split(",") if p.strip()]
+    for name in policies:
+        if name not in POLICY_NAMES:
+            raise DemoError(
+                f"--policies: unknown policy {name!r}; known: {', '.join(POLICY_NAMES)}"
+            )
+    if not policies:
+        raise DemoError("--policies: give at least one policy")
+    for opt in ("sessions", "turns", "sim_nodes", "kv_tokens"):
+        if getattr(args, opt) < 1:
+            raise DemoError(f"--{opt.replace('_', '-')}: must be >= 1")
+    if not args.time_scale > 0:
+        raise DemoError("--time-scale: must be > 0")
+    return policies
+
+
+def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
+    import os
+
+    policies = _check(args)
+    need_servers = not (os.environ.get("TAO_NATS_URL") and os.environ.get("TAO_REDIS_URL"))
+    run_id = uuid.uuid4().hex[:8]
+    args.domain_of = {p: f"demo-{run_id}-{i}" for i, p in enumerate(policies)}
+    results: list[DemoResult] = []
+    servers = EmbeddedServers().start() if need_servers else None
+    try:
+        for i, policy in enumerate(policies):
+            ns = f"demo{run_id}p{i}"
+            config = StackConfig(
+                sim_nodes=args.sim_nodes,
+                policy=policy,
+                time_scale=args.time_scale,
+                kv_tokens=args.kv_tokens,
+                namespace=ns,
+                domain=args.domain_of[policy],
+            )
+            try:
+                with Stack(config, servers=servers) as stack:
+                    if not args.json:
+                        out.write(
+                            f"tao demo: {policy}: {args.sessions} sessions x {args.turns} turns "
+                            f"via {stack.gateway_url}\n"
+                        )
+                        out.flush()
+                    results.append(asyncio.run(_drive(stack, args, policy, ns)))
+            except StackError as exc:
+                raise DemoError(str(exc)) from None
+    finally:
+        if servers is not None:
+            servers.stop()
+    if args.json:
+        out.write(orjson.dumps({"runs": [r.row() for r in results]}).decode() + "\n")
+    else:
+        out.write(demo_table(results) + "\n")
+    out.flush()
+    return 0 if all(r.tasks_done == r.sessions for r in results) else 1
+
+
+def _fmt(v: object, unit: str = "") -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, float):
+        return f"{v * 100:.1f}%" if unit == "%" else f"{v:.2f}{unit}"
+    return str(v)
+
+
+def demo_table(results: Sequence[DemoResult]) -> str:
+    """Policies side by side, one metric per row."""
+    rows = [r.row() for r in results]
+    metrics = [
+        ("tasks done", "tasks_done", ""),
+        ("task latency mean", "latency_mean_s", " s"),
+        ("task latency p99", "latency_p99_s", " s"),
+        ("TTFT mean", "ttft_mean_s", " s"),
+        ("TTFT p99", "ttft_p99_s", " s"),
+        ("tool end -> first token", "tool_end_to_first_token_mean_s", " s"),
+        ("prefix cache hit rate", "cache_hit_rate", "%"),
+        ("plans applied", "plans_applied", ""),
+        ("plans discarded", "plans_discarded", ""),
+        ("errors", "errors", ""),
+        ("wall time", "wall_s", " s"),
+    ]
+    width = max(14, *(len(r["policy"]) + 2 for r in rows))
+    lines = [f"{'metric':<26}" + "".join(f"{r['policy']:>{width}}" for r in rows)]
+    for label, key, unit in metrics:
+        lines.append(f"{label:<26}" + "".join(f"{_fmt(r[key], unit):>{width}}" for r in rows))
+    errors = [e for r in results for e in r.errors[:3]]
+    if errors:
+        lines.append("first errors: " + "; ".join(errors))
+    return "\n".join(lines)

@@ -1,0 +1,231 @@
+"""Operating commands: ``tao service``, ``tao up`` and ``tao status``.
+
+``tao service NAME [ARGS...]`` runs one service in the foreground, exactly as
+``python -m services.NAME ARGS...`` (the container entry point in compose.yaml).
+
+``tao up`` starts the whole stack on this machine (:mod:`shared.cli.stack`), prints the gateway,
+NATS and Redis URLs, writes the run file that ``tao status`` (and later ``tao inspect`` /
+``tao hook``) read, and runs until Ctrl-C, then stops everything in order.
+
+``tao status [--json]`` reads the scheduler state from Redis: nodes (capacity, reserved, free,
+healthy), sessions (activity, node, tokens, version, tool) and planner counters (ticks, plans
+applied / discarded / truncated, fallbacks, solve-time percentiles). The Redis URL comes from
+``--redis``, else ``TAO_REDIS_URL``, else the run file of a running ``tao up``. The JSON form is
+documented in the README ("`tao status --json`").
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import runpy
+import signal
+import sys
+import threading
+import time
+from typing import Any, TextIO
+
+import anyio
+import orjson
+
+from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
+from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_run_file
+
+__all__ = ["add_ops_parsers", "status_table"]
+
+KNOWN_SERVICES: tuple[str, ...] = (*SERVICES, "simnode")
+
+
+class OpsError(Exception):
+    """A usage or environment problem of an operating command: one line, exit 2."""
+
+
+def add_ops_parsers(sub: Any) -> None:
+    """Register ``service``, ``up`` and ``status`` on the ``tao`` subparsers."""
+    svc = sub.add_parser(
+        "service",
+        help="run one service in the foreground (python -m services.NAME)",
+        description="Run one TAO service: " + ", ".join(KNOWN_SERVICES) + ".",
+    )
+    svc.add_argument("name", choices=KNOWN_SERVICES, metavar="NAME")
+    svc.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the service")
+    svc.set_defaults(run=_cmd_service, passthrough=True)
+
+    up = sub.add_parser(
+        "up",
+        help="start NATS, Redis, simulated nodes and every service on this machine",
+        description="Start the whole stack; Ctrl-C stops it.",
+    )
+    up.add_argument("--sim-nodes", type=int, default=2, metavar="N", help="simnodes (default 2)")
+    up.add_argument("--policy", metavar="NAME", help="placement policy (default: TAO_POLICY)")
+    up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    up.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
+    up.add_argument("--kv-tokens", type=int, metavar="N", help="simnode KV capacity in tokens")
+    up.add_argument("--profile", metavar="NAME", help="simnode engine profile")
+    up.add_argument("--log-dir", metavar="DIR", help="where children log (default: a temp dir)")
+    up.set_defaults(run=_cmd_up)
+
+    st = sub.add_parser(
+        "status",
+        help="show nodes, sessions and planner counters",
+        description="Show the scheduler state from Redis (see README: `tao status --json`).",
+    )
+    st.add_argument("--json", action="store_true", help="print one JSON object")
+    st.add_argument("--redis", metavar="URL", help="Redis URL (default: env, then the run file)")
+    st.add_argument("--nats", metavar="URL", help="accepted for symmetry; status reads Redis")
+    st.add_argument("--domain", metavar="NAME", help="scheduling domain (default: TAO_DOMAIN)")
+    st.set_defaults(run=_cmd_status)
+
+
+# -- tao service ---------------------------------------------------------------------------------
+
+
+def _cmd_service(args: argparse.Namespace, out: TextIO) -> int:
+    argv = [a for a in args.args if a != "--"]
+    sys.argv = [f"tao service {args.name}", *argv]
+    try:
+        runpy.run_module(f"services.{args.name}", run_name="__main__", alter_sys=True)
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    return 0
+
+
+# -- tao up --------------------------------------------------------------------------------------
+
+
+def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
+    if args.sim_nodes < 0:
+        raise OpsError("--sim-nodes: must be >= 0")
+    if not 0 <= args.port <= 65535:
+        raise OpsError(f"--port: must be in 0..65535, got {args.port}")
+    if not args.time_scale > 0:
+        raise OpsError(f"--time-scale: must be > 0, got {args.time_scale}")
+    if find_running() is not None:
+        raise OpsError("another `tao up` is running (see `tao status`); stop it first")
+    config = StackConfig(
+        sim_nodes=args.sim_nodes,
+        policy=args.policy,
+        gateway_port=args.port,
+        time_scale=args.time_scale,
+        kv_tokens=args.kv_tokens,
+        profile=args.profile,
+        log_dir=args.log_dir,
+    )
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    stack = Stack(config)
+    try:
+        try:
+            stack.start()
+        except StackError as exc:
+            raise OpsError(str(exc)) from None
+        write_run_file(
+            RunInfo(
+                pid=os.getpid(),
+                nats_url=stack.nats_url,
+                redis_url=stack.redis_url,
+                gateway_url=stack.gateway_url,
+                started_at=time.time(),
+                services=(*SERVICES, *stack.node_urls),
+            )
+        )
+        kind = "embedded" if stack.embedded else "configured"
+        out.write(
+            f"tao up: gateway {stack.gateway_url}/v1\n"
+            f"  nats  {stack.nats_url} ({kind})\n  redis {stack.redis_url} ({kind})\n"
+            + "".join(f"  node  {k} {v}\n" for k, v in stack.node_urls.items())
+            + f"  logs  {stack.log_dir}\nCtrl-C stops everything.\n"
+        )
+        out.flush()
+        while not stop.wait(0.5):
+            dead = stack.failed()
+            if dead:
+                name, code = dead[0]
+                raise OpsError(f"{name} exited with code {code} (log: {stack.log_dir})")
+    except KeyboardInterrupt:
+        out.write("tao up: stopping\n")
+    finally:
+        stack.stop()
+        remove_run_file(pid=os.getpid())
+        signal.signal(signal.SIGTERM, previous)
+    return 0
+
+
+# -- tao status ----------------------------------------------------------------------------------
+
+
+def _redis_url(args: argparse.Namespace) -> str:
+    if args.redis:
+        return str(args.redis)
+    env = os.environ.get("TAO_REDIS_URL")
+    if env:
+        return env
+    running = find_running()
+    if running is None:
+        raise OpsError("no Redis: pass --redis URL, set TAO_REDIS_URL, or start `tao up`")
+    return running.redis_url
+
+
+async def _read_status(url: str, domain: str) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    from shared.infra.store import Store
+
+    client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    try:
+        return await Store(client, domain).status()
+    except (RedisError, OSError) as exc:
+        raise OpsError(f"cannot read {url}: {exc}") from None
+    finally:
+        await client.aclose()
+
+
+def _cmd_status(args: argparse.Namespace, out: TextIO) -> int:
+    url = _redis_url(args)
+    domain = args.domain or os.environ.get("TAO_DOMAIN") or "default"
+    status = anyio.run(_read_status, url, domain)
+    if args.json:
+        out.write(orjson.dumps(status).decode() + "\n")
+    else:
+        out.write(status_table(status) + "\n")
+    out.flush()
+    return 0
+
+
+def _ms(v: object) -> str:
+    return "-" if v is None else f"{float(v):.1f}"  # type: ignore[arg-type]
+
+
+def status_table(status: dict[str, Any]) -> str:
+    """A human-readable form of ``Store.status()``."""
+    lines = [f"domain {status.get('domain')}", "", "node        healthy  capacity  reserved  free"]
+    for n in status.get("nodes", []):
+        lines.append(
+            f"{n['id']:<11} {('yes' if n['healthy'] else 'no'):<8} {n['capacity_tokens']:>8}"
+            f"  {n['reserved']:>8}  {n['free']:>5}"
+        )
+    sessions = [s for s in status.get("sessions", []) if not s.get("ended")]
+    lines += [
+        "",
+        f"sessions {len(sessions)} live",
+        "session                  activity  node   tokens",
+    ]
+    for s in sessions[:50]:
+        lines.append(
+            f"{str(s['id'])[:24]:<24} {s['activity']:<9} {s['node'] or '-':<6} {s['tokens']:>6}"
+            f"  v{s['version']}"
+        )
+    if len(sessions) > 50:
+        lines.append(f"... {len(sessions) - 50} more (use --json)")
+    p = status.get("planner", {})
+    solve = p.get("solve_ms") or {}
+    lines += [
+        "",
+        f"planner ticks {p.get('ticks', 0)}  applied {p.get('plans_applied', 0)}  "
+        f"discarded {p.get('plans_discarded', 0)}  truncated {p.get('plans_truncated', 0)}  "
+        f"fallbacks {p.get('fallbacks', 0)}",
+        f"solve ms p50 {_ms(solve.get('p50'))}  p90 {_ms(solve.get('p90'))}  "
+        f"p99 {_ms(solve.get('p99'))}",
+    ]
+    return "\n".join(lines)

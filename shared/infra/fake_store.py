@@ -1,0 +1,291 @@
+"""In-memory :class:`~shared.infra.store_types.StateStore` for service tests (STYLE rule 11).
+
+Same semantics as :class:`shared.infra.store.Store`; the same test bodies run against both
+(``tests/integration/test_store_*.py``). Each method runs without awaiting in between, so on
+one event loop every call is atomic, as the Redis transactions and scripts are. ``apply`` calls
+:func:`shared.core.tick.apply_decision` itself, the reference the Lua script mirrors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from shared.contracts.node import NodeStatus
+from shared.core.predictor import History, ToolStats, censor, update
+from shared.core.session import Session
+from shared.core.tick import Applied, Decision, apply_decision, live_free
+from shared.core.valuation import NodeView
+from shared.infra.keys import (
+    SOLVE_SAMPLES,
+    Keys,
+    check_node_id,
+    check_session_id,
+    tool_field,
+)
+from shared.infra.store_codec import encode_session
+from shared.infra.store_stats import planner_stats_from, status_dict
+from shared.infra.store_types import KEEP, NodeRecord, SessionFn, check_new, merge_node
+
+__all__ = ["FakeStore"]
+
+T = TypeVar("T")
+
+
+class FakeStore:
+    """Dict-backed state store for one scheduling domain."""
+
+    def __init__(self, domain: str = "default") -> None:
+        self.keys = Keys(domain)
+        self.domain = self.keys.domain
+        self._reset()
+
+    def _reset(self) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._status: dict[str, NodeRecord] = {}
+        self._reserved: dict[str, int] = {}
+        self._residency: dict[str, dict[str, tuple[int, float]]] = {}
+        self._tools: dict[str, ToolStats] = {}
+        self._overall = ToolStats()
+        self._counters: dict[str, int] = {}
+        self._solve_ms: list[float] = []
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def get_session(self, sid: str) -> Session | None:
+        check_session_id(sid)
+        return self._sessions.get(sid)
+
+    async def sessions(self, ids: Iterable[str] | None = None) -> list[Session]:
+        if ids is None:
+            return [self._sessions[i] for i in sorted(self._sessions)]
+        wanted = list(ids)
+        for i in wanted:
+            check_session_id(i)
+        return [self._sessions[i] for i in wanted if i in self._sessions]
+
+    async def session_ids(self) -> set[str]:
+        return set(self._sessions)
+
+    async def pool_ids(self) -> set[str]:
+        return {i for i, s in self._sessions.items() if s.pooled}
+
+    async def admitted_tool_ids(self) -> set[str]:
+        return {i for i, s in self._sessions.items() if s.node is not None and s.activity == "tool"}
+
+    def _write(self, sid: str, old: Session | None, new: Session | None) -> None:
+        if old is not None and old.node is not None and old.weight:
+            self._reserved[old.node] = self._reserved.get(old.node, 0) - old.weight
+        if new is not None and new.node is not None and new.weight:
+            self._reserved[new.node] = self._reserved.get(new.node, 0) + new.weight
+        if new is None:
+            self._sessions.pop(sid, None)
+        else:
+            self._sessions[sid] = new
+
+    async def update_session(self, sid: str, fn: SessionFn) -> Session | None:
+        stored, _ = await self.update_session_with(sid, lambda s: (fn(s), None))
+        return stored
+
+    async def update_session_with(
+        self, sid: str, fn: Callable[[Session | None], tuple[Session | None, T]]
+    ) -> tuple[Session | None, T]:
+        check_session_id(sid)
+        old = self._sessions.get(sid)
+        new, extra = fn(old)
+        if new is None or new == old:
+            return old, extra
+        check_new(sid, new)
+        encode_session(new)  # the same validation (finite floats) as the real store
+        self._write(sid, old, new)
+        return new, extra
+
+    async def put_probe_marks(
+        self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
+    ) -> int:
+        written = 0
+        for sid, mark in marks.items():
+            check_session_id(sid)
+            s = self._sessions.get(sid)
+            want = None if versions is None else versions.get(sid)
+            if s is None or (want is not None and s.version != want):
+                continue
+            self._sessions[sid] = replace(s, probe_mark=None if mark is None else float(mark))
+            written += 1
+        return written
+
+    async def delete_session(self, sid: str) -> bool:
+        check_session_id(sid)
+        old = self._sessions.get(sid)
+        self._write(sid, old, None)
+        self._residency.pop(sid, None)
+        return old is not None
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    async def put_node_status(
+        self,
+        node: str,
+        *,
+        url: Any = KEEP,
+        capacity_tokens: Any = KEEP,
+        target_utilisation: Any = KEEP,
+        healthy: Any = KEEP,
+        models: Any = KEEP,
+        block_size: Any = KEEP,
+        used_tokens: Any = KEEP,
+        usage: Any = KEEP,
+        running: Any = KEEP,
+        waiting: Any = KEEP,
+        prefix_cache_queries: Any = KEEP,
+        prefix_cache_hits: Any = KEEP,
+        updated_at: Any = KEEP,
+        failures: Any = KEEP,
+    ) -> NodeRecord:
+        given = {k: v for k, v in locals().items() if k not in ("self", "node") and v is not KEEP}
+        check_node_id(node)
+        rec = merge_node(self._status.get(node) or NodeRecord(id=node), given)
+        rec.usable  # noqa: B018 - validates capacity × target like the real store's encoding
+        self._status[node] = rec
+        return self._with_reserved(rec)
+
+    async def put_node_status_msg(
+        self, status: NodeStatus, *, target_utilisation: float, failures: int = 0
+    ) -> NodeRecord:
+        return await self.put_node_status(
+            status.node_id,
+            url=status.url if status.url is not None else KEEP,
+            capacity_tokens=status.capacity_tokens,
+            target_utilisation=target_utilisation,
+            healthy=status.healthy,
+            models=frozenset(status.models) if status.models else None,
+            block_size=status.block_size,
+            used_tokens=status.used_tokens,
+            usage=status.usage,
+            running=status.running,
+            waiting=status.waiting,
+            prefix_cache_queries=status.prefix_cache_queries,
+            prefix_cache_hits=status.prefix_cache_hits,
+            updated_at=status.ts,
+            failures=failures,
+        )
+
+    def _with_reserved(self, rec: NodeRecord) -> NodeRecord:
+        return replace(rec, reserved=self._reserved.get(rec.id, 0))
+
+    async def get_node(self, node: str) -> NodeRecord | None:
+        check_node_id(node)
+        rec = self._status.get(node)
+        if rec is None:
+            if node not in self._reserved:
+                return None
+            return NodeRecord(id=node, reserved=self._reserved[node])
+        return self._with_reserved(rec)
+
+    async def nodes(self) -> list[NodeRecord]:
+        return [self._with_reserved(self._status[n]) for n in sorted(self._status)]
+
+    async def node_views(self) -> list[NodeView]:
+        return [rec.view() for rec in await self.nodes()]
+
+    async def delete_node(self, node: str) -> bool:
+        check_node_id(node)
+        return self._status.pop(node, None) is not None
+
+    # --- residency --------------------------------------------------------------------------
+
+    async def put_residency(self, sid: str, node: str, k0: int, t_obs: float) -> None:
+        await self.put_residencies(((sid, node, k0, t_obs),))
+
+    async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None:
+        for sid, node, k0, t_obs in items:
+            check_session_id(sid)
+            check_node_id(node)
+            per = self._residency.setdefault(sid, {})
+            if k0 > 0:
+                per[node] = (int(k0), float(t_obs))
+            else:
+                per.pop(node, None)
+            if not per:
+                del self._residency[sid]
+
+    async def residency(self, sids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
+        out: dict[str, dict[str, tuple[int, float]]] = {}
+        for sid in sids:
+            check_session_id(sid)
+            out[sid] = dict(self._residency.get(sid, {}))
+        return out
+
+    async def clear_node_residency(self, node: str) -> None:
+        check_node_id(node)
+        for sid in list(self._residency):
+            per = self._residency[sid]
+            per.pop(node, None)
+            if not per:
+                del self._residency[sid]
+
+    # --- tool statistics --------------------------------------------------------------------
+
+    async def record_tool(self, tool: str, duration: float, *, censored: bool = False) -> None:
+        tool_field(tool)
+        step = censor if censored else update
+        own = step(self._tools.get(tool, ToolStats()), duration)
+        self._overall = step(self._overall, duration)
+        self._tools[tool] = own
+
+    async def history(self) -> History:
+        return History(tools=dict(self._tools), overall=self._overall)
+
+    # --- apply ------------------------------------------------------------------------------
+
+    async def apply(self, decision: Decision, at: float) -> Applied:
+        moves = (*decision.interrupts, *decision.admits)
+        if not moves:
+            return Applied(discarded=False)
+        for m in moves:
+            check_session_id(m.session)
+            check_node_id(m.node)
+        live = {m.session: self._sessions[m.session] for m in moves if m.session in self._sessions}
+        free = live_free(await self.node_views())
+        applied = apply_decision(decision, live, free, at)
+        if applied.discarded:
+            self._count("plans_discarded", 1)
+            return applied
+        for sid, new in applied.sessions.items():
+            self._write(sid, live[sid], new)
+        self._count("plans_applied", 1)
+        self._count("sessions_admitted", len(applied.admitted))
+        self._count("sessions_interrupted", len(applied.interrupted))
+        if applied.truncated:
+            self._count("plans_truncated", 1)
+        return applied
+
+    # --- counters and status ----------------------------------------------------------------
+
+    def _count(self, name: str, n: int) -> None:
+        self._counters[name] = self._counters.get(name, 0) + int(n)
+
+    async def incr(self, **counts: int) -> None:
+        for name, n in counts.items():
+            self._count(name, n)
+
+    async def record_solve(self, ms: float, method: str, exact: bool) -> None:
+        self._solve_ms.insert(0, float(ms))
+        del self._solve_ms[SOLVE_SAMPLES:]
+        self._count("solves", 1)
+        self._count("solves_exact" if exact else "fallbacks", 1)
+        self._count(f"method:{method}", 1)
+
+    async def planner_stats(self) -> dict[str, object]:
+        return planner_stats_from(self._counters, self._solve_ms)
+
+    async def status(self) -> dict[str, object]:
+        return status_dict(
+            self.domain, await self.nodes(), await self.sessions(), await self.planner_stats()
+        )
+
+    async def clear(self) -> int:
+        n = len(self._sessions) + len(self._status) + len(self._residency)
+        self._reset()
+        return n

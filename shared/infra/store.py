@@ -1,0 +1,453 @@
+"""The scheduler's shared state in Redis: sessions, nodes, residency, tool statistics, counters.
+
+:class:`Store` implements :class:`~shared.infra.store_types.StateStore` on ``redis.asyncio``.
+Key layout and hash fields: :mod:`shared.infra.keys`; encodings: :mod:`shared.infra.store_codec`.
+
+Concurrency. Several service replicas write the same records, so every read-modify-write is
+atomic:
+
+* :meth:`Store.update_session` is optimistic: ``WATCH`` the session hash, read it, call the
+  caller's *pure* transition, and ``MULTI``/``EXEC`` the new record together with the index sets
+  and the nodes' ``reserved`` totals; if anything touched the hash meanwhile (another update,
+  the apply script, a probe mark) ``EXEC`` fails and the loop runs again on the fresh record.
+* :meth:`Store.apply` is one Lua script (``lua/apply.lua``) that does exactly what
+  :func:`shared.core.tick.apply_decision` does on the live records and live free capacity;
+  Redis runs scripts one at a time, so concurrent appliers can never over-commit a node.
+* :meth:`Store.record_tool` and :meth:`Store.put_node_status` are ``WATCH`` loops too.
+
+Scripts are loaded with ``SCRIPT LOAD`` and run with ``EVALSHA`` (redis-py's
+``register_script`` falls back to loading on ``NOSCRIPT``). Every multi-key script touches
+only keys of one domain (one hash tag), so it runs on a Redis Cluster as well.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from importlib import resources
+from typing import Any, Final, TypeVar
+
+import redis.asyncio as aioredis
+from redis.exceptions import WatchError
+
+from shared.contracts.node import NodeStatus
+from shared.core.predictor import History, ToolStats, censor, update
+from shared.core.session import Session
+from shared.core.tick import Applied, Decision
+from shared.core.valuation import NodeView
+from shared.infra.keys import GLOBAL_TOOL_FIELD, SOLVE_SAMPLES, Keys, check_node_id, tool_field
+from shared.infra.store_codec import (
+    as_str,
+    decode_node,
+    decode_residency,
+    decode_session,
+    decode_toolstats,
+    encode_node_fields,
+    encode_residency,
+    encode_session,
+    encode_toolstats,
+)
+from shared.infra.store_stats import planner_stats_from, status_dict
+from shared.infra.store_types import KEEP, NodeRecord, SessionFn, StoreError, check_new, merge_node
+
+__all__ = ["Store", "load_script"]
+
+Redis = aioredis.Redis
+T = TypeVar("T")
+
+
+def load_script(name: str) -> str:
+    """The text of ``shared/infra/lua/<name>.lua`` (package data)."""
+    return resources.files("shared.infra").joinpath(f"lua/{name}.lua").read_text("utf-8")
+
+
+_APPLY: Final = load_script("apply")
+_PROBE: Final = load_script("probe")
+
+
+def _index_ops(pipe: Any, keys: Keys, sid: str, s: Session | None) -> None:
+    """Queue the index-set writes that make ``pool`` / ``admitted_tool`` agree with ``s``."""
+    pooled = s is not None and s.pooled
+    in_tool = s is not None and s.node is not None and s.activity == "tool"
+    (pipe.sadd if pooled else pipe.srem)(keys.pool, sid)
+    (pipe.sadd if in_tool else pipe.srem)(keys.admitted_tool, sid)
+
+
+def _reserve_ops(pipe: Any, keys: Keys, old: Session | None, new: Session | None) -> None:
+    """Queue ``reserved`` moves: old node -old weight, new node +new weight."""
+    if old is not None and old.node is not None and old.weight:
+        pipe.hincrby(keys.node(old.node), "reserved", -old.weight)
+    if new is not None and new.node is not None and new.weight:
+        pipe.hincrby(keys.node(new.node), "reserved", new.weight)
+
+
+class Store:
+    """Redis-backed :class:`~shared.infra.store_types.StateStore` for one scheduling domain."""
+
+    def __init__(self, redis: Redis, domain: str = "default") -> None:
+        self.keys = Keys(domain)
+        self.domain = self.keys.domain
+        self._r = redis
+        self._apply = redis.register_script(_APPLY)
+        self._probe = redis.register_script(_PROBE)
+
+    def _pipe(self, transaction: bool) -> Any:
+        """A pipeline (``Any``: redis-py's pipeline methods are only partly annotated)."""
+        return self._r.pipeline(transaction=transaction)
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    async def get_session(self, sid: str) -> Session | None:
+        return decode_session(await self._r.hgetall(self.keys.session(sid)))
+
+    async def sessions(self, ids: Iterable[str] | None = None) -> list[Session]:
+        wanted = sorted(await self.session_ids()) if ids is None else list(ids)
+        if not wanted:
+            return []
+        async with self._pipe(False) as pipe:
+            for sid in wanted:
+                pipe.hgetall(self.keys.session(sid))
+            raws = await pipe.execute()
+        return [s for s in map(decode_session, raws) if s is not None]
+
+    async def _members(self, key: str) -> set[str]:
+        return {as_str(m) for m in await self._r.smembers(key)}
+
+    async def session_ids(self) -> set[str]:
+        return await self._members(self.keys.sessions)
+
+    async def pool_ids(self) -> set[str]:
+        return await self._members(self.keys.pool)
+
+    async def admitted_tool_ids(self) -> set[str]:
+        return await self._members(self.keys.admitted_tool)
+
+    async def update_session(self, sid: str, fn: SessionFn) -> Session | None:
+        """Read, transform with the pure ``fn``, write back unless the record moved meanwhile
+        (then retry on the fresh record). ``fn`` returning None or an equal record writes
+        nothing. Index sets and ``reserved`` totals change in the same transaction."""
+        stored, _ = await self.update_session_with(sid, lambda s: (fn(s), None))
+        return stored
+
+    async def update_session_with(
+        self, sid: str, fn: Callable[[Session | None], tuple[Session | None, T]]
+    ) -> tuple[Session | None, T]:
+        """:meth:`update_session` for transitions that also return a value (``on_tool_end``'s
+        duration, ``on_request``'s ended call): returns the stored record and the value of the
+        call whose write won."""
+        key = self.keys.session(sid)
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    old = decode_session(await pipe.hgetall(key))
+                    new, extra = fn(old)
+                    if new is None or new == old:
+                        await pipe.unwatch()
+                        return old, extra
+                    check_new(sid, new)
+                    fields = encode_session(new)
+                    pipe.multi()
+                    pipe.hset(key, mapping=fields)
+                    pipe.sadd(self.keys.sessions, sid)
+                    _index_ops(pipe, self.keys, sid, new)
+                    _reserve_ops(pipe, self.keys, old, new)
+                    await pipe.execute()
+                    return new, extra
+                except WatchError:
+                    continue
+
+    async def put_probe_marks(
+        self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
+    ) -> int:
+        """Persist probe marks without a version bump; with ``versions`` only where the
+        session still has that version. Returns how many were written."""
+        if not marks:
+            return 0
+        keys: list[str] = []
+        args: list[str] = []
+        for sid, mark in marks.items():
+            keys.append(self.keys.session(sid))
+            args.append("" if mark is None else repr(float(mark)))
+            v = None if versions is None else versions.get(sid)
+            args.append("" if v is None else str(int(v)))
+        return int(await self._probe(keys=keys, args=args))
+
+    async def delete_session(self, sid: str) -> bool:
+        """Remove the record, its residency, its index entries and its reservation."""
+        key, res = self.keys.session(sid), self.keys.residency(sid)
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key, res)
+                    old = decode_session(await pipe.hgetall(key))
+                    res_nodes = [as_str(n) for n in await pipe.hkeys(res)]
+                    pipe.multi()
+                    pipe.delete(key, res)
+                    pipe.srem(self.keys.sessions, sid)
+                    _index_ops(pipe, self.keys, sid, None)
+                    _reserve_ops(pipe, self.keys, old, None)
+                    for node in res_nodes:
+                        pipe.srem(self.keys.node_residents(node), sid)
+                    await pipe.execute()
+                    return old is not None
+                except WatchError:
+                    continue
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    async def put_node_status(
+        self,
+        node: str,
+        *,
+        url: Any = KEEP,
+        capacity_tokens: Any = KEEP,
+        target_utilisation: Any = KEEP,
+        healthy: Any = KEEP,
+        models: Any = KEEP,
+        block_size: Any = KEEP,
+        used_tokens: Any = KEEP,
+        usage: Any = KEEP,
+        running: Any = KEEP,
+        waiting: Any = KEEP,
+        prefix_cache_queries: Any = KEEP,
+        prefix_cache_hits: Any = KEEP,
+        updated_at: Any = KEEP,
+        failures: Any = KEEP,
+    ) -> NodeRecord:
+        """Telemetry's write: the given fields change, the others (and ``reserved``) stay."""
+        given = {k: v for k, v in locals().items() if k not in ("self", "node") and v is not KEEP}
+        key = self.keys.node(node)
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    old = decode_node(node, await pipe.hgetall(key)) or NodeRecord(id=node)
+                    rec = merge_node(old, given)
+                    pipe.multi()
+                    pipe.hset(key, mapping=encode_node_fields(rec))
+                    pipe.sadd(self.keys.nodes, node)
+                    await pipe.execute()
+                    return rec
+                except WatchError:
+                    continue
+
+    async def put_node_status_msg(
+        self, status: NodeStatus, *, target_utilisation: float, failures: int = 0
+    ) -> NodeRecord:
+        """:meth:`put_node_status` from a telemetry ``NodeStatus`` message (empty model list =
+        serves any model); ``url`` is kept when the message has none."""
+        return await self.put_node_status(
+            status.node_id,
+            url=status.url if status.url is not None else KEEP,
+            capacity_tokens=status.capacity_tokens,
+            target_utilisation=target_utilisation,
+            healthy=status.healthy,
+            models=frozenset(status.models) if status.models else None,
+            block_size=status.block_size,
+            used_tokens=status.used_tokens,
+            usage=status.usage,
+            running=status.running,
+            waiting=status.waiting,
+            prefix_cache_queries=status.prefix_cache_queries,
+            prefix_cache_hits=status.prefix_cache_hits,
+            updated_at=status.ts,
+            failures=failures,
+        )
+
+    async def get_node(self, node: str) -> NodeRecord | None:
+        return decode_node(node, await self._r.hgetall(self.keys.node(node)))
+
+    async def nodes(self) -> list[NodeRecord]:
+        ids = sorted(await self._members(self.keys.nodes))
+        if not ids:
+            return []
+        async with self._pipe(False) as pipe:
+            for node in ids:
+                pipe.hgetall(self.keys.node(node))
+            raws = await pipe.execute()
+        recs = (decode_node(n, raw) for n, raw in zip(ids, raws, strict=True))
+        return [r for r in recs if r is not None]
+
+    async def node_views(self) -> list[NodeView]:
+        return [rec.view() for rec in await self.nodes()]
+
+    async def delete_node(self, node: str) -> bool:
+        """Forget a node's status (a reservation still held there keeps ``reserved``)."""
+        key = self.keys.node(node)
+        async with self._pipe(True) as pipe:
+            pipe.hexists(key, "healthy")
+            pipe.hdel(key, *encode_node_fields(NodeRecord(id=node)).keys())
+            pipe.srem(self.keys.nodes, node)
+            existed, _, _ = await pipe.execute()
+        return bool(existed)
+
+    # --- residency --------------------------------------------------------------------------
+
+    async def put_residency(self, sid: str, node: str, k0: int, t_obs: float) -> None:
+        await self.put_residencies(((sid, node, k0, t_obs),))
+
+    async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None:
+        """Record ``(sid, node, k0, t_obs)`` observations; ``k0 <= 0`` deletes the pair."""
+        async with self._pipe(True) as pipe:
+            for sid, node, k0, t_obs in items:
+                res, nres = self.keys.residency(sid), self.keys.node_residents(node)
+                if k0 > 0:
+                    pipe.hset(res, node, encode_residency(k0, t_obs))
+                    pipe.sadd(nres, sid)
+                else:
+                    pipe.hdel(res, node)
+                    pipe.srem(nres, sid)
+            await pipe.execute()
+
+    async def residency(self, sids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]:
+        wanted = list(sids)
+        if not wanted:
+            return {}
+        async with self._pipe(False) as pipe:
+            for sid in wanted:
+                pipe.hgetall(self.keys.residency(sid))
+            raws = await pipe.execute()
+        return {sid: decode_residency(raw) for sid, raw in zip(wanted, raws, strict=True)}
+
+    async def clear_node_residency(self, node: str) -> None:
+        """Drop every residency entry on ``node`` (it restarted or cleared its cache)."""
+        nres = self.keys.node_residents(node)
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(nres)
+                    sids = [as_str(s) for s in await pipe.smembers(nres)]
+                    pipe.multi()
+                    for sid in sids:
+                        pipe.hdel(self.keys.residency(sid), node)
+                    pipe.delete(nres)
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+
+    # --- tool statistics --------------------------------------------------------------------
+
+    async def record_tool(self, tool: str, duration: float, *, censored: bool = False) -> None:
+        """Add one completed duration (or one censored cut) to ``tool`` and to the global
+        aggregate, atomically (concurrent recorders never lose an update)."""
+        step = censor if censored else update
+        step(ToolStats(), duration)  # validates before touching Redis
+        key, field = self.keys.toolstats, tool_field(tool)
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    own, overall = await pipe.hmget(key, [field, GLOBAL_TOOL_FIELD])
+                    new_own = step(decode_toolstats(own), duration)
+                    new_all = step(decode_toolstats(overall), duration)
+                    pipe.multi()
+                    pipe.hset(
+                        key,
+                        mapping={
+                            field: encode_toolstats(new_own),
+                            GLOBAL_TOOL_FIELD: encode_toolstats(new_all),
+                        },
+                    )
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+
+    async def history(self) -> History:
+        raw = await self._r.hgetall(self.keys.toolstats)
+        tools: dict[str, ToolStats] = {}
+        overall = ToolStats()
+        for k, v in raw.items():
+            name = as_str(k)
+            if name == GLOBAL_TOOL_FIELD:
+                overall = decode_toolstats(v)
+            elif name.startswith("tool:"):
+                tools[name[5:]] = decode_toolstats(v)
+        return History(tools=tools, overall=overall)
+
+    # --- apply ------------------------------------------------------------------------------
+
+    async def apply(self, decision: Decision, at: float) -> Applied:
+        """Verify-and-apply ``decision`` atomically: exactly
+        ``apply_decision(decision, live sessions, live_free(node_views()), at)`` on the live
+        state, plus reserved totals, indexes and the planner counters. An empty decision
+        changes nothing and counts nothing."""
+        moves = (*decision.interrupts, *decision.admits)
+        if not moves:
+            return Applied(discarded=False)
+        index: dict[str, int] = {}
+        for m in moves:
+            index.setdefault(m.session, len(index) + 1)
+            check_node_id(m.node)
+        sids = list(index)
+        keys = [self.keys.pool, self.keys.admitted_tool, self.keys.planner]
+        keys += [self.keys.session(sid) for sid in sids]
+        args: list[str | int] = [repr(float(at)), self.keys.node_prefix, len(sids)]
+        args += [len(decision.interrupts), len(decision.admits), *sids]
+        for m in moves:
+            args += [index[m.session], m.node, int(m.weight), int(m.version)]
+        reply = await self._apply(keys=keys, args=args)
+        if int(reply[0]) == 0:
+            changed = tuple(sids[int(i) - 1] for i in reply[1])
+            return Applied(discarded=True, changed=changed)
+        admitted, truncated, flat = int(reply[1]), int(reply[2]) == 1, reply[3]
+        out: dict[str, Session] = {}
+        for i in range(0, len(flat), 2):
+            raw = flat[i + 1]
+            pairs = dict(zip(raw[0::2], raw[1::2], strict=True))
+            rec = decode_session(pairs)
+            if rec is None:  # pragma: no cover - the script only returns written records
+                raise StoreError("apply: a written session vanished")
+            out[sids[int(flat[i]) - 1]] = rec
+        return Applied(
+            discarded=False,
+            interrupted=decision.interrupts,
+            admitted=decision.admits[:admitted],
+            truncated=truncated,
+            sessions=out,
+        )
+
+    # --- counters and status ----------------------------------------------------------------
+
+    async def incr(self, **counts: int) -> None:
+        """Add to planner counters (``incr(ticks=1)``)."""
+        if not counts:
+            return
+        async with self._pipe(True) as pipe:
+            for name, n in counts.items():
+                pipe.hincrby(self.keys.planner, name, int(n))
+            await pipe.execute()
+
+    async def record_solve(self, ms: float, method: str, exact: bool) -> None:
+        """Keep one solve time (the last ``SOLVE_SAMPLES``) and count solves by kind."""
+        async with self._pipe(True) as pipe:
+            pipe.lpush(self.keys.solve_ms, repr(float(ms)))
+            pipe.ltrim(self.keys.solve_ms, 0, SOLVE_SAMPLES - 1)
+            pipe.hincrby(self.keys.planner, "solves", 1)
+            pipe.hincrby(self.keys.planner, "solves_exact" if exact else "fallbacks", 1)
+            pipe.hincrby(self.keys.planner, f"method:{method}", 1)
+            await pipe.execute()
+
+    async def planner_stats(self) -> dict[str, object]:
+        async with self._pipe(False) as pipe:
+            pipe.hgetall(self.keys.planner)
+            pipe.lrange(self.keys.solve_ms, 0, -1)
+            counters, samples = await pipe.execute()
+        return planner_stats_from(
+            {as_str(k): int(v) for k, v in counters.items()},
+            [float(as_str(x)) for x in samples],
+        )
+
+    async def status(self) -> dict[str, object]:
+        """The shape of ``tao status --json`` (see :func:`store_stats.status_dict`)."""
+        return status_dict(
+            self.domain, await self.nodes(), await self.sessions(), await self.planner_stats()
+        )
+
+    async def clear(self) -> int:
+        """Delete every key of this domain (tests, ``tao reset``); returns how many."""
+        n = 0
+        async for key in self._r.scan_iter(match=self.keys.pattern(), count=500):
+            n += int(await self._r.delete(key))
+        return n

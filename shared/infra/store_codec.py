@@ -1,0 +1,212 @@
+"""How records are written into Redis hashes and read back, exactly (layout: :mod:`keys`).
+
+Floats are written as Python ``repr`` strings (shortest round-trip form) or through msgspec
+JSON (which writes the same form), so every float reads back bit for bit; Lua never formats a
+float (it only copies strings and adds integers). Redis returns ``bytes`` or ``str`` depending
+on the client's ``decode_responses``; every reader here accepts both.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any, Final
+
+import msgspec
+
+from shared.core.predictor import ToolStats
+from shared.core.session import Session
+from shared.infra.keys import StoreError
+from shared.infra.store_types import NodeRecord
+
+__all__ = [
+    "SESSION_FIELDS",
+    "as_str",
+    "decode_node",
+    "decode_residency",
+    "decode_session",
+    "decode_toolstats",
+    "encode_node_fields",
+    "encode_residency",
+    "encode_session",
+    "encode_toolstats",
+    "str_map",
+]
+
+SESSION_FIELDS: Final = ("v", "node", "weight", "activity", "ended", "probe", "updated_at", "data")
+
+_encoder: Final = msgspec.json.Encoder()
+_session_decoder: Final = msgspec.json.Decoder(Session)
+_models_decoder: Final = msgspec.json.Decoder(list[str] | None)
+
+
+def as_str(value: bytes | str) -> str:
+    """A Redis reply as text."""
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def str_map(raw: Mapping[Any, Any]) -> dict[str, str]:
+    """An HGETALL reply as ``str -> str``."""
+    return {as_str(k): as_str(v) for k, v in raw.items()}
+
+
+def _float(x: float, what: str) -> str:
+    if not math.isfinite(x):
+        raise StoreError(f"{what}: must be finite, got {x!r}")
+    return repr(float(x))
+
+
+def _opt_float(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+# --- sessions -------------------------------------------------------------------------------
+
+
+def encode_session(s: Session) -> dict[str, str]:
+    """The session hash: Lua-visible fields apart, the whole record as JSON in ``data``."""
+    for name in ("created_at", "updated_at"):
+        _float(getattr(s, name), name)
+    return {
+        "v": str(s.version),
+        "node": s.node or "",
+        "weight": str(s.weight),
+        "activity": s.activity,
+        "ended": "1" if s.ended else "0",
+        "probe": "" if s.probe_mark is None else _float(s.probe_mark, "probe_mark"),
+        "updated_at": repr(float(s.updated_at)),
+        "data": _encoder.encode(s).decode(),
+    }
+
+
+def decode_session(raw: Mapping[Any, Any]) -> Session | None:
+    """Read a session hash (None for an empty reply); the separate fields win over ``data``."""
+    if not raw:
+        return None
+    f = str_map(raw)
+    try:
+        base = _session_decoder.decode(f["data"])
+        return replace(
+            base,
+            version=int(f["v"]),
+            node=f["node"] or None,
+            weight=int(f["weight"]),
+            activity=f["activity"],  # type: ignore[arg-type]
+            ended=f["ended"] == "1",
+            probe_mark=_opt_float(f["probe"]),
+            updated_at=float(f["updated_at"]),
+        )
+    except (KeyError, ValueError, msgspec.DecodeError) as exc:
+        raise StoreError(f"corrupt session record: {exc}") from None
+
+
+# --- nodes ----------------------------------------------------------------------------------
+
+
+def encode_node_fields(rec: NodeRecord) -> dict[str, str]:
+    """Telemetry's fields of a node hash plus ``usable`` (never ``reserved``)."""
+    models = None if rec.models is None else sorted(rec.models)
+    return {
+        "url": rec.url or "",
+        "capacity_tokens": str(rec.capacity_tokens),
+        "target_utilisation": _float(rec.target_utilisation, "target_utilisation"),
+        "usable": str(rec.usable),
+        "healthy": "1" if rec.healthy else "0",
+        "models": _encoder.encode(models).decode(),
+        "block_size": str(rec.block_size),
+        "used_tokens": str(rec.used_tokens),
+        "usage": _float(rec.usage, "usage"),
+        "running": str(rec.running),
+        "waiting": str(rec.waiting),
+        "prefix_cache_queries": ""
+        if rec.prefix_cache_queries is None
+        else str(rec.prefix_cache_queries),
+        "prefix_cache_hits": "" if rec.prefix_cache_hits is None else str(rec.prefix_cache_hits),
+        "updated_at": _float(rec.updated_at, "updated_at"),
+        "failures": str(rec.failures),
+    }
+
+
+def _opt_int(text: str | None) -> int | None:
+    return None if text is None or text == "" else int(text)
+
+
+def decode_node(node_id: str, raw: Mapping[Any, Any]) -> NodeRecord | None:
+    """Read a node hash (None for an empty reply). A hash holding only ``reserved`` (a
+    reservation on a node telemetry never reported) reads as unhealthy with capacity 0."""
+    if not raw:
+        return None
+    f = str_map(raw)
+    try:
+        models = _models_decoder.decode(f["models"]) if "models" in f else None
+        return NodeRecord(
+            id=node_id,
+            url=f.get("url") or None,
+            capacity_tokens=int(f.get("capacity_tokens", "0")),
+            target_utilisation=float(f.get("target_utilisation", "1.0")),
+            reserved=int(f.get("reserved", "0")),
+            healthy=f.get("healthy") == "1",
+            models=None if models is None else frozenset(models),
+            block_size=int(f.get("block_size", "16")),
+            used_tokens=int(f.get("used_tokens", "0")),
+            usage=float(f.get("usage", "0.0")),
+            running=int(f.get("running", "0")),
+            waiting=int(f.get("waiting", "0")),
+            prefix_cache_queries=_opt_int(f.get("prefix_cache_queries")),
+            prefix_cache_hits=_opt_int(f.get("prefix_cache_hits")),
+            updated_at=float(f.get("updated_at", "0.0")),
+            failures=int(f.get("failures", "0")),
+        )
+    except (ValueError, msgspec.DecodeError) as exc:
+        raise StoreError(f"corrupt node record {node_id!r}: {exc}") from None
+
+
+# --- residency and tool statistics ----------------------------------------------------------
+
+
+def encode_residency(k0: int, t_obs: float) -> str:
+    """``"k0 t_obs"``."""
+    return f"{int(k0)} {_float(t_obs, 't_obs')}"
+
+
+def decode_residency(raw: Mapping[Any, Any]) -> dict[str, tuple[int, float]]:
+    """A residency hash as ``node -> (k0, t_obs)``."""
+    out: dict[str, tuple[int, float]] = {}
+    for node, value in str_map(raw).items():
+        k0, _, t_obs = value.partition(" ")
+        out[node] = (int(k0), float(t_obs))
+    return out
+
+
+def encode_toolstats(st: ToolStats) -> str:
+    """``"count mean m2 min max censored censored_max"``, floats as repr (``inf`` included)."""
+    return " ".join(
+        (
+            str(st.count),
+            repr(st.mean),
+            repr(st.m2),
+            repr(st.min_s),
+            repr(st.max_s),
+            str(st.censored),
+            repr(st.censored_max_s),
+        )
+    )
+
+
+def decode_toolstats(text: bytes | str | None) -> ToolStats:
+    """Inverse of :func:`encode_toolstats`; absent -> empty statistics."""
+    if text is None:
+        return ToolStats()
+    parts = as_str(text).split(" ")
+    if len(parts) != 7:
+        raise StoreError(f"corrupt tool statistics {as_str(text)!r}")
+    return ToolStats(
+        count=int(parts[0]),
+        mean=float(parts[1]),
+        m2=float(parts[2]),
+        min_s=float(parts[3]),
+        max_s=float(parts[4]),
+        censored=int(parts[5]),
+        censored_max_s=float(parts[6]),
+    )

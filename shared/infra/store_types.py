@@ -1,0 +1,259 @@
+"""The state-store boundary: the ``StateStore`` Protocol and the records it returns.
+
+Two implementations keep the same semantics: :class:`shared.infra.store.Store` (Redis, with
+the atomic steps in Lua) and :class:`shared.infra.fake_store.FakeStore` (in memory, for service
+tests). The same test bodies run against both (``tests/integration/test_store_*.py``).
+
+What the store holds per scheduling domain (key layout: :mod:`shared.infra.keys`):
+
+* sessions (:class:`shared.core.session.Session`), with the index sets ``pool`` (pooled ids)
+  and ``admitted_tool`` (interrupt candidates) kept consistent with every write;
+* nodes (:class:`NodeRecord`): telemetry's status fields plus ``reserved``, the sum of the
+  weights of the sessions admitted there, kept consistent with every session write;
+* residency: per (session, node) the resident prefix tokens ``k0`` observed at ``t_obs``;
+* tool statistics (:class:`shared.core.predictor.History`);
+* planner counters and recent solve times for ``tao status``.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final, Protocol, TypeVar
+
+from shared.contracts.node import NodeStatus
+from shared.core.predictor import History
+from shared.core.session import Session
+from shared.core.tick import Applied, Decision
+from shared.core.valuation import NodeView, free_capacity
+from shared.infra.keys import KeyNameError, StoreError, check_node_id
+
+__all__ = [
+    "KEEP",
+    "NODE_STATUS_FIELDS",
+    "Keep",
+    "KeyNameError",
+    "NodeRecord",
+    "SessionFn",
+    "StateStore",
+    "StoreError",
+    "check_new",
+    "merge_node",
+]
+
+
+T = TypeVar("T")
+
+
+class Keep(enum.Enum):
+    """Marks a :meth:`StateStore.put_node_status` field that is left as stored."""
+
+    KEEP = "keep"
+
+
+KEEP: Final = Keep.KEEP
+
+SessionFn = Callable[[Session | None], Session | None]
+"""A pure transition for :meth:`StateStore.update_session`; it may be called several times."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """A serving node as stored: telemetry's last status plus the live ``reserved`` total.
+
+    ``models=None`` means the node serves any model. A node only known through a reservation
+    (no status written yet) reads as unhealthy with capacity 0.
+    """
+
+    id: str
+    url: str | None = None
+    capacity_tokens: int = 0
+    target_utilisation: float = 1.0
+    reserved: int = 0
+    healthy: bool = False
+    models: frozenset[str] | None = None
+    block_size: int = 16
+    used_tokens: int = 0
+    usage: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    prefix_cache_queries: int | None = None
+    prefix_cache_hits: int | None = None
+    updated_at: float = 0.0
+    failures: int = 0
+
+    @property
+    def usable(self) -> int:
+        """``floor(capacity × target)``: the most the planner may reserve here, empty."""
+        return free_capacity(self.capacity_tokens, self.target_utilisation, ())
+
+    @property
+    def free(self) -> int:
+        """``max(0, usable - reserved)`` when healthy, else 0."""
+        return max(0, self.usable - self.reserved) if self.healthy else 0
+
+    def view(self) -> NodeView:
+        """What the valuation reads."""
+        return NodeView(
+            id=self.id,
+            capacity_tokens=self.capacity_tokens,
+            target_utilisation=self.target_utilisation,
+            reserved=self.reserved,
+            healthy=self.healthy,
+            models=self.models,
+        )
+
+
+NODE_STATUS_FIELDS: Final = (
+    "url",
+    "capacity_tokens",
+    "target_utilisation",
+    "healthy",
+    "models",
+    "block_size",
+    "used_tokens",
+    "usage",
+    "running",
+    "waiting",
+    "prefix_cache_queries",
+    "prefix_cache_hits",
+    "updated_at",
+    "failures",
+)
+"""The NodeRecord fields telemetry writes (everything but ``id`` and ``reserved``)."""
+
+
+_INTS: Final = (
+    "capacity_tokens",
+    "block_size",
+    "used_tokens",
+    "running",
+    "waiting",
+    "failures",
+)
+_OPT_INTS: Final = ("prefix_cache_queries", "prefix_cache_hits")
+_FLOATS: Final = ("usage", "updated_at")
+
+
+def _bad(name: str, value: object, problem: str) -> StoreError:
+    return StoreError(f"node status {name}: {problem}, got {value!r}")
+
+
+def check_new(sid: str, new: Session) -> None:
+    """Refuse a transition result that cannot be stored under ``sid``."""
+    if new.id != sid:
+        raise StoreError(f"update_session({sid!r}): fn returned id {new.id!r}")
+    if new.node is not None:
+        check_node_id(new.node)
+
+
+def merge_node(old: NodeRecord, given: Mapping[str, object]) -> NodeRecord:
+    """``old`` with telemetry's ``given`` fields (validated); ``reserved`` is never among them."""
+    changes: dict[str, object] = {}
+    for name, value in given.items():
+        if value is KEEP:
+            continue
+        if name in _INTS or name in _OPT_INTS:
+            if value is None and name in _OPT_INTS:
+                changes[name] = None
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise _bad(name, value, "must be an integer >= 0")
+        elif name in _FLOATS:
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise _bad(name, value, "must be a number")
+            if not math.isfinite(value):
+                raise _bad(name, value, "must be finite")
+            value = float(value)
+        elif name == "target_utilisation":
+            ok = isinstance(value, int | float) and not isinstance(value, bool)
+            if not ok or not 0.0 <= float(value) <= 1.0:  # type: ignore[arg-type]
+                raise _bad(name, value, "must be a number in [0, 1]")
+            value = float(value)  # type: ignore[arg-type]
+        elif name == "healthy":
+            if not isinstance(value, bool):
+                raise _bad(name, value, "must be a bool")
+        elif name == "url":
+            if value is not None and not isinstance(value, str):
+                raise _bad(name, value, "must be a string or None")
+            value = value or None
+        elif name == "models":
+            if value is not None:
+                if isinstance(value, str) or not isinstance(value, Iterable):
+                    raise _bad(name, value, "must be a collection of model names or None")
+                value = frozenset(value)
+                if not all(isinstance(m, str) for m in value):
+                    raise _bad(name, value, "must hold strings")
+        else:
+            raise _bad(name, value, "is not a node status field")
+        changes[name] = value
+    return replace(old, **changes)  # type: ignore[arg-type]
+
+
+class StateStore(Protocol):
+    """The scheduler's shared state (module docstring); every method is a coroutine."""
+
+    domain: str
+
+    # sessions
+    async def get_session(self, sid: str) -> Session | None: ...
+    async def sessions(self, ids: Iterable[str] | None = None) -> list[Session]: ...
+    async def session_ids(self) -> set[str]: ...
+    async def pool_ids(self) -> set[str]: ...
+    async def admitted_tool_ids(self) -> set[str]: ...
+    async def update_session(self, sid: str, fn: SessionFn) -> Session | None: ...
+    async def update_session_with(
+        self, sid: str, fn: Callable[[Session | None], tuple[Session | None, T]]
+    ) -> tuple[Session | None, T]: ...
+    async def put_probe_marks(
+        self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
+    ) -> int: ...
+    async def delete_session(self, sid: str) -> bool: ...
+
+    # nodes
+    async def put_node_status(
+        self,
+        node: str,
+        *,
+        url: Any = KEEP,
+        capacity_tokens: Any = KEEP,
+        target_utilisation: Any = KEEP,
+        healthy: Any = KEEP,
+        models: Any = KEEP,
+        block_size: Any = KEEP,
+        used_tokens: Any = KEEP,
+        usage: Any = KEEP,
+        running: Any = KEEP,
+        waiting: Any = KEEP,
+        prefix_cache_queries: Any = KEEP,
+        prefix_cache_hits: Any = KEEP,
+        updated_at: Any = KEEP,
+        failures: Any = KEEP,
+    ) -> NodeRecord: ...
+    async def put_node_status_msg(
+        self, status: NodeStatus, *, target_utilisation: float, failures: int = 0
+    ) -> NodeRecord: ...
+    async def get_node(self, node: str) -> NodeRecord | None: ...
+    async def nodes(self) -> list[NodeRecord]: ...
+    async def node_views(self) -> list[NodeView]: ...
+    async def delete_node(self, node: str) -> bool: ...
+
+    # residency
+    async def put_residency(self, sid: str, node: str, k0: int, t_obs: float) -> None: ...
+    async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None: ...
+    async def residency(self, sids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]: ...
+    async def clear_node_residency(self, node: str) -> None: ...
+
+    # tool statistics
+    async def record_tool(self, tool: str, duration: float, *, censored: bool = False) -> None: ...
+    async def history(self) -> History: ...
+
+    # apply and counters
+    async def apply(self, decision: Decision, at: float) -> Applied: ...
+    async def incr(self, **counts: int) -> None: ...
+    async def record_solve(self, ms: float, method: str, exact: bool) -> None: ...
+    async def planner_stats(self) -> dict[str, object]: ...
+    async def status(self) -> dict[str, object]: ...
+    async def clear(self) -> int: ...

@@ -1,0 +1,265 @@
+"""The atomic verify-and-apply step (DESIGN 3.4), against FakeStore and the Redis Lua script."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
+
+from shared.core.problem import ZERO, PlanResult
+from shared.core.session import Activity, Session, admit, on_request, on_response
+from shared.core.tick import Applied, Decision, Move, apply_decision, live_free
+from shared.infra.fake_store import FakeStore
+from shared.infra.store import Store
+from shared.infra.store_types import StateStore
+
+_RESULT = PlanResult(assignments=(), objective=ZERO, exact=True, method="test")
+
+
+def _decision(interrupts: tuple[Move, ...] = (), admits: tuple[Move, ...] = ()) -> Decision:
+    return Decision(tick=1, interrupts=interrupts, admits=admits, result=_RESULT)
+
+
+async def _open(kind: str, redis_url: str) -> tuple[StateStore, Callable[[], Awaitable[None]]]:
+    domain = "t" + uuid.uuid4().hex[:12]
+    if kind == "fake":
+        fake = FakeStore(domain)
+
+        async def nothing() -> None:
+            return None
+
+        return fake, nothing
+    client = aioredis.Redis.from_url(redis_url, decode_responses=kind == "redis-text")
+    real = Store(client, domain)
+
+    async def close() -> None:
+        await real.clear()
+        await client.aclose()
+
+    return real, close
+
+
+@pytest.fixture(params=["fake", "redis", "redis-text"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    """A store on a fresh uuid domain; the Redis ones (bytes and decoded-text replies) delete
+    their keys afterwards."""
+    url = request.getfixturevalue("redis_url") if request.param != "fake" else ""
+    opened, close = await _open(request.param, url)
+    try:
+        yield opened
+    finally:
+        await close()
+
+
+async def _pool(store: StateStore, sid: str, tokens: int = 500) -> Session:
+    s = on_request(Session(id=sid), "r", 1.0, tokens_estimate=tokens)[0]
+    out = await store.update_session(sid, lambda _: s)
+    assert out is not None
+    return out
+
+
+async def _in_tool_on(store: StateStore, sid: str, node: str, weight: int) -> Session:
+    s = on_request(Session(id=sid), "r", 1.0)[0]
+    s = on_response(admit(s, node, weight, 1.5), 2.0, total_tokens=100, tool_calls=[("c", "t")])
+    out = await store.update_session(sid, lambda _: s)
+    assert out is not None
+    return out
+
+
+async def _check_consistent(store: StateStore) -> None:
+    """reserved = Σ admitted weights per node, and the index sets agree with the records."""
+    sessions = await store.sessions()
+    want: dict[str, int] = {}
+    for s in sessions:
+        if s.node is not None:
+            want[s.node] = want.get(s.node, 0) + s.weight
+    for node in set(want) | {n.id for n in await store.nodes()}:
+        rec = await store.get_node(node)
+        assert (0 if rec is None else rec.reserved) == want.get(node, 0), node
+    assert await store.pool_ids() == {s.id for s in sessions if s.pooled}
+    in_tool = {s.id for s in sessions if s.node is not None and s.activity == "tool"}
+    assert await store.admitted_tool_ids() == in_tool
+
+
+class TestApply:
+    async def test_admits_and_counts(self, store: StateStore) -> None:
+        """Admits reserve capacity, bump versions, start waiting requests and leave the pool."""
+        await store.put_node_status("n1", capacity_tokens=4000, target_utilisation=0.5,
+                                    healthy=True)  # fmt: skip
+        a, b = await _pool(store, "a"), await _pool(store, "b")
+        moves = (Move("a", "n1", 1000, a.version), Move("b", "n1", 1000, b.version))
+        got = await store.apply(_decision(admits=moves), 10.0)
+        assert not got.discarded and not got.truncated and got.admitted == moves
+        assert got.sessions["a"] == admit(a, "n1", 1000, 10.0)
+        assert await store.sessions(["a", "b"]) == [got.sessions["a"], got.sessions["b"]]
+        assert got.sessions["a"].activity == "running" and got.sessions["a"].version == 2
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 2000 and node.free == 0
+        assert await store.pool_ids() == set()
+        stats = await store.planner_stats()
+        assert stats["plans_applied"] == 1 and stats["sessions_admitted"] == 2
+
+    async def test_discards_when_a_session_changed(self, store: StateStore) -> None:
+        """A selected session whose version moved meanwhile discards the whole plan."""
+        await store.put_node_status("n1", capacity_tokens=10_000, healthy=True)
+        a, b = await _pool(store, "a"), await _pool(store, "b")
+        await store.update_session(
+            "b", lambda s: None if s is None else on_request(s, "r2", 3.0)[0]
+        )
+        moves = (Move("a", "n1", 600, a.version), Move("b", "n1", 600, b.version),
+                 Move("gone", "n1", 600, 1))  # fmt: skip
+        got = await store.apply(_decision(admits=moves), 10.0)
+        assert got == Applied(discarded=True, changed=("b", "gone"))
+        assert await store.get_session("a") == a
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 0
+        assert (await store.planner_stats())["plans_discarded"] == 1
+
+    async def test_discards_on_unhealthy_or_missing_node(self, store: StateStore) -> None:
+        """An admit to a node that is unhealthy or unknown discards the plan."""
+        await store.put_node_status("n1", capacity_tokens=10_000, healthy=False)
+        a, b = await _pool(store, "a"), await _pool(store, "b")
+        moves = (Move("a", "n1", 600, a.version), Move("b", "n2", 600, b.version))
+        got = await store.apply(_decision(admits=moves), 10.0)
+        assert got == Applied(discarded=True, changed=("a", "b"))
+
+    async def test_prefix_when_capacity_shrank(self, store: StateStore) -> None:
+        """When live capacity shrank, the longest fitting prefix is applied and flagged."""
+        await store.put_node_status("n1", capacity_tokens=10_000, healthy=True)
+        ss = [await _pool(store, sid) for sid in ("a", "b", "c")]
+        moves = tuple(Move(s.id, "n1", 1000, s.version) for s in ss)
+        await store.put_node_status("n1", capacity_tokens=2500)
+        got = await store.apply(_decision(admits=moves), 10.0)
+        assert got.truncated and got.admitted == moves[:2] and set(got.sessions) == {"a", "b"}
+        c = await store.get_session("c")
+        assert c is not None and c.node is None and await store.pool_ids() == {"c"}
+        assert (await store.planner_stats())["plans_truncated"] == 1
+        await _check_consistent(store)
+
+    async def test_interrupts_free_room_for_admits(self, store: StateStore) -> None:
+        """An interrupt's weight is usable by a later admit in the same apply."""
+        await store.put_node_status("n1", capacity_tokens=2000, healthy=True)
+        t = await _in_tool_on(store, "t", "n1", 1500)
+        p = await _pool(store, "p")
+        got = await store.apply(
+            _decision((Move("t", "n1", 1500, t.version),), (Move("p", "n1", 1800, p.version),)),
+            10.0,
+        )
+        assert not got.truncated and len(got.admitted) == 1
+        released = await store.get_session("t")
+        assert released is not None and released.node is None and released.version == t.version + 1
+        assert await store.pool_ids() == {"t"} and await store.admitted_tool_ids() == set()
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 1800
+        await _check_consistent(store)
+
+    async def test_concurrent_applies_never_overcommit(self, store: StateStore) -> None:
+        """Many applies racing for one node admit exactly what fits, never more."""
+        await store.put_node_status("n1", capacity_tokens=10_000, target_utilisation=0.55,
+                                    healthy=True)  # fmt: skip
+        ss = [await _pool(store, f"s{i}") for i in range(24)]
+        results = await asyncio.gather(
+            *(store.apply(_decision(admits=(Move(s.id, "n1", 1000, s.version),)), 5.0) for s in ss)
+        )
+        assert sum(len(r.admitted) for r in results) == 5
+        assert sum(r.truncated for r in results) == 19
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 5000
+        await _check_consistent(store)
+
+    async def test_empty_decision(self, store: StateStore) -> None:
+        """A decision without moves changes and counts nothing."""
+        assert await store.apply(_decision(), 1.0) == Applied(discarded=False)
+        assert (await store.planner_stats())["plans_applied"] == 0
+
+
+_ACTIVITIES: tuple[Activity, ...] = ("idle", "waiting", "running", "tool")
+_NODES = ("n0", "n1", "n2", "nx")
+
+
+@st.composite
+def _world(draw: st.DrawFn) -> tuple[list[dict[str, object]], list[Session], Decision, float]:
+    nodes = [
+        {
+            "node": f"n{i}",
+            "capacity_tokens": draw(st.integers(0, 6000)),
+            "target_utilisation": draw(st.sampled_from([1.0, 0.9, 0.7, 0.29])),
+            "healthy": draw(st.sampled_from([True, True, True, True, False])),
+        }
+        for i in range(draw(st.integers(1, 3)))
+    ]
+    sessions: list[Session] = []
+    for i in range(draw(st.integers(1, 6))):
+        node = draw(st.sampled_from([None, None, *_NODES]))
+        sessions.append(
+            Session(
+                id=f"s{i}",
+                version=draw(st.integers(1, 4)),
+                activity=draw(st.sampled_from(_ACTIVITIES)),
+                node=node,
+                weight=0 if node is None else draw(st.integers(1, 2500)),
+                tokens=draw(st.integers(0, 3000)),
+                ended=draw(st.sampled_from([False, False, False, True])),
+                updated_at=0.5,
+            )
+        )
+    stale = st.sampled_from([0] * 15 + [1])
+    interrupts = tuple(
+        Move(s.id, s.node, s.weight, s.version + draw(stale))
+        for s in sessions
+        if s.node is not None and draw(st.booleans())
+    )
+    ids = [s.id for s in sessions] * 4 + ["ghost"]
+    targets = [n["node"] for n in nodes] * 4 + ["nx"]
+    admits = []
+    for _ in range(draw(st.integers(0, 4))):
+        sid = draw(st.sampled_from(ids))
+        version = next((s.version for s in sessions if s.id == sid), 1) + draw(stale)
+        weight = draw(st.integers(1, 3000))
+        admits.append(Move(sid, str(draw(st.sampled_from(targets))), weight, version))
+    at = draw(st.floats(1.0, 1e6, allow_nan=False))
+    return nodes, sessions, _decision(interrupts, tuple(admits)), at
+
+
+async def _equivalence(store: StateStore, world: tuple[list[dict[str, object]], list[Session],
+                                                       Decision, float]) -> None:  # fmt: skip
+    nodes, sessions, decision, at = world
+    for n in nodes:
+        await store.put_node_status(**n)  # type: ignore[arg-type]
+    for s in sessions:
+        await store.update_session(s.id, lambda _, s=s: s)  # type: ignore[misc]
+    live = {s.id: s for s in sessions}
+    want = apply_decision(decision, live, live_free(await store.node_views()), at)
+    got = await store.apply(decision, at)
+    event(f"discarded={want.discarded} truncated={want.truncated} admitted={bool(want.admitted)}")
+    assert got == want
+    after = {s.id: want.sessions.get(s.id, s) for s in sessions}
+    assert await store.sessions() == [after[k] for k in sorted(after)]
+    await _check_consistent(store)
+
+
+class TestApplyMatchesReference:
+    @pytest.mark.parametrize("kind", ["fake", "redis"])
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(world=_world())
+    def test_random_decisions(
+        self,
+        kind: str,
+        redis_url: str,
+        world: tuple[list[dict[str, object]], list[Session], Decision, float],
+    ) -> None:
+        """apply() returns and writes exactly what shared.core.tick.apply_decision does."""
+
+        async def run() -> None:
+            store, close = await _open(kind, redis_url)
+            try:
+                await _equivalence(store, world)
+            finally:
+                await close()
+
+        asyncio.run(run())

@@ -1,0 +1,374 @@
+"""compose.yaml, docker/Dockerfile and .dockerignore, checked by structure (no Docker engine)."""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+import shlex
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+
+from shared.infra.settings import Settings
+
+ROOT = Path(__file__).resolve().parents[3]
+COMPOSE = ROOT / "compose.yaml"
+DOCKERFILE = ROOT / "docker" / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+
+IMAGE = "tao-scheduler:local"
+CONTROL_PLANE = ("telemetry", "tools", "valuation", "planner", "gateway")
+SIMNODES = ("simnode0", "simnode1")
+TAO_SERVICES = CONTROL_PLANE + SIMNODES
+KNOWN_SERVICE_PACKAGES = frozenset(
+    {"telemetry", "tools", "valuation", "planner", "gateway", "simnode"}
+)
+REQUIRED_ENV = ("TAO_NATS_URL", "TAO_REDIS_URL", "TAO_NODES", "TAO_POLICY")
+HEALTHY = {"condition": "service_healthy"}
+
+_INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+
+
+@cache
+def _compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text(encoding="utf-8"))
+    assert isinstance(data, dict), "compose.yaml is not a mapping"
+    return data
+
+
+def _service(name: str) -> dict[str, Any]:
+    services = _compose()["services"]
+    assert name in services, f"compose.yaml has no service {name!r}"
+    service: dict[str, Any] = services[name]
+    return service
+
+
+def _environment(name: str) -> dict[str, str]:
+    """The service's environment as a dict, `${VAR:-default}` resolved as with an empty shell."""
+    env = _service(name).get("environment", {})
+    if isinstance(env, list):
+        env = dict(item.split("=", 1) for item in env)
+    return {
+        key: _INTERPOLATION.sub(lambda m: m.group(2) or "", str(value))
+        for key, value in env.items()
+    }
+
+
+def _option(command: list[str], flag: str) -> str:
+    assert flag in command, f"{flag} missing from {command}"
+    return command[command.index(flag) + 1]
+
+
+def _http_check_url(service: dict[str, Any]) -> str:
+    test = service.get("healthcheck", {}).get("test")
+    assert isinstance(test, list) and test[0] == "CMD", f"healthcheck test not exec form: {test}"
+    found = re.search(r"https?://[^'\"\s]+", " ".join(test[1:]))
+    assert found, f"no URL in healthcheck {test}"
+    return found.group(0)
+
+
+@cache
+def _instructions() -> list[tuple[str, str]]:
+    """Dockerfile instructions as (KEYWORD, arguments), continuation lines joined."""
+    joined: list[str] = []
+    pending = ""
+    for line in DOCKERFILE.read_text(encoding="utf-8").splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        joined.append(pending + stripped)
+        pending = ""
+    result = []
+    for text in joined:
+        keyword, _, args = text.partition(" ")
+        result.append((keyword.upper(), args.strip()))
+    return result
+
+
+def _final_stage() -> list[tuple[str, str]]:
+    instructions = _instructions()
+    last_from = max(i for i, (kw, _) in enumerate(instructions) if kw == "FROM")
+    return instructions[last_from:]
+
+
+def _resolve_from(args: str) -> str:
+    """The FROM image with `${ARG}` replaced by the ARG default declared before the first FROM."""
+    defaults: dict[str, str] = {}
+    for keyword, arg in _instructions():
+        if keyword == "FROM":
+            break
+        if keyword == "ARG" and "=" in arg:
+            key, value = arg.split("=", 1)
+            defaults[key] = value
+    image = args.split()[0]
+    return re.sub(r"\$\{?(\w+)\}?", lambda m: defaults.get(m.group(1), m.group(0)), image)
+
+
+def _copy_sources() -> list[str]:
+    sources = []
+    for keyword, args in _instructions():
+        if keyword != "COPY":
+            continue
+        words = shlex.split(args)
+        if any(w.startswith("--from") for w in words):
+            continue  # copied from another stage, not from the build context
+        paths = [w for w in words if not w.startswith("--")]
+        sources.extend(paths[:-1])
+    return sources
+
+
+def _declared(relative: Path, declared: dict[str, list[str]]) -> bool:
+    """Whether a package-data pattern of an enclosing package matches the file."""
+    for package, patterns in declared.items():
+        parts = tuple(package.split("."))
+        if relative.parts[: len(parts)] != parts:
+            continue
+        inside = "/".join(relative.parts[len(parts) :])
+        if any(fnmatch.fnmatch(inside, pattern) for pattern in patterns):
+            return True
+    return False
+
+
+class TestBrokers:
+    """NATS and Redis are the stack's only third-party services and report their health."""
+
+    def test_nats_runs_jetstream_on_a_named_volume(self) -> None:
+        """NATS starts with JetStream, its store on /data, backed by a declared named volume."""
+        nats = _service("nats")
+        assert nats["image"].startswith("nats:2.")
+        command = nats["command"]
+        assert "-js" in command
+        assert _option(command, "-sd") == "/data"
+        assert _option(command, "-m") == "8222"
+        volume, _, target = nats["volumes"][0].partition(":")
+        assert target == "/data"
+        assert volume in (_compose().get("volumes") or {})
+
+    def test_nats_healthcheck_requires_jetstream(self) -> None:
+        """The NATS health check fetches the monitoring /healthz with js-enabled-only."""
+        test = _service("nats")["healthcheck"]["test"]
+        assert test[:2] == ["CMD", "wget"]
+        url = urlsplit(test[-1])
+        assert (url.hostname, url.port, url.path) == ("localhost", 8222, "/healthz")
+        assert url.query == "js-enabled-only=true"
+
+    def test_redis_healthcheck_pings(self) -> None:
+        """Redis is checked with redis-cli ping."""
+        redis = _service("redis")
+        assert redis["image"].startswith("redis:7")
+        assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
+
+    @pytest.mark.parametrize("name", ["nats", "redis"])
+    def test_brokers_restart(self, name: str) -> None:
+        """Both brokers come back after a crash unless stopped by hand."""
+        assert _service(name)["restart"] == "unless-stopped"
+
+
+class TestTaoServices:
+    """Every TAO container runs the one image, as `tao service <name>`, wired to the brokers."""
+
+    @pytest.mark.parametrize("name", [*TAO_SERVICES, "demo"])
+    def test_uses_the_one_image(self, name: str) -> None:
+        """The service builds docker/Dockerfile from the repo root and tags the shared image."""
+        service = _service(name)
+        assert service["image"] == IMAGE
+        assert service["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}
+        assert (ROOT / service["build"]["dockerfile"]).is_file()
+
+    def test_every_container_of_the_image_is_listed(self) -> None:
+        """No service outside the known TAO set (and demo) uses the TAO image."""
+        users = {n for n, s in _compose()["services"].items() if s.get("image") == IMAGE}
+        assert users == {*TAO_SERVICES, "demo"}
+
+    @pytest.mark.parametrize("name", TAO_SERVICES)
+    def test_command_names_a_service_package(self, name: str) -> None:
+        """`service <pkg>` names a known service; once services/<pkg>/ exists it is runnable."""
+        command = _service(name)["command"]
+        assert command[0] == "service"
+        package = command[1]
+        assert package in KNOWN_SERVICE_PACKAGES
+        directory = ROOT / "services" / package
+        if directory.is_dir():
+            assert (directory / "__main__.py").is_file(), f"services/{package}/__main__.py missing"
+
+    @pytest.mark.parametrize("name", CONTROL_PLANE)
+    def test_control_plane_waits_for_healthy_brokers(self, name: str) -> None:
+        """A control-plane service starts only once NATS and Redis report healthy."""
+        depends = _service(name)["depends_on"]
+        assert depends["nats"] == HEALTHY
+        assert depends["redis"] == HEALTHY
+
+    @pytest.mark.parametrize("name", TAO_SERVICES)
+    def test_restarts_unless_stopped(self, name: str) -> None:
+        """Long-running TAO services restart after a crash unless stopped by hand."""
+        assert _service(name)["restart"] == "unless-stopped"
+
+    @pytest.mark.parametrize("name", CONTROL_PLANE)
+    def test_required_environment(self, name: str) -> None:
+        """Broker URLs point at the compose services, nodes are listed, the policy is settable."""
+        env = _environment(name)
+        assert set(REQUIRED_ENV) <= env.keys()
+        assert env["TAO_NATS_URL"] == "nats://nats:4222"
+        assert env["TAO_REDIS_URL"] == "redis://redis:6379/0"
+        raw_policy = str(_service(name)["environment"]["TAO_POLICY"])
+        assert raw_policy == "${TAO_POLICY:-tao}"
+
+    @pytest.mark.parametrize("name", [*TAO_SERVICES, "demo"])
+    def test_environment_parses_as_settings(self, name: str) -> None:
+        """The environment, with compose defaults filled in, is accepted by Settings.from_env."""
+        env = _environment(name)
+        settings = Settings.from_env(env)
+        assert settings.service_name == env.get("TAO_SERVICE_NAME")
+
+    def test_nodes_are_the_simnodes(self) -> None:
+        """TAO_NODES names each simnode by its --node-id, at its service name and --port."""
+        nodes = Settings.from_env(_environment("planner")).nodes
+        expected = set()
+        for name in SIMNODES:
+            command = _service(name)["command"]
+            assert command[:2] == ["service", "simnode"]
+            port = _option(command, "--port")
+            expected.add((_option(command, "--node-id"), f"http://{name}:{port}"))
+        assert {(n.id, n.url) for n in nodes} == expected
+
+    @pytest.mark.parametrize("name", CONTROL_PLANE)
+    def test_control_plane_agrees_on_nodes_and_policy(self, name: str) -> None:
+        """Every control-plane service sees the same brokers, nodes and policy."""
+        keys = (*REQUIRED_ENV, "TAO_NAMESPACE")
+        reference = _environment("planner")
+        env = _environment(name)
+        assert {k: env.get(k) for k in keys} == {k: reference.get(k) for k in keys}
+
+
+class TestGateway:
+    """The gateway is the one published port and reports health over HTTP."""
+
+    def test_publishes_8000_and_listens_on_all_interfaces(self) -> None:
+        """Port 8000 is published and the gateway binds 0.0.0.0:8000 inside the container."""
+        gateway = _service("gateway")
+        assert "8000:8000" in [str(p) for p in gateway["ports"]]
+        env = Settings.from_env(_environment("gateway"))
+        assert (env.gateway_host, env.gateway_port) == ("0.0.0.0", 8000)
+
+    def test_healthcheck_hits_healthz(self) -> None:
+        """The gateway health check GETs /healthz on its own port."""
+        url = urlsplit(_http_check_url(_service("gateway")))
+        assert (url.port, url.path) == (8000, "/healthz")
+
+    def test_only_the_gateway_is_published(self) -> None:
+        """No other service publishes a host port."""
+        published = {n for n, s in _compose()["services"].items() if s.get("ports")}
+        assert published == {"gateway"}
+
+
+class TestSimnodes:
+    """Each simulated node has its own id and a health check on its own port."""
+
+    def test_node_ids_are_distinct(self) -> None:
+        """The two simnodes run with different --node-id values."""
+        ids = {_option(_service(n)["command"], "--node-id") for n in SIMNODES}
+        assert len(ids) == len(SIMNODES)
+
+    @pytest.mark.parametrize("name", SIMNODES)
+    def test_healthcheck_hits_healthz_on_its_port(self, name: str) -> None:
+        """The health check GETs /healthz on the port given by --port."""
+        service = _service(name)
+        url = urlsplit(_http_check_url(service))
+        assert url.path == "/healthz"
+        assert str(url.port) == _option(service["command"], "--port")
+
+
+class TestDemoProfile:
+    """The demo client exists only under `--profile demo` and waits for a healthy gateway."""
+
+    def test_demo_only_in_demo_profile(self) -> None:
+        """demo carries profile demo and no other service carries any profile."""
+        assert _service("demo")["profiles"] == ["demo"]
+        profiled = {n for n, s in _compose()["services"].items() if s.get("profiles")}
+        assert profiled == {"demo"}
+
+    def test_demo_targets_the_healthy_gateway(self) -> None:
+        """demo runs `tao demo` against http://gateway:8000 after the gateway is healthy."""
+        demo = _service("demo")
+        assert demo["command"][0] == "demo"
+        assert "http://gateway:8000" in demo["command"]
+        assert demo["depends_on"]["gateway"] == HEALTHY
+        assert demo["restart"] == "no"
+
+
+class TestDockerfile:
+    """docker/Dockerfile builds one non-root python:3.11 image whose entry point is `tao`."""
+
+    def test_base_is_python_311(self) -> None:
+        """Every stage starts FROM python:3.11 (a slim variant)."""
+        froms = [_resolve_from(args) for kw, args in _instructions() if kw == "FROM"]
+        assert froms
+        assert all(image.startswith("python:3.11") for image in froms), froms
+
+    def test_copies_what_pip_install_needs(self) -> None:
+        """pyproject.toml, its readme and the shared, services and schemas trees are copied."""
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+        sources = {s.rstrip("/") for s in _copy_sources()}
+        assert {"pyproject.toml", project["project"]["readme"], "shared", "services"} <= sources
+        assert "schemas" in sources
+
+    def test_installs_the_project(self) -> None:
+        """A RUN step installs the project from the copied tree with pip."""
+        runs = [args for kw, args in _instructions() if kw == "RUN"]
+        assert any(re.search(r"pip install (--no-deps )?\.(\s|$)", run) for run in runs), runs
+
+    def test_entrypoint_is_the_tao_cli(self) -> None:
+        """The final stage's exec-form ENTRYPOINT runs `tao`, the console script in pyproject."""
+        entrypoints = [args for kw, args in _final_stage() if kw == "ENTRYPOINT"]
+        assert entrypoints, "no ENTRYPOINT in the final stage"
+        assert json.loads(entrypoints[-1]) == ["tao"]
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+        assert "tao" in project["project"]["scripts"]
+
+    def test_runs_as_non_root(self) -> None:
+        """The final stage switches to a user other than root."""
+        users = [args for kw, args in _final_stage() if kw == "USER"]
+        assert users, "no USER in the final stage"
+        assert users[-1].split(":")[0] not in {"root", "0"}
+
+    def test_numba_cache_is_set(self) -> None:
+        """NUMBA_CACHE_DIR is set in the final stage so compiled kernels can be cached."""
+        envs = " ".join(args for kw, args in _final_stage() if kw == "ENV")
+        assert re.search(r"NUMBA_CACHE_DIR=/\S+", envs), envs
+
+    def test_copied_paths_exist_and_are_not_ignored(self) -> None:
+        """Each COPY source exists in the repository and no .dockerignore pattern drops it."""
+        patterns = [
+            line.strip().rstrip("/")
+            for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
+            if line.strip() and not line.startswith("#") and not line.startswith("!")
+        ]
+        for source in _copy_sources():
+            path = source.rstrip("/")
+            assert (ROOT / path).exists(), f"COPY source {path} does not exist"
+            hits = [p for p in patterns if fnmatch.fnmatch(path, p)]
+            assert not hits, f"COPY source {path} is excluded by .dockerignore {hits}"
+
+    def test_package_data_ships_every_data_file(self) -> None:
+        """Every non-Python file under shared/ and services/ is declared package data."""
+        project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))
+        declared: dict[str, list[str]] = project["tool"]["setuptools"]["package-data"]
+        missing = [
+            str(path.relative_to(ROOT))
+            for tree in ("shared", "services")
+            for path in sorted((ROOT / tree).rglob("*"))
+            if path.is_file()
+            and path.suffix not in {".py", ".pyc", ".nbi", ".nbc"}
+            and "__pycache__" not in path.parts
+            and not _declared(path.relative_to(ROOT), declared)
+        ]
+        assert not missing, f"not in [tool.setuptools.package-data]: {missing}"

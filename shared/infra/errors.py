@@ -1,0 +1,51 @@
+"""The infra error tree: every failure of the service shell's plumbing is an ``InfraError``.
+
+    InfraError(Exception)
+    ├── SettingsError(InfraError, ValueError)  a bad environment variable (named in the message)
+    ├── BusError                               NATS connection or stream set-up failed
+    ├── EmbeddedServerError                    a server binary is missing or did not answer
+    └── RunFileError                           the ``tao up`` run file cannot be read
+
+Each error keeps its data as attributes and builds its message from them.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BusError", "EmbeddedServerError", "InfraError", "RunFileError", "SettingsError"]
+
+
+class InfraError(Exception):
+    """Base of every error raised by ``shared.infra``."""
+
+
+class SettingsError(InfraError, ValueError):
+    """Environment variable ``variable`` holds ``value``, which is wrong because ``problem``."""
+
+    def __init__(self, variable: str, value: str | None, problem: str) -> None:
+        self.variable = variable
+        self.value = value
+        self.problem = problem
+        got = "" if value is None else f", got {value!r}"
+        super().__init__(f"{variable}: {problem}{got}")
+
+
+class BusError(InfraError):
+    """The message bus could not be reached or set up."""
+
+
+class EmbeddedServerError(InfraError):
+    """An embedded server (``what``) could not be started, for ``reason``."""
+
+    def __init__(self, what: str, reason: str) -> None:
+        self.what = what
+        self.reason = reason
+        super().__init__(f"{what}: {reason}")
+
+
+class RunFileError(InfraError):
+    """The run file at ``path`` cannot be used, for ``reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"run file {path}: {reason}")

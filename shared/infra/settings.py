@@ -1,0 +1,258 @@
+"""Settings: parsed once from the environment at start-up, frozen, failing fast.
+
+Every variable is optional. A bad value raises :class:`~shared.infra.errors.SettingsError` whose
+message names the variable, what is wrong and what was given
+(``TAO_TICK_S: must be a number > 0, got 'abc'``). Empty strings count as unset.
+
+| Variable                  | Default   | Meaning                                                 |
+|---------------------------|-----------|---------------------------------------------------------|
+| TAO_NATS_URL              | (unset)   | NATS URL (JetStream on); unset: `tao up` starts one     |
+| TAO_REDIS_URL             | (unset)   | Redis/Valkey URL; unset: `tao up` starts Valkey         |
+| TAO_NAMESPACE             | ""        | prefix of every subject (`ns.`) and stream (`ns_`)      |
+| TAO_DOMAIN                | default   | scheduling domain; the Redis hash tag `{domain}`        |
+| TAO_TICK_S                | 1.0       | scheduling tick period, s (> 0)                         |
+| TAO_DEBOUNCE_S            | 0.002     | early-tick debounce after a wake-up event, s (>= 0)     |
+| TAO_POLICY                | tao       | placement policy, one of `tao policies`                 |
+| TAO_HALF_LIFE_S           | 10        | residency credit half-life, s (> 0)                     |
+| TAO_CREDIT_UNIT           | 256       | tokens per credit unit (> 0)                            |
+| TAO_QUANTUM               | 512       | planner weight quantum, tokens (> 0)                    |
+| TAO_RESERVE_TOKENS        | 512       | growth reserve per admitted session, tokens (>= 0)      |
+| TAO_TARGET_UTILISATION    | 0.9       | share of node KV capacity the planner may fill, (0, 1]  |
+| TAO_HORIZON_S             | 1.0       | readiness horizon, s (> 0)                              |
+| TAO_FRESHNESS_S           | 30        | telemetry older than this is stale, s (> 0)             |
+| TAO_PLANNER_BUDGET        | 150000    | planner state budget per tick (> 0)                     |
+| TAO_PLANNER_TIME_LIMIT_MS | 200       | planner wall-clock limit per tick, ms (> 0)             |
+| TAO_GATEWAY_ID            | gw0       | this gateway's id, [A-Za-z0-9_-]{1,128}                 |
+| TAO_GATEWAY_HOST          | 127.0.0.1 | gateway listen address                                  |
+| TAO_GATEWAY_PORT          | 8000      | gateway listen port, 0–65535 (0: any free port)         |
+| TAO_HOLD_TIMEOUT_S        | 120       | longest a request is held before a 429, s (> 0)         |
+| TAO_RETRY_AFTER_S         | 2         | Retry-After sent with a 429, s (> 0)                    |
+| TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
+| TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
+| TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
+| TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
+| TAO_NODES                 | (empty)   | static nodes without telemetry: `id=url,id=url`         |
+| TAO_MAX_DELIVER           | 5         | deliveries of a failing message before dead-lettering   |
+| TAO_ACK_WAIT_S            | 30        | JetStream redelivery after an unacked delivery, s (> 0) |
+| TAO_RETRY_BACKOFF_S       | 0.5       | first nak delay after a handler error (doubles, <=10 s) |
+| TAO_RUN_FILE              | (below)   | `tao up` run file; default $XDG_RUNTIME_DIR/tao/run.json|
+|                           |           | or ~/.cache/tao/run.json                                |
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from .errors import SettingsError
+
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "VARIABLES", "NodeSpec", "Settings"]
+
+LOG_LEVELS: Final = ("debug", "info", "warning", "error")
+LOG_FORMATS: Final = ("json", "console")
+_NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_-]{0,64}")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A statically configured inference node: its id and base URL."""
+
+    id: str
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """Every TAO setting; build with :meth:`from_env` (``Settings()`` gives the defaults)."""
+
+    nats_url: str | None = None
+    redis_url: str | None = None
+    namespace: str = ""
+    domain: str = "default"
+    tick_s: float = 1.0
+    debounce_s: float = 0.002
+    policy: str = "tao"
+    half_life_s: float = 10.0
+    credit_unit: int = 256
+    quantum: int = 512
+    reserve_tokens: int = 512
+    target_utilisation: float = 0.9
+    horizon_s: float = 1.0
+    freshness_s: float = 30.0
+    planner_budget: int = 150_000
+    planner_time_limit_ms: int = 200
+    gateway_id: str = "gw0"
+    gateway_host: str = "127.0.0.1"
+    gateway_port: int = 8000
+    hold_timeout_s: float = 120.0
+    retry_after_s: float = 2.0
+    idle_timeout_s: float = 300.0
+    service_name: str | None = None
+    log_level: str = "info"
+    log_format: str = "json"
+    nodes: tuple[NodeSpec, ...] = field(default_factory=tuple)
+    max_deliver: int = 5
+    ack_wait_s: float = 30.0
+    retry_backoff_s: float = 0.5
+    run_file: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
+        """Parse every ``TAO_*`` variable in ``env``; SettingsError names the first bad one."""
+        values: dict[str, Any] = {}
+        for attr, (variable, parse) in _PARSERS.items():
+            raw = env.get(variable, "").strip()
+            if raw:
+                values[attr] = parse(variable, raw)
+        return cls(**values)
+
+    def replace(self, **changes: Any) -> Settings:
+        """A copy with ``changes`` applied (tests, ``tao up`` filling in embedded URLs)."""
+        return dataclasses.replace(self, **changes)
+
+
+# --- parsers: (variable, raw) -> value, raising SettingsError -------------------------------
+
+Parser = Callable[[str, str], Any]
+
+
+def _number(*, lo: float, lo_open: bool, hi: float | None = None) -> Parser:
+    bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
+    if hi is not None:
+        bound = f"in ({lo:g}, {hi:g}]" if lo_open else f"in [{lo:g}, {hi:g}]"
+
+    def parse(variable: str, raw: str) -> float:
+        try:
+            value = float(raw)
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > lo if lo_open else value >= lo)
+        if ok and hi is not None:
+            ok = value <= hi
+        if not ok:
+            raise SettingsError(variable, raw, f"must be a number {bound}")
+        return value
+
+    return parse
+
+
+def _integer(*, lo: int, hi: int | None = None) -> Parser:
+    bound = f">= {lo}" if hi is None else f"in [{lo}, {hi}]"
+
+    def parse(variable: str, raw: str) -> int:
+        try:
+            value = int(raw)
+        except ValueError:
+            raise SettingsError(variable, raw, f"must be an integer {bound}") from None
+        if value < lo or (hi is not None and value > hi):
+            raise SettingsError(variable, raw, f"must be an integer {bound}")
+        return value
+
+    return parse
+
+
+def _choice(choices: tuple[str, ...]) -> Parser:
+    def parse(variable: str, raw: str) -> str:
+        value = raw.lower()
+        if value not in choices:
+            raise SettingsError(variable, raw, f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
+
+
+def _policy(variable: str, raw: str) -> str:
+    from shared.core.policies import POLICY_NAMES  # imported here: it loads numba
+
+    if raw not in POLICY_NAMES:
+        raise SettingsError(variable, raw, f"must be one of {', '.join(POLICY_NAMES)}")
+    return raw
+
+
+def _name(variable: str, raw: str) -> str:
+    if not _NAME_RE.fullmatch(raw):
+        raise SettingsError(variable, raw, "must match [A-Za-z0-9_-]{1,128}")
+    return raw
+
+
+def _namespace(variable: str, raw: str) -> str:
+    if not _NAMESPACE_RE.fullmatch(raw):
+        raise SettingsError(variable, raw, "must match [A-Za-z0-9_-]{0,64}")
+    return raw
+
+
+def _url(*schemes: str) -> Parser:
+    def parse(variable: str, raw: str) -> str:
+        scheme, sep, rest = raw.partition("://")
+        if not sep or scheme.lower() not in schemes or not rest:
+            raise SettingsError(variable, raw, f"must be a URL with scheme {' or '.join(schemes)}")
+        return raw
+
+    return parse
+
+
+def _text(variable: str, raw: str) -> str:
+    return raw
+
+
+def _nodes(variable: str, raw: str) -> tuple[NodeSpec, ...]:
+    nodes: list[NodeSpec] = []
+    for item in raw.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        node_id, sep, url = item.partition("=")
+        node_id, url = node_id.strip(), url.strip()
+        if not sep or not _NAME_RE.fullmatch(node_id) or "://" not in url:
+            raise SettingsError(
+                variable, raw, f"entry {item!r} is not id=url (id [A-Za-z0-9_-], url http://…)"
+            )
+        if any(n.id == node_id for n in nodes):
+            raise SettingsError(variable, raw, f"node id {node_id!r} appears twice")
+        nodes.append(NodeSpec(node_id, url.rstrip("/")))
+    return tuple(nodes)
+
+
+_POSITIVE: Final = _number(lo=0.0, lo_open=True)
+
+_PARSERS: Final[dict[str, tuple[str, Parser]]] = {
+    "nats_url": ("TAO_NATS_URL", _url("nats", "tls", "ws", "wss")),
+    "redis_url": ("TAO_REDIS_URL", _url("redis", "rediss", "unix", "valkey")),
+    "namespace": ("TAO_NAMESPACE", _namespace),
+    "domain": ("TAO_DOMAIN", _name),
+    "tick_s": ("TAO_TICK_S", _POSITIVE),
+    "debounce_s": ("TAO_DEBOUNCE_S", _number(lo=0.0, lo_open=False)),
+    "policy": ("TAO_POLICY", _policy),
+    "half_life_s": ("TAO_HALF_LIFE_S", _POSITIVE),
+    "credit_unit": ("TAO_CREDIT_UNIT", _integer(lo=1)),
+    "quantum": ("TAO_QUANTUM", _integer(lo=1)),
+    "reserve_tokens": ("TAO_RESERVE_TOKENS", _integer(lo=0)),
+    "target_utilisation": ("TAO_TARGET_UTILISATION", _number(lo=0.0, lo_open=True, hi=1.0)),
+    "horizon_s": ("TAO_HORIZON_S", _POSITIVE),
+    "freshness_s": ("TAO_FRESHNESS_S", _POSITIVE),
+    "planner_budget": ("TAO_PLANNER_BUDGET", _integer(lo=1)),
+    "planner_time_limit_ms": ("TAO_PLANNER_TIME_LIMIT_MS", _integer(lo=1)),
+    "gateway_id": ("TAO_GATEWAY_ID", _name),
+    "gateway_host": ("TAO_GATEWAY_HOST", _text),
+    "gateway_port": ("TAO_GATEWAY_PORT", _integer(lo=0, hi=65535)),
+    "hold_timeout_s": ("TAO_HOLD_TIMEOUT_S", _POSITIVE),
+    "retry_after_s": ("TAO_RETRY_AFTER_S", _POSITIVE),
+    "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
+    "service_name": ("TAO_SERVICE_NAME", _name),
+    "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),
+    "log_format": ("TAO_LOG_FORMAT", _choice(LOG_FORMATS)),
+    "nodes": ("TAO_NODES", _nodes),
+    "max_deliver": ("TAO_MAX_DELIVER", _integer(lo=1)),
+    "ack_wait_s": ("TAO_ACK_WAIT_S", _POSITIVE),
+    "retry_backoff_s": ("TAO_RETRY_BACKOFF_S", _number(lo=0.0, lo_open=False)),
+    "run_file": ("TAO_RUN_FILE", _text),
+}
+"""Settings attribute -> (environment variable, parser). Unset or empty: the field default."""
+
+VARIABLES: Final[tuple[str, ...]] = tuple(variable for variable, _ in _PARSERS.values())

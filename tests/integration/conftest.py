@@ -1,0 +1,39 @@
+"""The ``bus`` fixture: every bus test body runs against FakeBus and against real NATS.
+
+The real bus lives in a fresh namespace (its own streams ``t<uuid>_TAO_V1_*``), which is
+deleted after the test. Both buses retry fast (backoff 10 ms) and dead-letter after 3
+deliveries, so retry tests finish quickly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+
+from shared.infra import Bus, FakeBus, MessageBus
+
+MAX_DELIVER = 3
+BACKOFF_S = 0.01
+
+
+@pytest.fixture(params=["fake", "nats"])
+async def bus(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[MessageBus]:
+    """A connected bus with its streams; in-memory or real NATS."""
+    if request.param == "fake":
+        fake = FakeBus(namespace, max_deliver=MAX_DELIVER, retry_backoff_s=BACKOFF_S)
+        yield fake
+        await fake.drain()
+        return
+    url = request.getfixturevalue("nats_url")
+    real = await Bus.connect(
+        url, name="test", namespace=namespace, max_deliver=MAX_DELIVER, retry_backoff_s=BACKOFF_S
+    )
+    await real.ensure_streams()
+    try:
+        yield real
+    finally:
+        await real.drain()
+        admin = await Bus.connect(url, name="test-cleanup", namespace=namespace)
+        await admin.delete_streams()
+        await admin.drain()

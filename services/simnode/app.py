@@ -1,0 +1,83 @@
+"""aiohttp application factory of the sim node (a vLLM stand-in without a GPU)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, replace
+
+from aiohttp import web
+
+from services.simnode.handlers import SimNode, error_response
+from services.simnode.runner import EngineRunner
+from shared.core.engine import DEFAULT_PROFILE, PROFILES, Engine, Profile
+
+__all__ = ["NODE_KEY", "SimNodeConfig", "create_app"]
+
+NODE_KEY: web.AppKey[SimNode] = web.AppKey("simnode", SimNode)
+
+
+@dataclass(frozen=True, slots=True)
+class SimNodeConfig:
+    """Everything the node needs, parsed once at start-up."""
+
+    node_id: str
+    profile: str = DEFAULT_PROFILE
+    time_scale: float = 1.0
+    model: str = "tao-sim"
+    kv_tokens: int | None = None
+    """Override of the profile's KV capacity (tokens, rounded down to whole blocks)."""
+    stream_tick_s: float = 0.02
+
+    def engine_profile(self) -> Profile:
+        """The profile with the capacity override applied; ``ValueError`` names a bad value."""
+        try:
+            base = PROFILES[self.profile]
+        except KeyError:
+            raise ValueError(
+                f"unknown profile {self.profile!r}; known: {', '.join(PROFILES)}"
+            ) from None
+        if self.kv_tokens is None:
+            return base
+        if self.kv_tokens < base.block_size:
+            raise ValueError(f"kv_tokens: must be >= {base.block_size}, got {self.kv_tokens}")
+        blocks = self.kv_tokens // base.block_size
+        return replace(base, kv_tokens=blocks * base.block_size)
+
+
+@web.middleware
+async def _errors(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Unknown routes and stray exceptions become OpenAI-style JSON errors, never a traceback."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status >= 400:
+            return error_response(
+                exc.status, exc.reason, "NotFoundError" if exc.status == 404 else "BadRequestError"
+            )
+        raise
+
+
+def create_app(config: SimNodeConfig) -> web.Application:
+    """The node's application; the engine driver starts and stops with it."""
+    profile = config.engine_profile()
+    app = web.Application(middlewares=[_errors])
+    engine = Engine(config.node_id, profile, emit_kv_events=False)
+    runner = EngineRunner(engine, time_scale=config.time_scale, stream_tick_s=config.stream_tick_s)
+    node = SimNode(runner, config.node_id, config.model)
+    app[NODE_KEY] = node
+
+    async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
+        runner.start()
+        yield
+        await runner.stop()
+
+    app.cleanup_ctx.append(lifecycle)
+    app.router.add_post("/v1/chat/completions", node.chat)
+    app.router.add_post("/v1/completions", node.completions)
+    app.router.add_get("/v1/models", node.models)
+    app.router.add_get("/health", node.health)
+    app.router.add_get("/healthz", node.health)
+    app.router.add_get("/metrics", node.metrics)
+    return app

@@ -1,0 +1,207 @@
+"""Block pool with automatic prefix caching, after vLLM v1's KV cache manager.
+
+Semantics (vLLM ``v1/core/block_pool.py`` and ``kv_cache_manager.py``, described in
+https://docs.vllm.ai/en/latest/design/prefix_caching.html):
+
+* KV memory is ``num_blocks`` blocks of ``block_size`` tokens. A *full* block is keyed by a chain
+  hash of (parent block hash, its token ids); partial blocks are never cached.
+* Blocks are ref-counted by the requests using them. A block whose count drops to 0 goes to the
+  *tail* of an LRU free queue and stays cached (findable by hash) until it is re-allocated.
+* Allocation pops from the *head* of the free queue; popping a cached block evicts it (its hash
+  is removed and a ``BlockRemoved`` event is emitted).
+* A request's blocks are freed in reverse order, so that the tail of a sequence is evicted
+  before its head (vLLM ``free_blocks(reversed(...))``).
+* A hit on a free cached block takes it out of the free queue ("touch") and ref-counts it.
+
+Hashes are Python ``hash`` of a tuple of ints, masked to 64 bits: ints and tuples of ints hash
+the same in every process (only ``str``/``bytes`` hashing is salted by PYTHONHASHSEED), so the
+hashes are deterministic. An identical block computed twice is cached once (vLLM may keep
+duplicates; the first one wins here, the second stays uncached and is freed as a plain block).
+
+Invariants (checked by :meth:`BlockPool.check`): every block is either in the free queue with
+ref 0 or out of it with ref > 0; the hash map and the blocks' hashes agree.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable, Sequence
+from typing import Final
+
+from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
+
+__all__ = ["ROOT_HASH", "BlockPool", "chain_hash"]
+
+ROOT_HASH: Final = 0x9E37_79B9_7F4A_7C15
+"""The parent hash of a sequence's first block."""
+
+_MASK64: Final = (1 << 64) - 1
+
+
+def chain_hash(parent: int, tokens: Sequence[int]) -> int:
+    """The 64-bit hash of a full block with these ``tokens`` after the block hashed ``parent``."""
+    return hash((parent, *tokens)) & _MASK64
+
+
+class BlockPool:
+    """Fixed pool of KV blocks: ref counts, the hash → block map and the LRU free queue."""
+
+    __slots__ = (
+        "_cached",
+        "_emit",
+        "_events",
+        "_free",
+        "_hash",
+        "_ref",
+        "block_size",
+        "num_blocks",
+    )
+
+    def __init__(self, num_blocks: int, block_size: int, *, emit_kv_events: bool = False) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks: must be >= 1, got {num_blocks}")
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        self._ref = [0] * num_blocks
+        self._hash: list[int | None] = [None] * num_blocks
+        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached: dict[int, int] = {}
+        self._emit = emit_kv_events
+        self._events: list[KVEvent] = []
+
+    # -- queries ---------------------------------------------------------------------------------
+
+    @property
+    def num_free(self) -> int:
+        """Blocks with ref count 0 (free, possibly still cached)."""
+        return len(self._free)
+
+    @property
+    def num_cached(self) -> int:
+        """Blocks findable by hash (in use or free)."""
+        return len(self._cached)
+
+    def lookup(self, block_hash: int) -> int | None:
+        """The block id cached under ``block_hash``, or ``None``."""
+        return self._cached.get(block_hash)
+
+    def ref(self, block: int) -> int:
+        """The ref count of ``block``."""
+        return self._ref[block]
+
+    def count_free(self, blocks: Sequence[int]) -> int:
+        """How many of ``blocks`` have ref count 0."""
+        ref = self._ref
+        return [ref[b] for b in blocks].count(0)
+
+    def free_order(self) -> list[int]:
+        """Free block ids from LRU head (next evicted) to tail."""
+        return list(self._free)
+
+    def longest_hit(self, hashes: Sequence[int], limit: int) -> list[int]:
+        """Block ids of the longest cached run of ``hashes[:limit]`` from the start."""
+        out: list[int] = []
+        cached = self._cached
+        for h in hashes[:limit]:
+            block = cached.get(h)
+            if block is None:
+                break
+            out.append(block)
+        return out
+
+    # -- mutations -------------------------------------------------------------------------------
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Take hit ``blocks`` into use: ref++ and out of the free queue when they were free."""
+        ref = self._ref
+        free = self._free
+        for b in blocks:
+            if ref[b] == 0:
+                del free[b]
+            ref[b] += 1
+
+    def allocate(self, n: int) -> list[int]:
+        """Pop ``n`` blocks from the free-queue head (evicting cached ones); caller checks room."""
+        free = self._free
+        if n > len(free):
+            raise ValueError(f"cannot allocate {n} blocks, {len(free)} free")
+        out: list[int] = []
+        ref = self._ref
+        hashes = self._hash
+        cached = self._cached
+        pop = free.popitem
+        for _ in range(n):
+            b = pop(last=False)[0]
+            h = hashes[b]
+            if h is not None:
+                del cached[h]
+                hashes[b] = None
+                if self._emit:
+                    self._events.append(BlockRemoved(block_hashes=[h], medium="GPU"))
+            ref[b] = 1
+            out.append(b)
+        return out
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """Drop one reference to each of ``blocks``, freeing them tail first."""
+        ref = self._ref
+        free = self._free
+        for b in reversed(blocks):
+            ref[b] -= 1
+            if ref[b] == 0:
+                free[b] = None
+
+    def cache(self, block: int, block_hash: int, parent: int, tokens: Sequence[int]) -> None:
+        """Cache the full, in-use ``block`` under ``block_hash`` (no-op for a duplicate)."""
+        self.cache_many([block], [block_hash], 0, 1, parent, tokens)
+
+    def cache_many(
+        self,
+        blocks: Sequence[int],
+        hashes: Sequence[int],
+        start: int,
+        stop: int,
+        parent: int,
+        tokens: Sequence[int],
+    ) -> None:
+        """Cache ``blocks[j]`` under ``hashes[j]`` for ``start <= j < stop``; ``parent`` is the
+        hash before ``hashes[start]`` and ``tokens[j*block_size:]`` block ``j``'s tokens."""
+        cached = self._cached
+        block_hash = self._hash
+        bs = self.block_size
+        for j in range(start, stop):
+            h = hashes[j]
+            b = blocks[j]
+            if h not in cached and block_hash[b] is None:
+                cached[h] = b
+                block_hash[b] = h
+                if self._emit:
+                    self._events.append(
+                        BlockStored(
+                            block_hashes=[h],
+                            parent_block_hash=None if parent == ROOT_HASH else parent,
+                            token_ids=list(tokens[j * bs : j * bs + bs]),
+                            block_size=bs,
+                            lora_id=None,
+                            medium="GPU",
+                        )
+                    )
+            parent = h
+
+    def drain_events(self) -> list[KVEvent]:
+        """The KV events since the last drain, oldest first."""
+        events, self._events = self._events, []
+        return events
+
+    def check(self) -> None:
+        """Raise ``AssertionError`` if an invariant is broken (tests and debugging)."""
+        free = self._free
+        for b in range(self.num_blocks):
+            in_free = b in free
+            if self._ref[b] < 0 or in_free != (self._ref[b] == 0):
+                raise AssertionError(f"block {b}: ref {self._ref[b]}, in free queue {in_free}")
+        for h, b in self._cached.items():
+            if self._hash[b] != h:
+                raise AssertionError(f"hash map says {h} -> {b}, block has {self._hash[b]}")
+        if sum(h is not None for h in self._hash) != len(self._cached):
+            raise AssertionError("blocks with a hash and the hash map disagree")

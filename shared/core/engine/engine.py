@@ -1,0 +1,546 @@
+"""A vLLM-v1-like serving engine model: continuous batching, chunked prefill, prefix cache.
+
+Scheduling (after vLLM ``v1/core/sched/scheduler.py``; one call of :meth:`Engine._step` is one
+``schedule()`` + one forward pass):
+
+1. Running requests, in admission order, each get ``min(tokens not yet computed, budget)`` new
+   tokens (1 for a decode) out of the step's ``max_batched_tokens`` budget. If a request's new
+   tokens need a block and none is free, the most recently admitted running request is preempted
+   (recompute: its blocks are freed, it goes to the front of the waiting queue) until the
+   allocation fits or the request itself was preempted.
+2. If nobody was preempted, waiting requests are admitted FCFS while ``max_num_seqs``, the
+   token budget and free blocks allow: their longest cached prefix of full blocks (never the
+   last known token) is reused, the rest is a prefill chunk. The head blocks the queue.
+3. The step takes :func:`~.profiles.step_time` of its prefill chunks and decodes. A request
+   whose known tokens are all computed at the step's end samples one token then; the first
+   one sets ``first_token_at``; at ``max_tokens`` tokens it finishes and frees its blocks.
+
+Time: a step that *starts* at or before ``now`` is committed by ``advance(now)`` (its end may
+lie after ``now``); a request submitted while a step is in flight joins the next one.
+
+Closed form: while every running request is decoding and no waiting request can be admitted,
+steps differ only in their context sum, so :meth:`Engine._try_run` commits a whole run of
+them at once, up to the next finish, the first step whose new blocks would not fit (there the
+general step preempts), or ``now``. Its cost is per request and per block boundary, plus one
+float addition per step (done exactly as single steps do, so both give identical times).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+from typing import Final
+
+from shared.contracts.kv import KVEvent
+from shared.core.engine.cache import ROOT_HASH, BlockPool, chain_hash
+from shared.core.engine.profiles import Profile, step_time
+from shared.core.engine.requests import (
+    OUTPUT_VOCAB,
+    Completion,
+    EngineRequest,
+    ReqState,
+    generated_token_ids,
+)
+
+__all__ = ["OUTPUT_VOCAB", "Completion", "Engine", "EngineRequest", "generated_token_ids"]
+
+_MASK64: Final = (1 << 64) - 1
+
+_MEMO_SESSIONS: Final = 4096
+"""Sessions whose last token sequence and block hashes are remembered to hash new turns fast."""
+
+
+class Engine:
+    """One node's engine; pure and deterministic: every call takes the virtual time ``now``."""
+
+    def __init__(
+        self,
+        node_id: str,
+        profile: Profile,
+        *,
+        emit_kv_events: bool = False,
+        closed_form: bool = True,
+    ) -> None:
+        self.node_id = node_id
+        self.profile = profile
+        self.block_size = profile.block_size
+        self.num_gpu_blocks = profile.num_gpu_blocks
+        self.closed_form = closed_form
+        self._pool = BlockPool(self.num_gpu_blocks, self.block_size, emit_kv_events=emit_kv_events)
+        self._waiting: deque[ReqState] = deque()
+        self._running: list[ReqState] = []
+        self._by_id: dict[str, ReqState] = {}
+        self._done: list[Completion] = []
+        self._memo: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
+        self._clock = 0.0
+        self._now = -math.inf
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.num_preemptions = 0
+        self.steps = 0
+
+    # -- observable state ------------------------------------------------------------------------
+
+    @property
+    def running(self) -> int:
+        """Requests admitted and holding blocks."""
+        return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests queued (new or preempted)."""
+        return len(self._waiting)
+
+    @property
+    def kv_usage(self) -> float:
+        """Fraction of blocks held by requests (vLLM ``kv_cache_usage_perc``: free cached
+        blocks count as free)."""
+        return 1.0 - self._pool.num_free / self.num_gpu_blocks
+
+    @property
+    def kv_cached_blocks(self) -> int:
+        """Blocks resident in the prefix cache (held by requests or free but not yet evicted)."""
+        return self._pool.num_cached
+
+    @property
+    def pool(self) -> BlockPool:
+        """The block pool (read-only use: tests and diagnostics)."""
+        return self._pool
+
+    # -- API ---------------------------------------------------------------------------------------
+
+    def submit(self, req: EngineRequest, now: float) -> None:
+        """Queue ``req`` at ``now`` (FCFS); ``ValueError`` if it is malformed or can never fit."""
+        if req.id in self._by_id:
+            raise ValueError(f"request {req.id!r} is already in the engine")
+        if not req.prompt:
+            raise ValueError(f"request {req.id!r}: empty prompt")
+        if req.max_tokens < 1:
+            raise ValueError(f"request {req.id!r}: max_tokens must be >= 1, got {req.max_tokens}")
+        output = req.output
+        if output is None:
+            output = generated_token_ids(req.id, req.max_tokens)
+        elif len(output) != req.max_tokens:
+            raise ValueError(
+                f"request {req.id!r}: scripted output has {len(output)} tokens, "
+                f"max_tokens is {req.max_tokens}"
+            )
+        need = len(req.prompt) + req.max_tokens
+        if need > self.num_gpu_blocks * self.block_size:
+            raise ValueError(
+                f"request {req.id!r}: prompt + max_tokens = {need} tokens can never fit in "
+                f"{self.num_gpu_blocks * self.block_size} KV tokens"
+            )
+        self._run_until(now)
+        r = ReqState(req, output, now)
+        self._seed_hashes(r)
+        if not self._running and not self._waiting:
+            self._clock = max(self._clock, now)
+        self._by_id[r.id] = r
+        self._waiting.append(r)
+
+    def abort(self, request_id: str, now: float) -> None:
+        """Drop ``request_id`` (client went away): free its blocks; unknown ids are ignored."""
+        self._run_until(now)
+        r = self._by_id.pop(request_id, None)
+        if r is None:
+            self._done = [c for c in self._done if c.request_id != request_id]
+            return
+        if r in self._running:
+            self._running.remove(r)
+        else:
+            self._waiting.remove(r)
+        self._pool.release(r.blocks)
+        r.blocks = []
+
+    def advance(self, now: float) -> list[Completion]:
+        """Run up to ``now``; the requests finished at or before ``now``, in finishing order.
+
+        ``now = math.inf`` runs until idle; the engine's time is then the last step's end."""
+        self._run_until(now)
+        ready = [c for c in self._done if c.finished_at <= now]
+        if ready:
+            self._done = [c for c in self._done if c.finished_at > now]
+        return ready
+
+    def next_event_time(self) -> float | None:
+        """Earliest time after which a completion or a first token may be observed; ``None`` when
+        idle. May be early (nothing observable then), never late."""
+        cands = [c.finished_at for c in self._done]
+        cands.extend(
+            r.first_token_at
+            for r in self._running
+            if r.first_token_at is not None and r.first_token_at > self._now
+        )
+        if self._running or self._waiting:
+            cands.append(self._horizon())
+        return min(cands) if cands else None
+
+    def progress(self, request_id: str, now: float) -> tuple[int, float | None]:
+        """(output tokens produced by ``now``, first-token time or ``None``) of a request not yet
+        returned by :meth:`advance`; ``KeyError`` for an unknown one."""
+        self._run_until(now)
+        r = self._by_id.get(request_id)
+        if r is not None:
+            n = r.generated - (1 if r.last_token_at > now else 0)
+            first = r.first_token_at
+            return n, first if first is not None and first <= now else None
+        for c in self._done:
+            if c.request_id == request_id:
+                n = c.completion_tokens - (1 if c.finished_at > now else 0)
+                return n, c.first_token_at if c.first_token_at <= now else None
+        raise KeyError(f"unknown request {request_id!r}")
+
+    def resident_prefix(self, tokens: Sequence[int], session_id: str | None = None) -> int:
+        """Leading tokens of ``tokens`` resident in the cache now (whole blocks). With
+        ``session_id`` the session's remembered hashes are reused (faster, same answer)."""
+        bs = self.block_size
+        full = len(tokens) // bs
+        hashes: list[int] = []
+        if session_id is not None:
+            hashes = self._memo_prefix(session_id, tokens)[:full]
+        n = 0
+        parent = ROOT_HASH
+        for j in range(full):
+            h = hashes[j] if j < len(hashes) else chain_hash(parent, tokens[j * bs : j * bs + bs])
+            if self._pool.lookup(h) is None:
+                break
+            parent = h
+            n += 1
+        return n * bs
+
+    def drain_kv_events(self) -> list[KVEvent]:
+        """``BlockStored``/``BlockRemoved`` events since the last drain (with emit_kv_events)."""
+        return self._pool.drain_events()
+
+    # -- hashing -----------------------------------------------------------------------------------
+
+    def _memo_prefix(self, session_id: str, tokens: Sequence[int]) -> list[int]:
+        """Remembered block hashes of the session that are valid for ``tokens``."""
+        memo = self._memo.get(session_id)
+        if memo is None:
+            return []
+        mt, mh = memo
+        bs = self.block_size
+        n = min(len(mh), len(tokens) // bs)
+        if list(tokens[: n * bs]) == mt[: n * bs]:
+            return mh[:n]
+        lo, hi = 0, n  # largest j with equal first j blocks
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if list(tokens[: mid * bs]) == mt[: mid * bs]:
+                lo = mid
+            else:
+                hi = mid - 1
+        return mh[:lo]
+
+    def _seed_hashes(self, r: ReqState) -> None:
+        r.hashes = self._memo_prefix(r.session_id, r.tokens)
+
+    def _remember(self, r: ReqState) -> None:
+        self._memo[r.session_id] = (r.tokens, r.hashes)
+        self._memo.move_to_end(r.session_id)
+        if len(self._memo) > _MEMO_SESSIONS:
+            self._memo.popitem(last=False)
+
+    def _hash_upto(self, r: ReqState, nblocks: int) -> None:
+        hs = r.hashes
+        if len(hs) >= nblocks:
+            return
+        bs = self.block_size
+        toks = r.tokens
+        parent = hs[-1] if hs else ROOT_HASH
+        mask = _MASK64
+        for j in range(len(hs), nblocks):
+            parent = hash((parent, *toks[j * bs : j * bs + bs])) & mask  # == chain_hash, inlined
+            hs.append(parent)
+
+    def _cache_upto(self, r: ReqState, ntokens: int) -> None:
+        """Offer the request's blocks that are full within its first ``ntokens`` to the cache."""
+        nfull = ntokens // self.block_size
+        if nfull <= r.num_cached_blocks:
+            return
+        self._hash_upto(r, nfull)
+        j = r.num_cached_blocks
+        parent = r.hashes[j - 1] if j else ROOT_HASH
+        self._pool.cache_many(r.blocks, r.hashes, j, nfull, parent, r.tokens)
+        r.num_cached_blocks = nfull
+
+    # -- scheduling --------------------------------------------------------------------------------
+
+    def _hits(self, r: ReqState) -> list[int]:
+        """Cached blocks of ``r``'s longest prefix hit, never covering its last known token."""
+        limit = (r.num_tokens - 1) // self.block_size
+        self._hash_upto(r, limit)
+        return self._pool.longest_hit(r.hashes, limit)
+
+    def _admit_plan(self, r: ReqState, budget: int) -> tuple[list[int], int, int] | None:
+        """(hit blocks, new tokens, new blocks) if ``r`` can be admitted now, else ``None``."""
+        hit = self._hits(r)
+        hit_tokens = len(hit) * self.block_size
+        n = min(r.num_tokens - hit_tokens, budget)
+        need = -(-(hit_tokens + n) // self.block_size) - len(hit)
+        evictable = self._pool.count_free(hit)
+        if need + evictable > self._pool.num_free:
+            return None
+        return hit, n, need
+
+    def _admissible(self, budget: int) -> bool:
+        return (
+            bool(self._waiting)
+            and len(self._running) < self.profile.max_num_seqs
+            and budget > 0
+            and self._admit_plan(self._waiting[0], budget) is not None
+        )
+
+    def _allocate(self, r: ReqState, ntokens: int) -> bool:
+        need = -(-ntokens // self.block_size) - len(r.blocks)
+        if need > 0:
+            if need > self._pool.num_free:
+                return False
+            r.blocks.extend(self._pool.allocate(need))
+        self._cache_upto(r, ntokens)
+        return True
+
+    def _preempt(self, r: ReqState) -> None:
+        self._pool.release(r.blocks)
+        r.blocks = []
+        r.num_computed = 0
+        r.num_cached_blocks = 0
+        self._waiting.appendleft(r)
+        self.num_preemptions += 1
+
+    def _finish(self, r: ReqState, t: float) -> None:
+        self._pool.release(r.blocks)
+        r.blocks = []
+        del self._by_id[r.id]
+        self._remember(r)
+        first = r.first_token_at if r.first_token_at is not None else t
+        self._done.append(
+            Completion(
+                request_id=r.id,
+                session_id=r.session_id,
+                arrived_at=r.arrived_at,
+                first_token_at=first,
+                finished_at=t,
+                prompt_tokens=r.prompt_len,
+                cached_tokens=max(r.cached_tokens, 0),
+                completion_tokens=r.generated,
+                output=tuple(r.tokens[r.prompt_len :]),
+            )
+        )
+
+    def _run_until(self, now: float) -> None:
+        if math.isnan(now):
+            raise ValueError("now: must not be NaN")
+        if now < self._now:
+            raise ValueError(f"now: time went backwards ({now} < {self._now})")
+        self._now = now
+        while (self._running or self._waiting) and self._clock <= now:
+            if not (self.closed_form and self._try_run(now)):
+                self._step()
+        if now == math.inf:  # ran to idle: time stands at the last step's end
+            self._now = self._clock
+
+    def _step(self) -> None:
+        """Schedule and run one step starting at ``self._clock``."""
+        p = self.profile
+        pool = self._pool
+        budget = p.max_batched_tokens
+        sched: list[tuple[ReqState, int]] = []
+        running = self._running
+        preempted = False
+        i = 0
+        while i < len(running) and budget > 0:
+            r = running[i]
+            n = min(r.num_tokens - r.num_computed, budget)
+            lost = False
+            while not self._allocate(r, r.num_computed + n):
+                victim = running.pop()
+                self._preempt(victim)
+                preempted = True
+                if victim is r:
+                    lost = True
+                    break
+            if lost:
+                break
+            sched.append((r, n))
+            budget -= n
+            i += 1
+        if not preempted:
+            while self._waiting and len(running) < p.max_num_seqs and budget > 0:
+                r = self._waiting[0]
+                plan = self._admit_plan(r, budget)
+                if plan is None:
+                    break
+                hit, n, need = plan
+                self._waiting.popleft()
+                pool.touch(hit)
+                r.blocks = hit + pool.allocate(need)
+                r.num_computed = len(hit) * self.block_size
+                r.num_cached_blocks = len(hit)
+                if r.cached_tokens < 0:
+                    r.cached_tokens = r.num_computed
+                    self.prefix_cache_queries += r.prompt_len
+                    self.prefix_cache_hits += r.num_computed
+                self._cache_upto(r, r.num_computed + n)
+                running.append(r)
+                sched.append((r, n))
+                budget -= n
+        if not sched:
+            if preempted:
+                return
+            raise RuntimeError("engine made no progress (scheduler invariant broken)")
+        chunks: list[tuple[int, int]] = []
+        batch = 0
+        context = 0
+        for r, n in sched:
+            if n == 1 and r.generated > 0 and r.num_computed == r.num_tokens - 1:
+                batch += 1
+                context += r.num_computed + 1
+            else:
+                chunks.append((n, r.num_computed))
+                self.prompt_tokens_total += n
+        end = self._clock + step_time(p, tuple(chunks), batch, context)
+        finished = False
+        for r, n in sched:
+            r.num_computed += n
+            if r.num_computed == r.num_tokens:
+                r.generated += 1
+                r.last_token_at = end
+                self.generation_tokens_total += 1
+                if r.first_token_at is None:
+                    r.first_token_at = end
+                if r.generated == r.max_tokens:
+                    self._finish(r, end)
+                    finished = True
+        if finished:
+            self._running = [r for r in running if r.id in self._by_id]
+        self._clock = end
+        self.steps += 1
+
+    def _decode_run(self, budget_ok: bool = True) -> tuple[int, int, int] | None:
+        """(run length limit, batch, context) if the next steps are a pure decode run."""
+        running = self._running
+        if not running or len(running) > self.profile.max_batched_tokens:
+            return None
+        for r in running:
+            if r.generated == 0 or r.num_computed != r.num_tokens - 1:
+                return None
+        batch = len(running)
+        if budget_ok and self._admissible(self.profile.max_batched_tokens - batch):
+            return None
+        bs = self.block_size
+        n = min(r.max_tokens - r.generated for r in running)
+        n = self._stop_before_new_hit(n, self.profile.max_batched_tokens - batch)
+        k0 = [bs * len(r.blocks) - r.num_computed for r in running]
+        free = self._pool.num_free
+
+        def allocs(m: int) -> int:
+            return sum((m - k + bs - 1) // bs for k in k0 if m > k)
+
+        if allocs(n) > free:
+            lo, hi = 0, n
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                if allocs(mid) <= free:
+                    lo = mid
+                else:
+                    hi = mid - 1
+            n = lo
+        context = sum(r.num_computed + 1 for r in running)
+        return n, batch, context
+
+    def _stop_before_new_hit(self, n: int, budget: int) -> int:
+        """Shorten a run of ``n`` steps so that it ends before a running request caches the block
+        that would extend the blocked waiting head's prefix hit (it might then fit)."""
+        if not self._waiting or len(self._running) >= self.profile.max_num_seqs or budget <= 0:
+            return n
+        head = self._waiting[0]
+        bs = self.block_size
+        hit = len(self._hits(head))
+        if hit >= (head.num_tokens - 1) // bs:
+            return n
+        missing = head.hashes[hit]
+        for r in self._running:
+            j = r.num_computed // bs + 1  # next block count to become full
+            s = bs * j - 1 - r.num_computed
+            if s >= n:
+                continue
+            last = (r.num_computed + n) // bs
+            self._hash_upto(r, last)
+            while s < n:
+                if r.hashes[j - 1] == missing:
+                    n = s
+                    break
+                j += 1
+                s += bs
+        return n
+
+    def _horizon(self) -> float:
+        """Conservative time of the next observable change after the committed steps."""
+        run = self._decode_run()
+        if run is None or run[0] == 0:
+            return self._clock
+        n, batch, context = run
+        # Sum of the n steps in closed form (the context grows by `batch` per step), shaded a
+        # little early so float rounding can never make it late.
+        p = self.profile
+        total = n * step_time(p, (), batch, context) + p.decode_e * batch * n * (n - 1) / 2
+        return self._clock + total * (1.0 - 1e-9)
+
+    def _try_run(self, now: float) -> bool:
+        """Commit a run of identical decode steps starting at ``self._clock``; False if none."""
+        run = self._decode_run()
+        if run is None or run[0] == 0:
+            return False
+        n, batch, context = run
+        p = self.profile
+        t = self._clock
+        k = 0
+        while k < n and t <= now:
+            t += step_time(p, (), batch, context + k * batch)
+            k += 1
+        self._apply_run(k, t)
+        return True
+
+    def _apply_run(self, k: int, end: float) -> None:
+        """Apply ``k`` decode steps to every running request; the last one ends at ``end``."""
+        bs = self.block_size
+        running = self._running
+        events: list[tuple[int, int, int, int]] = []
+        for i, r in enumerate(running):
+            s = bs * len(r.blocks) - r.num_computed
+            while s < k:
+                events.append((s, i, 0, 0))
+                s += bs
+            j = (r.num_computed + 1 + bs - 1) // bs  # first block not yet full after step 0's KV
+            s = bs * j - 1 - r.num_computed
+            while s < k:
+                events.append((s, i, 1, j))
+                j += 1
+                s += bs
+        events.sort()
+        pool = self._pool
+        for _s, i, kind, j in events:
+            r = running[i]
+            if kind == 0:
+                r.blocks.extend(pool.allocate(1))
+            else:
+                self._cache_upto(r, j * bs)
+        finished = False
+        for r in running:
+            r.num_computed += k
+            r.generated += k
+            r.last_token_at = end
+            if r.generated == r.max_tokens:
+                self._finish(r, end)
+                finished = True
+        if finished:
+            self._running = [r for r in running if r.id in self._by_id]
+        self.generation_tokens_total += k * len(running)
+        self._clock = end
+        self.steps += k

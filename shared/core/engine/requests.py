@@ -1,0 +1,91 @@
+"""Request types of the engine model: what goes in, what comes out, and the scheduler state."""
+
+from __future__ import annotations
+
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+__all__ = ["OUTPUT_VOCAB", "Completion", "EngineRequest", "ReqState", "generated_token_ids"]
+
+OUTPUT_VOCAB: Final = 32_000
+"""Generated (unscripted) output token ids lie in ``[0, OUTPUT_VOCAB)``."""
+
+
+def generated_token_ids(request_id: str, n: int) -> tuple[int, ...]:
+    """The ``n`` deterministic output token ids of an unscripted request."""
+    seed = zlib.crc32(request_id.encode())
+    return tuple(
+        ((seed + 0x9E3779B1 * (i + 1)) * 2654435761 >> 11) % OUTPUT_VOCAB for i in range(n)
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One model call: the full prompt of this turn and how many tokens to generate."""
+
+    id: str
+    session_id: str
+    prompt: Sequence[int]
+    max_tokens: int
+    output: Sequence[int] | None = None
+    """Exact output ids (scripted; length ``max_tokens``), else :func:`generated_token_ids`."""
+
+
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """A finished request with its timings and token counts."""
+
+    request_id: str
+    session_id: str
+    arrived_at: float
+    first_token_at: float
+    finished_at: float
+    prompt_tokens: int
+    cached_tokens: int
+    completion_tokens: int
+    output: tuple[int, ...]
+
+
+class ReqState:
+    """Mutable scheduler state of one request (engine-internal)."""
+
+    __slots__ = (
+        "arrived_at",
+        "blocks",
+        "cached_tokens",
+        "first_token_at",
+        "generated",
+        "hashes",
+        "id",
+        "last_token_at",
+        "max_tokens",
+        "num_cached_blocks",
+        "num_computed",
+        "prompt_len",
+        "session_id",
+        "tokens",
+    )
+
+    def __init__(self, req: EngineRequest, output: Sequence[int], now: float) -> None:
+        self.id = req.id
+        self.session_id = req.session_id
+        self.prompt_len = len(req.prompt)
+        self.tokens: list[int] = [*req.prompt, *output]
+        self.max_tokens = req.max_tokens
+        self.arrived_at = now
+        self.first_token_at: float | None = None
+        self.last_token_at = -math.inf
+        self.generated = 0
+        self.num_computed = 0
+        self.blocks: list[int] = []
+        self.hashes: list[int] = []
+        self.num_cached_blocks = 0
+        self.cached_tokens = -1
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens known so far: the prompt and the sampled output."""
+        return self.prompt_len + self.generated

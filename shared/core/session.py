@@ -215,11 +215,16 @@ def on_response(
     )
 
 
-def on_cancel(s: Session, at: float) -> Session:
-    """The pending request was withdrawn (client gone, hold timeout): back to ``idle``."""
-    if s.activity != "waiting":
-        return s
-    return _touch(s, at, activity="idle", request_id=None)
+def on_cancel(s: Session, at: float, request_id: str | None = None) -> Session:
+    """The request was withdrawn before a node served it (client gone, hold timeout): back to
+    ``idle``. A waiting session is always reset; a ``running`` one only when ``request_id``
+    names its current request (the planner admitted it just as the client left, so no response
+    will ever come for it)."""
+    if s.activity == "waiting" or (
+        s.activity == "running" and request_id is not None and request_id == s.request_id
+    ):
+        return _touch(s, at, activity="idle", request_id=None)
+    return s
 
 
 def on_tool_start(

@@ -25,8 +25,8 @@ message names the variable, what is wrong and what was given
 | TAO_GATEWAY_ID            | gw0       | this gateway's id, [A-Za-z0-9_-]{1,128}                 |
 | TAO_GATEWAY_HOST          | 127.0.0.1 | gateway listen address                                  |
 | TAO_GATEWAY_PORT          | 8000      | gateway listen port, 0–65535 (0: any free port)         |
-| TAO_HOLD_TIMEOUT_S        | 120       | longest a request is held before a 429, s (> 0)         |
-| TAO_RETRY_AFTER_S         | 2         | Retry-After sent with a 429, s (> 0)                    |
+| TAO_HOLD_TIMEOUT_S        | 120       | longest a request is held before a 503, s (> 0)         |
+| TAO_RETRY_AFTER_S         | 2         | Retry-After sent with the 503, s (> 0)                  |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |

@@ -158,9 +158,15 @@ class TestAdmission:
         assert (e.ended, e.node, e.weight, e.pooled) == (True, None, 0, False)
 
     def test_cancel_when_not_waiting_is_noop(self) -> None:
-        """Cancelling a running request changes nothing (it is reported by its response)."""
+        """Cancelling another (or an unnamed) request of a running session changes nothing."""
         s = admit(_fresh(), "n1", 100, 11.0)
         assert on_cancel(s, 12.0) is s
+        assert on_cancel(s, 12.0, "other") is s
+
+    def test_cancel_of_admitted_current_request_idles(self) -> None:
+        """A request admitted just as its client left is withdrawn when the cancel names it."""
+        s = on_cancel(admit(_fresh(), "n1", 100, 11.0), 12.0, "r1")
+        assert (s.activity, s.request_id, s.node) == ("idle", None, "n1")
 
 
 class TestVersions:

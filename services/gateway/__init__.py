@@ -1,0 +1,8 @@
+"""The TAO gateway: an OpenAI-compatible proxy that holds each session's requests until the
+planner admits the session, forwards them to the admitted node and reports what happened
+(DESIGN §4). Run it with ``python -m services.gateway``."""
+
+from .app import RELAY, create_app, main, serve
+from .relay import Relay
+
+__all__ = ["RELAY", "Relay", "create_app", "main", "serve"]

@@ -1,0 +1,140 @@
+"""The gateway's aiohttp application and its service entry point.
+
+``create_app(settings, bus)`` builds the app; starting it (``AppRunner.setup()``) opens the HTTP
+client to the nodes and starts the bus consumers, cleaning up closes them. Serve it with
+``handler_cancellation=True`` (as :func:`serve` does, and aiohttp's ``TestServer``): a client
+that disconnects then cancels its handler, which releases a held request at once
+(``SessionCancel(reason="client_closed")``). Without it a held request notices only at its
+hold timeout.
+
+Placements: an ephemeral JetStream consumer of ``tao.v1.placement.<gateway_id>`` that starts
+with the placements published after it is created (``deliver="new"``). Held requests exist only
+in this process, so a restarted gateway has nothing older to act on. Known gap: a session
+admitted before a restart is not known as admitted afterwards; its next request holds until
+the planner admits it again (or until the hold timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+
+import aiohttp
+import anyio
+from aiohttp import web
+
+from shared.contracts import NodeStatus, SessionEnd, decode, subjects
+from shared.infra import MessageBus, ServiceContext, Settings, Subscription, get_logger
+
+from .handlers import BusHandlers, HttpHandlers, decode_placement
+from .nodes import NodeDirectory
+from .proxy import CONNECT_TIMEOUT_S
+from .relay import Relay
+
+__all__ = ["RELAY", "SERVICE", "create_app", "main", "serve"]
+
+SERVICE = "gateway"
+RELAY = web.AppKey("relay", Relay)
+_SUBSCRIPTIONS = web.AppKey("subscriptions", list[Subscription])
+_log = get_logger("services.gateway")
+
+
+def _decode_node_status(data: bytes) -> NodeStatus:
+    return decode(data, NodeStatus)
+
+
+def _decode_session_end(data: bytes) -> SessionEnd:
+    return decode(data, SessionEnd)
+
+
+def create_app(
+    settings: Settings,
+    bus: MessageBus,
+    *,
+    node_urls: Mapping[str, str] | None = None,
+    clock: Callable[[], float] = time.time,
+) -> web.Application:
+    """The gateway app for ``settings`` on ``bus``; nodes from ``node_urls`` (else
+    ``settings.nodes``) and from node status messages."""
+    static = dict(node_urls) if node_urls is not None else {n.id: n.url for n in settings.nodes}
+    relay = Relay(settings, bus, NodeDirectory(static), clock=clock)
+    http = HttpHandlers(relay)
+    app = web.Application()
+    app[RELAY] = relay
+    app[_SUBSCRIPTIONS] = []
+    app.router.add_post("/v1/chat/completions", http.chat_completions)
+    app.router.add_post("/v1/completions", http.completions)
+    app.router.add_get("/v1/models", http.models)
+    app.router.add_delete("/v1/sessions/{session_id}", http.delete_session)
+    app.router.add_get("/healthz", http.healthz)
+    app.router.add_get("/metrics", http.metrics)
+    app.on_startup.append(_start)
+    app.on_cleanup.append(_stop)
+    return app
+
+
+async def _start(app: web.Application) -> None:
+    relay = app[RELAY]
+    timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
+    relay.client = aiohttp.ClientSession(timeout=timeout)
+    on = BusHandlers(relay)
+    bus = relay.bus
+    subs = app[_SUBSCRIPTIONS]
+    subs.append(
+        await bus.consume(
+            subjects.STREAM_PLACEMENT,
+            SERVICE,
+            decode_placement,
+            on.on_placement,
+            filter_subject=subjects.placement(relay.settings.gateway_id),
+            ephemeral=True,
+            deliver="new",
+        )
+    )
+    subs.append(
+        await bus.subscribe(
+            subjects.node_statuses(), SERVICE, _decode_node_status, on.on_node_status
+        )
+    )
+    subs.append(
+        await bus.subscribe(
+            subjects.session_events("end"), SERVICE, _decode_session_end, on.on_session_end
+        )
+    )
+
+
+async def _stop(app: web.Application) -> None:
+    relay = app[RELAY]
+    for sub in app[_SUBSCRIPTIONS]:
+        await sub.stop()
+    app[_SUBSCRIPTIONS].clear()
+    await relay.flush()
+    if relay.client is not None:
+        await relay.client.close()
+        relay.client = None
+
+
+async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+    """Start serving ``app`` on ``host:port`` (handler cancellation on); return the runner."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, port).start()
+    return runner
+
+
+async def main(settings: Settings, ctx: ServiceContext) -> None:
+    """Service entry point for ``shared.infra.runner.run_service``: serve until cancelled."""
+    app = create_app(settings, ctx.require_bus())
+    runner = await serve(app, settings.gateway_host, settings.gateway_port)
+    _log.info(
+        "gateway_listening",
+        host=settings.gateway_host,
+        port=settings.gateway_port,
+        gateway_id=settings.gateway_id,
+    )
+    try:
+        await asyncio.Event().wait()
+    finally:
+        with anyio.CancelScope(shield=True):  # the runner cancels through an anyio scope
+            await runner.cleanup()

@@ -1,0 +1,141 @@
+"""HTTP and bus handlers of the gateway: thin, each delegating to :class:`.relay.Relay`.
+
+HTTP (OpenAI-compatible, plus two of TAO's own):
+
+    POST   /v1/chat/completions   held until admitted, then forwarded (stream or not)
+    POST   /v1/completions        same
+    GET    /v1/models             union of the nodes' models
+    DELETE /v1/sessions/{id}      end a session now (publishes SessionEnd); 200 with
+                                  {"id", "object": "session.deleted", "deleted": true}
+    GET    /healthz               {"status": "ok", "gateway_id", "held", "admitted"}
+    GET    /metrics               Prometheus text
+
+Bus: placements for this gateway (JetStream), node statuses (core NATS; URL and models of each
+node), session ends (core NATS; forget the session's admission).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
+from shared.infra import Delivery, get_logger
+
+from .relay import Relay
+
+__all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
+
+_log = get_logger("services.gateway")
+MODELS_TIMEOUT_S = 2.0
+
+
+def decode_placement(data: bytes) -> Placement:
+    """Decode a Placement; an ``admit`` without a node is unusable (dead-lettered)."""
+    placement = decode(data, Placement)
+    if placement.kind == "admit" and not placement.node_id:
+        raise DecodeError("Placement", "admit without node_id")
+    return placement
+
+
+class HttpHandlers:
+    """The gateway's HTTP endpoints."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def chat_completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.relay.handle(request, "/v1/chat/completions", chat=True)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        return await self.relay.handle(request, "/v1/completions", chat=False)
+
+    async def delete_session(self, request: web.Request) -> web.Response:
+        session_id = request.match_info["session_id"]
+        await self.relay.end_session(session_id)
+        _log.info("session_deleted", session_id=session_id)
+        return web.json_response({"id": session_id, "object": "session.deleted", "deleted": True})
+
+    async def healthz(self, request: web.Request) -> web.Response:
+        relay = self.relay
+        return web.json_response(
+            {
+                "status": "ok",
+                "gateway_id": relay.settings.gateway_id,
+                "held": relay.holds.held(),
+                "admitted": relay.placements.admitted_count(),
+            }
+        )
+
+    async def metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            text=self.relay.metrics.render(), content_type="text/plain", charset="utf-8"
+        )
+
+    async def models(self, request: web.Request) -> web.Response:
+        known = self.relay.nodes.models()
+        if known:
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "tao"} for m in known]
+        else:
+            data = await self._ask_nodes()
+        return web.json_response({"object": "list", "data": data})
+
+    async def _ask_nodes(self) -> list[dict[str, Any]]:
+        """No node reported its models yet: ask each node's ``/v1/models`` and merge."""
+        client = self.relay.client
+        nodes = self.relay.nodes
+        if client is None:
+            return []
+        urls = [u for n, _ in nodes.items() if (u := nodes.endpoint(n, "/v1/models"))]
+
+        async def one(url: str) -> list[dict[str, Any]]:
+            try:
+                timeout = aiohttp.ClientTimeout(total=MODELS_TIMEOUT_S)
+                async with client.get(url, timeout=timeout) as resp:
+                    body = orjson.loads(await resp.read())
+            except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
+                _log.warning("models_unavailable", url=url, error=str(exc))
+                return []
+            data = body.get("data") if isinstance(body, dict) else None
+            return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
+
+        merged: dict[str, dict[str, Any]] = {}
+        for models in await asyncio.gather(*(one(u) for u in urls)):
+            for model in models:
+                merged.setdefault(str(model.get("id")), model)
+        return [merged[k] for k in sorted(merged)]
+
+
+class BusHandlers:
+    """Handlers of the messages the gateway consumes."""
+
+    def __init__(self, relay: Relay) -> None:
+        self.relay = relay
+
+    async def on_placement(self, placement: Placement, delivery: Delivery) -> None:
+        relay = self.relay
+        result = relay.placements.apply(placement)
+        woken = 0
+        if result == "admitted" and placement.node_id:
+            woken = relay.holds.admit(placement.session_id, placement.node_id)
+        relay.metrics.placements.inc(kind=placement.kind, result=result)
+        _log.info(
+            "placement",
+            session_id=placement.session_id,
+            kind=placement.kind,
+            node_id=placement.node_id,
+            version=placement.version,
+            result=result,
+            woken=woken,
+        )
+
+    async def on_node_status(self, status: NodeStatus, delivery: Delivery) -> None:
+        self.relay.nodes.update(status)
+
+    async def on_session_end(self, end: SessionEnd, delivery: Delivery) -> None:
+        """Whoever ended the session (idle timeout, DELETE, one-turn), its admission is over."""
+        self.relay.placements.forget(end.session_id)

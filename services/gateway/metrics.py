@@ -1,0 +1,121 @@
+"""The gateway's Prometheus metrics, rendered in the text exposition format.
+
+Format: https://prometheus.io/docs/instrumenting/exposition_formats/#text-based-format
+(``# HELP`` / ``# TYPE`` lines, then ``name{label="value"} value``; histograms as cumulative
+``_bucket{le=...}`` series plus ``_sum`` and ``_count``). Kept in-process and tiny rather than
+pulling in a client library: the gateway has a handful of series.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Callable
+from typing import Final
+
+__all__ = ["HOLD_BUCKETS_S", "GatewayMetrics"]
+
+HOLD_BUCKETS_S: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+"""Upper bounds of the hold-time histogram, seconds (default hold limit is 120 s)."""
+
+Labels = tuple[tuple[str, str], ...]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _fmt_labels(labels: Labels) -> str:
+    if not labels:
+        return ""
+    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+
+
+def _num(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+class _Counter:
+    def __init__(self, name: str, help_text: str) -> None:
+        self.name, self.help = name, help_text
+        self.values: dict[Labels, float] = {}
+
+    def inc(self, amount: float = 1.0, **labels: str) -> None:
+        key = tuple(sorted(labels.items()))
+        self.values[key] = self.values.get(key, 0.0) + amount
+
+    def get(self, **labels: str) -> float:
+        return self.values.get(tuple(sorted(labels.items())), 0.0)
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} counter"]
+        out += [f"{self.name}{_fmt_labels(k)} {_num(v)}" for k, v in sorted(self.values.items())]
+        return out
+
+
+class _Histogram:
+    def __init__(self, name: str, help_text: str, buckets: tuple[float, ...]) -> None:
+        self.name, self.help, self.buckets = name, help_text, buckets
+        self.counts = [0] * (len(buckets) + 1)
+        self.sum = 0.0
+        self.count = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.buckets, value)] += 1
+        self.sum += value
+        self.count += 1
+
+    def render(self) -> list[str]:
+        out = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} histogram"]
+        running = 0
+        for bound, n in zip(self.buckets, self.counts, strict=False):
+            running += n
+            out.append(f'{self.name}_bucket{{le="{_num(bound)}"}} {running}')
+        out.append(f'{self.name}_bucket{{le="+Inf"}} {self.count}')
+        out += [f"{self.name}_sum {_num(self.sum)}", f"{self.name}_count {self.count}"]
+        return out
+
+
+class GatewayMetrics:
+    """Counters, the held-now gauge and the hold-time histogram of one gateway."""
+
+    def __init__(self, held_now: Callable[[], int], admitted_now: Callable[[], int]) -> None:
+        self._held_now = held_now
+        self._admitted_now = admitted_now
+        self.requests = _Counter(
+            "tao_gateway_requests_total", "Model requests answered, by endpoint and outcome."
+        )
+        self.unavailable = _Counter(
+            "tao_gateway_unavailable_total", "Requests answered 503 after the hold timeout."
+        )
+        self.forwarded = _Counter("tao_gateway_forwarded_total", "Requests forwarded, by node.")
+        self.upstream_errors = _Counter(
+            "tao_gateway_upstream_errors_total", "Failed forwards, by node and kind."
+        )
+        self.placements = _Counter(
+            "tao_gateway_placements_total", "Placements received, by kind and result."
+        )
+        self.hold_seconds = _Histogram(
+            "tao_gateway_hold_seconds", "Time a request was held before admission.", HOLD_BUCKETS_S
+        )
+
+    def render(self) -> str:
+        """The whole page in the Prometheus text format."""
+        lines: list[str] = []
+        for counter in (
+            self.requests,
+            self.unavailable,
+            self.forwarded,
+            self.upstream_errors,
+            self.placements,
+        ):
+            lines += counter.render()
+        lines += [
+            "# HELP tao_gateway_held_requests Requests held now, waiting for admission.",
+            "# TYPE tao_gateway_held_requests gauge",
+            f"tao_gateway_held_requests {self._held_now()}",
+            "# HELP tao_gateway_admitted_sessions Sessions admitted now, per received placements.",
+            "# TYPE tao_gateway_admitted_sessions gauge",
+            f"tao_gateway_admitted_sessions {self._admitted_now()}",
+        ]
+        lines += self.hold_seconds.render()
+        return "\n".join(lines) + "\n"

@@ -1,0 +1,203 @@
+"""Forwarding one request to a node and relaying the answer to the client.
+
+Non-streaming: the node's status, content type and body go back unchanged. Streaming: the node's
+SSE events go back one by one as they arrive (flushed per upstream read), unchanged, except the
+usage-only chunk the gateway asked for on the client's behalf (see :mod:`.responses`).
+
+Timing: ``ttft_s`` is measured from the moment the gateway sends the request to the first
+streamed chunk that carries output (see :class:`.responses.StreamStats`);
+a non-streaming response shows no first token, so its ``ttft_s`` is ``None``. ``duration_s``
+runs to the last byte.
+
+Failures: a connection error before any answer raises :class:`UpstreamError` (the caller answers
+502); a stream that breaks off after the client got its headers ends with one SSE ``error``
+event and is reported with ``error`` set; a client that goes away ends the forward at once and
+closes the upstream connection, which makes vLLM abort the request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import aiohttp
+import orjson
+from aiohttp import web
+
+from .responses import ResponseStats, SSESplitter, StreamStats, stats_from_body
+
+__all__ = [
+    "CLIENT_CLOSED",
+    "CONNECT_TIMEOUT_S",
+    "Forwarded",
+    "UpstreamError",
+    "forward_json",
+    "forward_stream",
+]
+
+CLIENT_CLOSED: Final = "client_closed"
+CONNECT_TIMEOUT_S: Final = 10.0
+"""Longest wait for a TCP connection to a node; generation itself has no time limit."""
+
+_PASS_HEADERS: Final = ("Authorization",)
+
+
+class UpstreamError(Exception):
+    """The node could not be reached or broke off before answering; ``kind`` names the failure."""
+
+    def __init__(self, node_id: str, kind: str, detail: str) -> None:
+        self.node_id = node_id
+        self.kind = kind
+        self.detail = detail
+        super().__init__(f"node {node_id!r}: {kind}: {detail}")
+
+
+@dataclass(slots=True)
+class Forwarded:
+    """How one forward to ``node_id`` went: status (0 before an answer), what the node
+    reported, timing, and the error if any. Filled in as the forward proceeds."""
+
+    node_id: str
+    status: int = 0
+    stats: ResponseStats = field(default_factory=ResponseStats)
+    ttft_s: float | None = None
+    duration_s: float = 0.0
+    error: str | None = None
+
+
+def upstream_headers(client_headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
+    """Headers sent to the node: JSON content type, the client's auth, and ``extra``."""
+    out = {"Content-Type": "application/json"}
+    for name in _PASS_HEADERS:
+        value = client_headers.get(name)
+        if value:
+            out[name] = value
+    out.update(extra)
+    return out
+
+
+def _describe(exc: BaseException) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+async def forward_json(
+    client: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    clock: Callable[[], float],
+    done: Forwarded,
+) -> web.Response:
+    """POST ``body`` to ``url``; fill ``done`` and return the node's answer for the client."""
+    start = clock()
+    try:
+        async with client.post(url, data=orjson.dumps(body), headers=headers) as up:
+            data = await up.read()
+            content_type = up.headers.get("Content-Type", "application/json")
+            status = up.status
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise UpstreamError(done.node_id, "unreachable", _describe(exc)) from exc
+    finally:
+        done.duration_s = clock() - start
+    done.status = status
+    done.stats = stats_from_body(data)
+    if status >= 400:
+        done.error = f"upstream_status_{status}"
+    return web.Response(status=status, body=data, headers={"Content-Type": content_type})
+
+
+def _error_event(message: str) -> bytes:
+    payload = {"error": {"message": message, "type": "upstream_error", "code": 502}}
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+async def forward_stream(
+    request: web.Request,
+    client: aiohttp.ClientSession,
+    url: str,
+    body: Mapping[str, Any],
+    headers: Mapping[str, str],
+    clock: Callable[[], float],
+    done: Forwarded,
+    *,
+    keep_usage_chunk: bool,
+    before_done: Callable[[], None] | None = None,
+) -> web.StreamResponse:
+    """POST a streaming ``body`` to ``url``; relay the SSE events to the client, filling
+    ``done`` as they pass (so a cancelled caller still reads what happened).
+
+    ``before_done`` is called once, with ``done`` complete, just before the final ``[DONE]``
+    event is written to the client (the caller starts its report there)."""
+    start = clock()
+    try:
+        async with client.post(url, data=orjson.dumps(body), headers=headers) as up:
+            content_type = up.headers.get("Content-Type", "")
+            if up.status != 200 or not content_type.startswith("text/event-stream"):
+                data = await up.read()
+                done.status = up.status
+                done.stats = stats_from_body(data)
+                if up.status >= 400:
+                    done.error = f"upstream_status_{up.status}"
+                ctype = content_type or "application/json"
+                return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
+            try:
+                return await _relay_events(
+                    request, up, start, clock, done, keep_usage_chunk, before_done
+                )
+            finally:
+                up.close()  # no-op once fully read; else drops the connection: the node aborts
+    except (aiohttp.ClientError, TimeoutError) as exc:
+        raise UpstreamError(done.node_id, "unreachable", _describe(exc)) from exc
+    finally:
+        done.duration_s = clock() - start
+
+
+async def _relay_events(
+    request: web.Request,
+    up: aiohttp.ClientResponse,
+    start: float,
+    clock: Callable[[], float],
+    done: Forwarded,
+    keep_usage_chunk: bool,
+    before_done: Callable[[], None] | None,
+) -> web.StreamResponse:
+    response = web.StreamResponse(
+        status=200,
+        headers={
+            "Content-Type": up.headers.get("Content-Type", "text/event-stream"),
+            "Cache-Control": "no-cache",
+        },
+    )
+    done.status = 200
+    tracker = StreamStats(keep_usage_chunk=keep_usage_chunk)
+    splitter = SSESplitter()
+    try:
+        await response.prepare(request)
+        try:
+            async for chunk in up.content.iter_any():
+                out = [e for e in splitter.feed(chunk) if tracker.observe(e)]
+                if done.ttft_s is None and tracker.first_token_seen:
+                    done.ttft_s = clock() - start
+                done.stats = tracker.result()
+                if tracker.done and before_done is not None:
+                    done.duration_s = clock() - start
+                    before_done()
+                    before_done = None
+                if out:
+                    await response.write(b"".join(out))
+            rest = splitter.rest()
+            if rest:
+                await response.write(rest)
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            if isinstance(exc, ConnectionResetError):  # writing to the client failed
+                raise
+            done.error = f"upstream_broken: {_describe(exc)}"
+            await response.write(_error_event("the model node broke off the stream"))
+        await response.write_eof()
+    except ConnectionResetError:
+        done.error = CLIENT_CLOSED
+    done.stats = tracker.result()
+    if done.error is None and not tracker.done:
+        done.error = "upstream_incomplete"
+    return response

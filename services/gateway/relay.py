@@ -1,0 +1,401 @@
+"""One model request through the gateway: register, hold until admitted, forward, report.
+
+Every path answers the client and reports exactly once (DESIGN §4, gateway):
+
+* registered: :class:`SessionRequest` (JetStream) before anything else;
+* never forwarded (hold timeout → 503 + ``Retry-After``; client gone while held):
+  :class:`SessionCancel` with ``wait_timeout`` / ``client_closed``;
+* forwarded, or admitted to a node the gateway cannot reach (502): :class:`SessionResponse`
+  with usage, finish reason, tool calls, timing and ``error`` when it failed;
+* one-turn sessions (no id given): :class:`SessionEnd` after that.
+
+Reports of one session are published in order (each publish task, the ``SessionRequest``
+included, waits for the session's previous one): the tools service infers "the tool ended"
+from the next request, so that request must not overtake the response before it. The client
+waits for its request's registration before anything else, so a bus that is down gives an
+immediate 503. For a
+stream, the report is started before the final ``[DONE]`` reaches the client, so a client that
+answers at once cannot overtake it. Reports run as tasks, so a handler cancelled by a client
+disconnect still publishes them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import uuid
+from collections.abc import Callable, Coroutine
+from typing import Any, Final
+
+import aiohttp
+from aiohttp import web
+
+from shared.contracts import (
+    ContractError,
+    Message,
+    SessionCancel,
+    SessionEnd,
+    SessionRequest,
+    SessionResponse,
+)
+from shared.contracts.session import (
+    END_CLIENT_CLOSED,
+    END_COMPLETED,
+    END_ERROR,
+    END_WAIT_TIMEOUT,
+)
+from shared.contracts.subjects import subject_for
+from shared.infra import MessageBus, Settings, get_logger
+
+from .holds import Holds, HoldTimeout
+from .metrics import GatewayMetrics
+from .nodes import NodeDirectory
+from .placements import PlacementMap
+from .proxy import (
+    CLIENT_CLOSED,
+    Forwarded,
+    UpstreamError,
+    forward_json,
+    forward_stream,
+    upstream_headers,
+)
+from .requests import (
+    SESSION_HEADER,
+    BadRequest,
+    RequestInfo,
+    describe_request,
+    parse_body,
+    session_identity,
+    upstream_body,
+)
+
+__all__ = ["Relay", "openai_error"]
+
+_log = get_logger("services.gateway")
+GENERATED_PREFIX: Final = "gw-"
+
+
+def openai_error(
+    status: int, message: str, err_type: str, *, headers: dict[str, str] | None = None
+) -> web.Response:
+    """An OpenAI-style error response: ``{"error": {"message", "type", "param", "code"}}``."""
+    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+class Relay:
+    """The gateway's state and the life of one model request (module docstring)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        bus: MessageBus,
+        nodes: NodeDirectory,
+        *,
+        clock: Callable[[], float],
+        new_id: Callable[[], str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.bus = bus
+        self.nodes = nodes
+        self.clock = clock
+        self.new_id = new_id or (lambda: uuid.uuid4().hex)
+        self.placements = PlacementMap()
+        self.holds = Holds()
+        self.metrics = GatewayMetrics(self.holds.held, self.placements.admitted_count)
+        self.client: aiohttp.ClientSession | None = None
+        self._reports: dict[str, asyncio.Task[bool]] = {}
+        self._tasks: set[asyncio.Task[bool]] = set()
+
+    # --- reporting --------------------------------------------------------------------------
+
+    async def _publish(self, msgs: tuple[Message, ...], after: asyncio.Task[bool] | None) -> bool:
+        if after is not None:
+            await asyncio.wait([after])
+        ok = True
+        for msg in msgs:
+            try:
+                await self.bus.publish_msg(msg)
+            except Exception as exc:  # the client gets its answer; log, never crash
+                _log.error("publish_failed", message=type(msg).__name__, error=str(exc))
+                ok = False
+        return ok
+
+    def report(self, session_id: str, *msgs: Message) -> asyncio.Task[bool]:
+        """Publish ``msgs`` in order after the session's earlier reports, as a task whose
+        result says whether every publish succeeded."""
+        task = self._spawn(self._publish(msgs, self._reports.get(session_id)))
+        self._reports[session_id] = task
+
+        def _drop(t: asyncio.Task[bool]) -> None:
+            if self._reports.get(session_id) is t:
+                del self._reports[session_id]
+
+        task.add_done_callback(_drop)
+        return task
+
+    def _spawn(self, coro: Coroutine[Any, Any, bool]) -> asyncio.Task[bool]:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def flush(self) -> None:
+        """Wait until every report started so far is published."""
+        while self._tasks:
+            await asyncio.wait(list(self._tasks))
+
+    async def _reports_of(self, session_id: str) -> None:
+        pending = self._reports.get(session_id)
+        if pending is not None:
+            await asyncio.shield(pending)
+
+    # --- session end -------------------------------------------------------------------------
+
+    async def end_session(self, session_id: str, reason: str = END_COMPLETED) -> None:
+        """Publish :class:`SessionEnd` (after the session's reports) and forget the session."""
+        end = SessionEnd(
+            session_id=session_id,
+            ended_at=self.clock(),
+            reason=reason,
+            gateway_id=self.settings.gateway_id,
+        )
+        self.placements.forget(session_id)
+        await asyncio.shield(self.report(session_id, end))
+
+    # --- one request -------------------------------------------------------------------------
+
+    async def handle(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
+        """Serve one ``POST`` of ``path`` (``/v1/chat/completions`` or ``/v1/completions``)."""
+        endpoint = "chat" if chat else "completions"
+        try:
+            body = parse_body(await request.json())
+            info = describe_request(body, chat=chat)
+        except BadRequest as exc:
+            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
+            return openai_error(400, exc.message, "invalid_request_error")
+        except ValueError as exc:
+            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
+            return openai_error(400, f"request body is not JSON: {exc}", "invalid_request_error")
+        session_id, source = session_identity(
+            request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
+        )
+        request_id = "req-" + self.new_id()
+        one_turn = source == "generated"
+        registered = SessionRequest(
+            session_id=session_id,
+            request_id=request_id,
+            model=info.model,
+            arrived_at=self.clock(),
+            gateway_id=self.settings.gateway_id,
+            prompt_tokens_estimate=info.prompt_tokens_estimate,
+            messages_count=info.messages_count,
+            stream=info.stream,
+            max_tokens=info.max_tokens,
+        )
+        try:
+            subject_for(registered)  # the session id must fit a subject token
+        except ContractError as exc:
+            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
+            return openai_error(400, f"bad session id: {exc}", "invalid_request_error")
+        registering = self.report(session_id, registered)
+        try:
+            registered_ok = await asyncio.shield(registering)
+        except asyncio.CancelledError:  # the client left; the cancel follows the request
+            self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
+            raise
+        if not registered_ok:
+            self.metrics.requests.inc(endpoint=endpoint, outcome="bus_error")
+            return self._unavailable("the scheduler cannot be reached; retry later")
+        node = self.placements.node_of(session_id)
+        if node is None:
+            node_or_reply = await self._hold(session_id, request_id, one_turn, endpoint)
+            if isinstance(node_or_reply, web.Response):
+                return node_or_reply
+            node = node_or_reply
+        return await self._forward(
+            request,
+            path,
+            body,
+            info,
+            session_id,
+            request_id,
+            node,
+            one_turn=one_turn,
+            endpoint=endpoint,
+        )
+
+    def _unavailable(self, message: str) -> web.Response:
+        retry = str(max(1, math.ceil(self.settings.retry_after_s)))  # RFC 9110 §10.2.3: integer
+        return openai_error(503, message, "service_unavailable", headers={"Retry-After": retry})
+
+    def _cancel(self, session_id: str, request_id: str, reason: str, one_turn: bool) -> None:
+        cancel = SessionCancel(
+            session_id=session_id,
+            request_id=request_id,
+            cancelled_at=self.clock(),
+            reason=reason,
+            gateway_id=self.settings.gateway_id,
+        )
+        msgs: list[Message] = [cancel]
+        if one_turn:
+            msgs.append(
+                SessionEnd(
+                    session_id=session_id,
+                    ended_at=self.clock(),
+                    reason=reason,
+                    gateway_id=self.settings.gateway_id,
+                )
+            )
+            self.placements.forget(session_id)
+        self.report(session_id, *msgs)
+
+    async def _hold(
+        self, session_id: str, request_id: str, one_turn: bool, endpoint: str
+    ) -> str | web.Response:
+        started = self.clock()
+        timeout = self.settings.hold_timeout_s
+        try:
+            node = await self.holds.wait(session_id, timeout)
+        except HoldTimeout:
+            self.metrics.hold_seconds.observe(self.clock() - started)
+            self.metrics.unavailable.inc()
+            self.metrics.requests.inc(endpoint=endpoint, outcome="wait_timeout")
+            self._cancel(session_id, request_id, END_WAIT_TIMEOUT, one_turn)
+            await self._reports_of(session_id)
+            _log.info("hold_timeout", session_id=session_id, request_id=request_id)
+            return self._unavailable(
+                f"session {session_id!r} was not admitted within {timeout:g} s; retry later"
+            )
+        except asyncio.CancelledError:
+            self.metrics.hold_seconds.observe(self.clock() - started)
+            self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
+            self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
+            _log.info("held_client_closed", session_id=session_id, request_id=request_id)
+            raise
+        self.metrics.hold_seconds.observe(self.clock() - started)
+        return node
+
+    async def _forward(
+        self,
+        request: web.Request,
+        path: str,
+        body: dict[str, Any],
+        info: RequestInfo,
+        session_id: str,
+        request_id: str,
+        node: str,
+        *,
+        one_turn: bool,
+        endpoint: str,
+    ) -> web.StreamResponse:
+        done = Forwarded(node_id=node)
+        reported: list[asyncio.Task[bool]] = []
+
+        def report_now() -> None:
+            if not reported:
+                reported.append(self._report_response(session_id, request_id, done, one_turn))
+
+        url = self.nodes.endpoint(node, path)
+        response: web.StreamResponse
+        try:
+            if url is None:
+                done.error = f"unknown_node: no URL known for node {node!r}"
+                response = openai_error(502, f"node {node!r} has no known URL", "upstream_error")
+            else:
+                self.metrics.forwarded.inc(node=node)
+                response = await self._send(
+                    request, url, body, info, session_id, request_id, done, report_now
+                )
+        except asyncio.CancelledError:
+            done.error = done.error or CLIENT_CLOSED
+            report_now()
+            self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
+            raise
+        report_now()
+        outcome = "ok" if done.error is None else done.error.split(":")[0]
+        self.metrics.requests.inc(endpoint=endpoint, outcome=outcome)
+        await asyncio.shield(reported[0])
+        _log.info(
+            "request_done",
+            session_id=session_id,
+            request_id=request_id,
+            node_id=node,
+            status=done.status,
+            error=done.error,
+            ttft_s=done.ttft_s,
+            duration_s=done.duration_s,
+        )
+        return response
+
+    async def _send(
+        self,
+        request: web.Request,
+        url: str,
+        body: dict[str, Any],
+        info: RequestInfo,
+        session_id: str,
+        request_id: str,
+        done: Forwarded,
+        before_done: Callable[[], None],
+    ) -> web.StreamResponse:
+        assert self.client is not None, "Relay.client is set by the app's startup"
+        headers = upstream_headers(
+            request.headers, {SESSION_HEADER: session_id, "X-Request-ID": request_id}
+        )
+        outgoing = upstream_body(body, stream=info.stream)
+        try:
+            if info.stream:
+                return await forward_stream(
+                    request,
+                    self.client,
+                    url,
+                    outgoing,
+                    headers,
+                    self.clock,
+                    done,
+                    keep_usage_chunk=info.client_wants_usage,
+                    before_done=before_done,
+                )
+            return await forward_json(self.client, url, outgoing, headers, self.clock, done)
+        except UpstreamError as exc:
+            self.metrics.upstream_errors.inc(node=done.node_id, kind=exc.kind)
+            done.error = f"upstream_{exc.kind}: {exc.detail}"
+            return openai_error(
+                502, f"model node {done.node_id!r} failed: {exc.detail}", "upstream_error"
+            )
+
+    def _report_response(
+        self, session_id: str, request_id: str, done: Forwarded, one_turn: bool
+    ) -> asyncio.Task[bool]:
+        msgs: list[Message] = [
+            SessionResponse(
+                session_id=session_id,
+                request_id=request_id,
+                node_id=done.node_id,
+                gateway_id=self.settings.gateway_id,
+                finished_at=self.clock(),
+                usage=done.stats.usage,
+                finish_reason=done.stats.finish_reason,
+                tool_calls=list(done.stats.tool_calls),
+                ttft_s=done.ttft_s,
+                duration_s=done.duration_s,
+                error=done.error,
+            )
+        ]
+        if one_turn:
+            reason = END_COMPLETED
+            if done.error == CLIENT_CLOSED:
+                reason = END_CLIENT_CLOSED
+            elif done.error is not None:
+                reason = END_ERROR
+            msgs.append(
+                SessionEnd(
+                    session_id=session_id,
+                    ended_at=self.clock(),
+                    reason=reason,
+                    gateway_id=self.settings.gateway_id,
+                )
+            )
+            self.placements.forget(session_id)
+        return self.report(session_id, *msgs)

@@ -1,0 +1,185 @@
+"""What the gateway reads from an incoming OpenAI request, and what it sends upstream (pure).
+
+* **Session identity** (DESIGN §4, gateway): header ``X-Session-ID``, else the body's ``user``,
+  else ``program_id`` (ThunderAgent's field). A request with none of them is a one-turn session
+  under a generated id, ended by the gateway after its response.
+* **Upstream body**: vLLM's request models accept unknown fields (pydantic ``extra="allow"``)
+  but log a warning for each, so the gateway removes the fields only it understands:
+  ``program_id`` and every ``tao_*`` field except ``tao_script``, which the sim node reads.
+  Streaming requests ask the node for usage (``stream_options.include_usage``) so the gateway
+  can report it; :attr:`RequestInfo.client_wants_usage` says whether the client asked itself.
+* **Prompt size estimate**: characters / 4 of the message texts (or of the completion prompt),
+  a common rule of thumb for English BPE tokenisers (OpenAI, "What are tokens and how to count
+  them", help.openai.com: "1 token ~= 4 chars in English"). Token-id prompts count exactly. The
+  node's usage replaces the estimate once the response arrives.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+__all__ = [
+    "CHARS_PER_TOKEN",
+    "SESSION_HEADER",
+    "BadRequest",
+    "IdSource",
+    "RequestInfo",
+    "describe_request",
+    "estimate_prompt_tokens",
+    "parse_body",
+    "session_identity",
+    "upstream_body",
+]
+
+SESSION_HEADER: Final = "X-Session-ID"
+CHARS_PER_TOKEN: Final = 4
+_KEEP_PRIVATE: Final = frozenset({"tao_script"})
+
+IdSource = Literal["header", "user", "program_id", "generated"]
+
+
+class BadRequest(ValueError):
+    """The request body cannot be served; ``message`` is shown to the client (HTTP 400)."""
+
+    def __init__(self, message: str) -> None:
+        self.message = message
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestInfo:
+    """The facts of one model request the gateway reports and acts on."""
+
+    model: str
+    stream: bool
+    max_tokens: int | None
+    messages_count: int
+    prompt_tokens_estimate: int
+    client_wants_usage: bool
+
+
+def parse_body(raw: object) -> dict[str, Any]:
+    """Check the decoded JSON body is an object; raise :class:`BadRequest` otherwise."""
+    if not isinstance(raw, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(raw).__name__}")
+    return raw
+
+
+def _id_value(value: object) -> str | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, str | int):
+        text = str(value).strip()
+        return text or None
+    return None
+
+
+def session_identity(
+    headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+) -> tuple[str, IdSource]:
+    """The session id of a request and where it came from (module docstring)."""
+    header = headers.get(SESSION_HEADER, "").strip()
+    if header:
+        return header, "header"
+    user = _id_value(body.get("user"))
+    if user is not None:
+        return user, "user"
+    program = _id_value(body.get("program_id"))
+    if program is not None:
+        return program, "program_id"
+    return new_id(), "generated"
+
+
+def upstream_body(body: Mapping[str, Any], *, stream: bool) -> dict[str, Any]:
+    """The body to forward: gateway-only fields removed, usage requested when streaming."""
+    out = {
+        k: v
+        for k, v in body.items()
+        if k != "program_id" and (not k.startswith("tao_") or k in _KEEP_PRIVATE)
+    }
+    if stream:
+        options = out.get("stream_options")
+        options = dict(options) if isinstance(options, dict) else {}
+        if not options.get("include_usage"):
+            options["include_usage"] = True
+        out["stream_options"] = options
+    return out
+
+
+def _text_chars(content: object) -> int:
+    if isinstance(content, str):
+        return len(content)
+    if isinstance(content, list):
+        total = 0
+        for part in content:
+            if isinstance(part, dict):
+                text = part.get("text")
+                total += len(text) if isinstance(text, str) else 0
+            elif isinstance(part, str):
+                total += len(part)
+        return total
+    return 0
+
+
+def _message_chars(message: object) -> int:
+    if not isinstance(message, dict):
+        return 0
+    total = _text_chars(message.get("content"))
+    calls = message.get("tool_calls")
+    if isinstance(calls, list):
+        for call in calls:
+            fn = call.get("function") if isinstance(call, dict) else None
+            if isinstance(fn, dict):
+                total += _text_chars(fn.get("name")) + _text_chars(fn.get("arguments"))
+    return total
+
+
+def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
+    """Prompt size in tokens, estimated as characters / 4 (module docstring); 0 if unknown."""
+    messages = body.get("messages")
+    if isinstance(messages, list):
+        chars = sum(_message_chars(m) for m in messages)
+        return -(-chars // CHARS_PER_TOKEN)
+    prompt = body.get("prompt")
+    if isinstance(prompt, str):
+        return -(-len(prompt) // CHARS_PER_TOKEN)
+    if isinstance(prompt, list) and prompt:
+        if all(isinstance(t, int) for t in prompt):
+            return len(prompt)  # token ids: exact
+        if all(isinstance(t, list) for t in prompt):
+            return sum(len(t) for t in prompt)
+        return -(-sum(_text_chars(p) for p in prompt) // CHARS_PER_TOKEN)
+    return 0
+
+
+def _max_tokens(body: Mapping[str, Any]) -> int | None:
+    for key in ("max_completion_tokens", "max_tokens"):
+        value = body.get(key)
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def describe_request(body: Mapping[str, Any], *, chat: bool) -> RequestInfo:
+    """Read model, stream flag, limits and size from a chat (``chat``) or completions body."""
+    model = body.get("model")
+    if model is not None and not isinstance(model, str):
+        raise BadRequest(f"'model' must be a string, got {type(model).__name__}")
+    messages = body.get("messages")
+    if chat and not isinstance(messages, list):
+        raise BadRequest("'messages' must be a list of messages")
+    if not chat and "prompt" not in body:
+        raise BadRequest("'prompt' is required")
+    stream = body.get("stream") is True
+    options = body.get("stream_options")
+    wants_usage = isinstance(options, dict) and options.get("include_usage") is True
+    return RequestInfo(
+        model=model or "",
+        stream=stream,
+        max_tokens=_max_tokens(body),
+        messages_count=len(messages) if isinstance(messages, list) else 0,
+        prompt_tokens_estimate=estimate_prompt_tokens(body),
+        client_wants_usage=wants_usage,
+    )

@@ -1,0 +1,235 @@
+"""Reading a node's responses: SSE framing, usage, finish reason and tool calls (pure).
+
+Streaming (``text/event-stream``): events are separated by a blank line (WHATWG HTML, "Server-sent
+events", §9.2.6 "Interpreting an event stream"); each ``data:`` line carries one JSON chunk and
+the stream ends with ``data: [DONE]``. :class:`SSESplitter` cuts the byte stream into whole
+events, byte for byte, so the gateway forwards exactly what the node sent. The first token is
+the first chunk with output (text, reasoning or tool calls) or a finish reason; the role-only
+opening chunk does not count.
+
+:class:`StreamStats` watches the chunks. When the client did not ask for usage, the gateway asked
+for it anyway (``stream_options.include_usage``); vLLM then sends one extra chunk with
+``"choices": []`` and the ``usage`` just before ``[DONE]``, and serialises its other chunks
+without a ``usage`` key (``model_dump_json(exclude_unset=True)`` in
+vllm/entrypoints/openai/serving_chat.py), so dropping that one chunk gives the client exactly
+the stream it asked for. Tool calls stream as ``delta.tool_calls`` fragments keyed by
+``index``: the first fragment of an index carries ``id`` and ``function.name``, later ones append
+``function.arguments``.
+
+Non-streaming: :func:`stats_from_body` reads ``usage``, ``choices[0].finish_reason`` and
+``choices[0].message.tool_calls`` from the JSON response.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import orjson
+
+from shared.contracts import ToolCallInfo, Usage
+
+__all__ = [
+    "DONE",
+    "ResponseStats",
+    "SSESplitter",
+    "StreamStats",
+    "event_data",
+    "stats_from_body",
+    "usage_from",
+]
+
+DONE: Final = "[DONE]"
+_SEPARATORS: Final = (b"\r\n\r\n", b"\n\n", b"\r\r")
+_OUTPUT_KEYS: Final = ("content", "reasoning_content", "reasoning", "tool_calls")
+
+
+@dataclass(slots=True)
+class ResponseStats:
+    """What the gateway reports about one response."""
+
+    usage: Usage = field(default_factory=Usage)
+    finish_reason: str | None = None
+    tool_calls: list[ToolCallInfo] = field(default_factory=list)
+
+
+def _int(value: object) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def usage_from(obj: object) -> Usage | None:
+    """An OpenAI ``usage`` object as :class:`Usage`; ``None`` when absent or not an object."""
+    if not isinstance(obj, dict):
+        return None
+    details = obj.get("prompt_tokens_details")
+    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    prompt = _int(obj.get("prompt_tokens"))
+    completion = _int(obj.get("completion_tokens"))
+    total = _int(obj.get("total_tokens")) or prompt + completion
+    return Usage(
+        prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, total_tokens=total
+    )
+
+
+def _call_info(call: object) -> ToolCallInfo | None:
+    if not isinstance(call, dict):
+        return None
+    fn = call.get("function")
+    fn = fn if isinstance(fn, dict) else {}
+    name = fn.get("name")
+    args = fn.get("arguments")
+    return ToolCallInfo(
+        id=str(call.get("id") or ""),
+        name=name if isinstance(name, str) else "",
+        arguments_bytes=len(args.encode()) if isinstance(args, str) else 0,
+    )
+
+
+def stats_from_body(body: bytes) -> ResponseStats:
+    """Usage, finish reason and tool calls of a non-streaming response (empty if unreadable)."""
+    stats = ResponseStats()
+    try:
+        obj = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return stats
+    if not isinstance(obj, dict):
+        return stats
+    stats.usage = usage_from(obj.get("usage")) or Usage()
+    choices = obj.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        first = choices[0]
+        reason = first.get("finish_reason")
+        stats.finish_reason = reason if isinstance(reason, str) else None
+        message = first.get("message")
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(calls, list):
+            stats.tool_calls = [c for c in map(_call_info, calls) if c is not None]
+    return stats
+
+
+class SSESplitter:
+    """Cuts a byte stream into whole SSE events (each with its blank-line terminator)."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """Add ``chunk``; return the events it completed, bytes unchanged."""
+        self._buf += chunk
+        events: list[bytes] = []
+        while True:
+            cut = -1
+            sep_len = 0
+            for sep in _SEPARATORS:
+                at = self._buf.find(sep)
+                if at != -1 and (cut == -1 or at < cut):
+                    cut, sep_len = at, len(sep)
+            if cut == -1:
+                return events
+            events.append(self._buf[: cut + sep_len])
+            self._buf = self._buf[cut + sep_len :]
+
+    def rest(self) -> bytes:
+        """Bytes after the last complete event (a stream that ended without a blank line)."""
+        rest, self._buf = self._buf, b""
+        return rest
+
+
+def event_data(event: bytes) -> str | None:
+    """The joined ``data:`` lines of one SSE event, or ``None`` if it has none."""
+    lines = event.decode("utf-8", errors="replace").splitlines()
+    data = [
+        line[5:].removeprefix(" ")
+        for line in lines
+        if line.startswith("data:")  # field name exactly "data" (WHATWG §9.2.6)
+    ]
+    return "\n".join(data) if data else None
+
+
+@dataclass(slots=True)
+class _Call:
+    id: str = ""
+    name: str = ""
+    arguments_bytes: int = 0
+
+
+def _has_output(choice: dict[str, Any], delta: object) -> bool:
+    """Whether a streamed choice carries generated output (text, reasoning or tool calls)."""
+    if isinstance(choice.get("text"), str) and choice["text"]:
+        return True  # /v1/completions
+    if not isinstance(delta, dict):
+        return False
+    return any(delta.get(k) for k in _OUTPUT_KEYS)
+
+
+class StreamStats:
+    """Accumulates what a chat/completions SSE stream says (module docstring)."""
+
+    def __init__(self, *, keep_usage_chunk: bool) -> None:
+        self.keep_usage_chunk = keep_usage_chunk
+        self.usage: Usage | None = None
+        self.finish_reason: str | None = None
+        self.first_token_seen = False
+        self.done = False
+        self._calls: dict[tuple[int, int], _Call] = {}
+
+    def observe(self, event: bytes) -> bool:
+        """Record one whole event; return whether the client should see it."""
+        data = event_data(event)
+        if data is None:
+            return True
+        if data.strip() == DONE:
+            self.done = True
+            return True
+        try:
+            chunk: Any = orjson.loads(data)
+        except orjson.JSONDecodeError:
+            return True
+        if not isinstance(chunk, dict):
+            return True
+        usage = usage_from(chunk.get("usage"))
+        if usage is not None:
+            self.usage = usage
+        choices = chunk.get("choices")
+        if isinstance(choices, list):
+            for choice in choices:
+                self._choice(choice)
+            if not choices and usage is not None:
+                return self.keep_usage_chunk
+        return True
+
+    def _choice(self, choice: object) -> None:
+        if not isinstance(choice, dict):
+            return
+        reason = choice.get("finish_reason")
+        if isinstance(reason, str):
+            self.finish_reason = reason
+        delta = choice.get("delta")
+        if not self.first_token_seen:
+            self.first_token_seen = reason is not None or _has_output(choice, delta)
+        calls = delta.get("tool_calls") if isinstance(delta, dict) else None
+        if not isinstance(calls, list):
+            return
+        choice_index = _int(choice.get("index"))
+        for frag in calls:
+            if not isinstance(frag, dict):
+                continue
+            call = self._calls.setdefault((choice_index, _int(frag.get("index"))), _Call())
+            if isinstance(frag.get("id"), str) and frag["id"]:
+                call.id = frag["id"]
+            fn = frag.get("function")
+            if isinstance(fn, dict):
+                if isinstance(fn.get("name"), str) and fn["name"]:
+                    call.name = fn["name"]
+                if isinstance(fn.get("arguments"), str):
+                    call.arguments_bytes += len(fn["arguments"].encode())
+
+    def result(self) -> ResponseStats:
+        """The usage, finish reason and tool calls seen so far (calls of choice 0 first)."""
+        calls = [
+            ToolCallInfo(id=c.id, name=c.name, arguments_bytes=c.arguments_bytes)
+            for _, c in sorted(self._calls.items())
+        ]
+        return ResponseStats(
+            usage=self.usage or Usage(), finish_reason=self.finish_reason, tool_calls=calls
+        )

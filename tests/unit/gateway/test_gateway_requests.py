@@ -1,0 +1,115 @@
+"""Unit tests of the gateway's request reading: session identity, upstream body, estimates."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.gateway.requests import (
+    BadRequest,
+    describe_request,
+    estimate_prompt_tokens,
+    parse_body,
+    session_identity,
+    upstream_body,
+)
+
+
+def new_id() -> str:
+    return "generated"
+
+
+class TestSessionIdentity:
+    @pytest.mark.parametrize(
+        ("headers", "body", "expected"),
+        [
+            ({"X-Session-ID": "h"}, {"user": "u", "program_id": "p"}, ("h", "header")),
+            ({"X-Session-ID": "  "}, {"user": "u"}, ("u", "user")),
+            ({}, {"user": "", "program_id": "p"}, ("p", "program_id")),
+            ({}, {"program_id": 42}, ("42", "program_id")),
+            ({}, {"user": True, "program_id": None}, ("generated", "generated")),
+            ({}, {"user": {"x": 1}}, ("generated", "generated")),
+            ({}, {}, ("generated", "generated")),
+        ],
+    )
+    def test_precedence(
+        self, headers: dict[str, str], body: dict[str, Any], expected: tuple[str, str]
+    ) -> None:
+        """Header beats user beats program_id; blank or non-scalar values are skipped."""
+        assert session_identity(headers, body, new_id) == expected
+
+
+class TestUpstreamBody:
+    def test_strips_gateway_fields_keeps_tao_script(self) -> None:
+        """program_id and tao_* fields go, tao_script and OpenAI fields stay."""
+        body = {"model": "m", "user": "u", "program_id": "p", "tao_x": 1, "tao_script": [1]}
+        assert upstream_body(body, stream=False) == {"model": "m", "user": "u", "tao_script": [1]}
+
+    def test_stream_asks_for_usage_keeping_other_options(self) -> None:
+        """A stream request gets include_usage added without losing the client's options."""
+        body = {"stream": True, "stream_options": {"continuous_usage_stats": False}}
+        out = upstream_body(body, stream=True)
+        assert out["stream_options"] == {"continuous_usage_stats": False, "include_usage": True}
+        assert body["stream_options"] == {"continuous_usage_stats": False}  # input untouched
+
+
+class TestEstimate:
+    @pytest.mark.parametrize(
+        ("body", "tokens"),
+        [
+            ({"messages": [{"role": "user", "content": "abcdefgh"}]}, 2),
+            ({"messages": [{"content": [{"type": "text", "text": "abcde"}]}]}, 2),
+            (
+                {
+                    "messages": [
+                        {
+                            "content": None,
+                            "tool_calls": [{"function": {"name": "ab", "arguments": "cdef"}}],
+                        }
+                    ]
+                },
+                2,
+            ),
+            ({"prompt": "abc"}, 1),
+            ({"prompt": [1, 2, 3]}, 3),
+            ({"prompt": [[1, 2], [3]]}, 3),
+            ({}, 0),
+        ],
+    )
+    def test_chars_over_four(self, body: dict[str, Any], tokens: int) -> None:
+        """Text counts as ceil(chars / 4); token-id prompts count exactly."""
+        assert estimate_prompt_tokens(body) == tokens
+
+
+class TestDescribe:
+    def test_reads_request_facts(self) -> None:
+        """Model, stream flag, max tokens, message count and usage wish are read."""
+        body = {
+            "model": "m",
+            "messages": [{"content": "x"}, {"content": "y"}],
+            "stream": True,
+            "max_completion_tokens": 7,
+            "stream_options": {"include_usage": True},
+        }
+        info = describe_request(body, chat=True)
+        assert (info.model, info.stream, info.max_tokens, info.messages_count) == ("m", True, 7, 2)
+        assert info.client_wants_usage
+
+    @pytest.mark.parametrize(
+        ("body", "chat", "needle"),
+        [
+            ({"model": "m"}, True, "messages"),
+            ({"model": 3, "messages": []}, True, "model"),
+            ({"model": "m"}, False, "prompt"),
+        ],
+    )
+    def test_bad_bodies_name_the_field(self, body: dict[str, Any], chat: bool, needle: str) -> None:
+        """An unusable body raises BadRequest naming the field."""
+        with pytest.raises(BadRequest, match=needle):
+            describe_request(body, chat=chat)
+
+    def test_body_must_be_object(self) -> None:
+        """A JSON array body is refused."""
+        with pytest.raises(BadRequest, match="JSON object"):
+            parse_body([1])

@@ -8,7 +8,7 @@ one event loop every call is atomic, as the Redis transactions and scripts are. 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any, TypeVar
 
@@ -26,7 +26,17 @@ from shared.infra.keys import (
 )
 from shared.infra.store_codec import encode_session
 from shared.infra.store_stats import planner_stats_from, status_dict
-from shared.infra.store_types import KEEP, NodeRecord, SessionFn, check_new, merge_node
+from shared.infra.store_types import (
+    KEEP,
+    NodeRecord,
+    SessionFn,
+    SessionFnWith,
+    check_new,
+    fold_tools,
+    fold_updates,
+    merge_node,
+    no_value,
+)
 
 __all__ = ["FakeStore"]
 
@@ -100,6 +110,25 @@ class FakeStore:
         encode_session(new)  # the same validation (finite floats) as the real store
         self._write(sid, old, new)
         return new, extra
+
+    async def update_sessions(
+        self, updates: Sequence[tuple[str, SessionFn]]
+    ) -> list[Session | None]:
+        pairs = [(sid, no_value(fn)) for sid, fn in updates]
+        return [stored for stored, _ in await self.update_sessions_with(pairs)]
+
+    async def update_sessions_with(
+        self, updates: Sequence[tuple[str, SessionFnWith[T]]]
+    ) -> list[tuple[Session | None, T]]:
+        stored = {sid: self._sessions.get(sid) for sid, _ in updates}
+        for sid in stored:
+            check_session_id(sid)
+        results, folded = fold_updates(updates, stored, encode_session)
+        for sid, (new, _) in folded.writes.items():
+            self._sessions[sid] = new
+        for node, delta in folded.reserved.items():
+            self._reserved[node] = self._reserved.get(node, 0) + delta
+        return results
 
     async def put_probe_marks(
         self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
@@ -233,6 +262,15 @@ class FakeStore:
         own = step(self._tools.get(tool, ToolStats()), duration)
         self._overall = step(self._overall, duration)
         self._tools[tool] = own
+
+    async def record_tools(self, items: Sequence[tuple[str, float, bool]]) -> None:
+        names = list(dict.fromkeys(tool for tool, _, _ in items))
+        for tool in names:
+            tool_field(tool)
+        tools, self._overall = fold_tools(
+            items, {t: self._tools.get(t, ToolStats()) for t in names}, self._overall
+        )
+        self._tools.update(tools)
 
     async def history(self) -> History:
         return History(tools=dict(self._tools), overall=self._overall)

@@ -13,7 +13,18 @@ atomic:
 * :meth:`Store.apply` is one Lua script (``lua/apply.lua``) that does exactly what
   :func:`shared.core.tick.apply_decision` does on the live records and live free capacity;
   Redis runs scripts one at a time, so concurrent appliers can never over-commit a node.
-* :meth:`Store.record_tool` and :meth:`Store.put_node_status` are ``WATCH`` loops too.
+* :meth:`Store.update_sessions` / :meth:`Store.update_sessions_with` are the same for a batch
+  (the tools service's one-write-per-bus-fetch path): ``WATCH`` every touched hash, read them
+  all with one read-only script (``lua/batch_read.lua``), fold the fns in Python
+  (:func:`store_types.fold_updates`), and ``MULTI``/``EXEC`` one write script
+  (``lua/batch_write.lua``: the changed fields of every record, the index sets, the net
+  ``reserved`` moves) whose argument is one JSON blob; any moved key fails the ``EXEC`` and the
+  whole batch runs again on fresh records. Three round trips and three commands per batch
+  (redis-py's per-command cost, not the network, is what limits a batch of single commands).
+  The read runs on a second pooled connection *after* the ``WATCH`` reply, so any write after
+  it still fails the ``EXEC``. The scripts never compute: Python decides, Lua copies.
+* :meth:`Store.record_tool` / :meth:`Store.record_tools` and :meth:`Store.put_node_status` are
+  ``WATCH`` loops too.
 
 Scripts are loaded with ``SCRIPT LOAD`` and run with ``EVALSHA`` (redis-py's
 ``register_script`` falls back to loading on ``NOSCRIPT``). Every multi-key script touches
@@ -22,12 +33,13 @@ only keys of one domain (one hash tag), so it runs on a Redis Cluster as well.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Final, TypeVar
 
+import msgspec
 import redis.asyncio as aioredis
-from redis.exceptions import WatchError
+from redis.exceptions import NoScriptError, WatchError
 
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, update
@@ -40,6 +52,7 @@ from shared.infra.store_codec import (
     decode_node,
     decode_residency,
     decode_session,
+    decode_session_fields,
     decode_toolstats,
     encode_node_fields,
     encode_residency,
@@ -47,7 +60,19 @@ from shared.infra.store_codec import (
     encode_toolstats,
 )
 from shared.infra.store_stats import planner_stats_from, status_dict
-from shared.infra.store_types import KEEP, NodeRecord, SessionFn, StoreError, check_new, merge_node
+from shared.infra.store_types import (
+    KEEP,
+    Folded,
+    NodeRecord,
+    SessionFn,
+    SessionFnWith,
+    StoreError,
+    check_new,
+    fold_tools,
+    fold_updates,
+    merge_node,
+    no_value,
+)
 
 __all__ = ["Store", "load_script"]
 
@@ -62,6 +87,15 @@ def load_script(name: str) -> str:
 
 _APPLY: Final = load_script("apply")
 _PROBE: Final = load_script("probe")
+_BATCH_READ: Final = load_script("batch_read")
+_BATCH_WRITE: Final = load_script("batch_write")
+_json: Final = msgspec.json.Encoder()
+
+
+def _pairs(raw: Any) -> dict[str, str]:
+    """A flat ``[field, value, ...]`` reply (HGETALL inside Lua) as ``str -> str``."""
+    it = iter([x.decode() if isinstance(x, bytes) else x for x in raw])
+    return dict(zip(it, it, strict=True))
 
 
 def _index_ops(pipe: Any, keys: Keys, sid: str, s: Session | None) -> None:
@@ -89,6 +123,8 @@ class Store:
         self._r = redis
         self._apply = redis.register_script(_APPLY)
         self._probe = redis.register_script(_PROBE)
+        self._batch_read = redis.register_script(_BATCH_READ)
+        self._batch_write = redis.register_script(_BATCH_WRITE)
 
     def _pipe(self, transaction: bool) -> Any:
         """A pipeline (``Any``: redis-py's pipeline methods are only partly annotated)."""
@@ -155,6 +191,71 @@ class Store:
                     return new, extra
                 except WatchError:
                     continue
+
+    async def update_sessions(
+        self, updates: Sequence[tuple[str, SessionFn]]
+    ) -> list[Session | None]:
+        """:meth:`update_session` for a batch, atomically: the fns run in order (several may
+        name one id; each sees the record the previous one left), everything is written in one
+        transaction, and the result is the stored record after each update, in input order.
+        A fn or a result that raises refuses the whole batch (nothing is written)."""
+        pairs = [(sid, no_value(fn)) for sid, fn in updates]
+        return [stored for stored, _ in await self.update_sessions_with(pairs)]
+
+    async def update_sessions_with(
+        self, updates: Sequence[tuple[str, SessionFnWith[T]]]
+    ) -> list[tuple[Session | None, T]]:
+        """:meth:`update_session_with` for a batch (as :meth:`update_sessions`): returns
+        ``(stored record, value)`` per update, the values from the run whose write won."""
+        if not updates:
+            return []
+        keys = {sid: self.keys.session(sid) for sid, _ in updates}
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(*keys.values())
+                    raws = await self._batch_read(keys=list(keys.values()))
+                    olds = {sid: _pairs(raw) for sid, raw in zip(keys, raws, strict=True)}
+                    stored = {sid: decode_session_fields(f) for sid, f in olds.items()}
+                    results, folded = fold_updates(updates, stored, encode_session)
+                    if not folded.writes:
+                        await pipe.unwatch()
+                        return results
+                    pipe.multi()
+                    pipe.evalsha(self._batch_write.sha, *self._write_args(keys, olds, folded))
+                    await pipe.execute()
+                    return results
+                except WatchError:
+                    continue
+                except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
+                    self._batch_write.sha = await self._r.script_load(_BATCH_WRITE)
+
+    def _write_args(
+        self,
+        keys: Mapping[str, str],
+        olds: Mapping[str, dict[str, str]],
+        folded: Folded[dict[str, str]],
+    ) -> list[Any]:
+        """``numkeys, *KEYS, ARGV[1]`` of ``lua/batch_write.lua``: per written session the
+        fields that differ from the stored hash, its index flags, and the net reserved moves."""
+        index = {sid: i for i, sid in enumerate(keys, start=4)}
+        node_keys = [self.keys.node(n) for n in folded.reserved]
+        writes: list[list[object]] = []
+        for sid, (new, fields) in folded.writes.items():
+            old = olds[sid]
+            pooled = new.pooled
+            in_tool = new.node is not None and new.activity == "tool"
+            w: list[object] = [index[sid], sid, int(pooled), int(in_tool)]
+            for name, value in fields.items():
+                if old.get(name) != value:
+                    w += (name, value)
+            writes.append(w)
+        first_node = 4 + len(keys)
+        deltas = [[first_node + j, str(delta)] for j, delta in enumerate(folded.reserved.values())]
+        all_keys = [self.keys.sessions, self.keys.pool, self.keys.admitted_tool]
+        all_keys += [*keys.values(), *node_keys]
+        blob = _json.encode({"s": writes, "r": deltas})
+        return [len(all_keys), *all_keys, blob]
 
     async def put_probe_marks(
         self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
@@ -349,6 +450,36 @@ class Store:
                             GLOBAL_TOOL_FIELD: encode_toolstats(new_all),
                         },
                     )
+                    await pipe.execute()
+                    return
+                except WatchError:
+                    continue
+
+    async def record_tools(self, items: Sequence[tuple[str, float, bool]]) -> None:
+        """:meth:`record_tool` for a batch of ``(tool, duration, censored)``, folded in order,
+        in one transaction; a bad tool name or duration refuses the whole batch."""
+        if not items:
+            return
+        names = list(dict.fromkeys(tool for tool, _, _ in items))
+        fields = [tool_field(t) for t in names]
+        fold_tools(items, dict.fromkeys(names, ToolStats()), ToolStats())  # validates first
+        key = self.keys.toolstats
+        async with self._pipe(True) as pipe:
+            while True:
+                try:
+                    await pipe.watch(key)
+                    *own, overall = await pipe.hmget(key, [*fields, GLOBAL_TOOL_FIELD])
+                    tools, total = fold_tools(
+                        items,
+                        {t: decode_toolstats(raw) for t, raw in zip(names, own, strict=True)},
+                        decode_toolstats(overall),
+                    )
+                    mapping = {
+                        f: encode_toolstats(tools[t]) for t, f in zip(names, fields, strict=True)
+                    }
+                    mapping[GLOBAL_TOOL_FIELD] = encode_toolstats(total)
+                    pipe.multi()
+                    pipe.hset(key, mapping=mapping)
                     await pipe.execute()
                     return
                 except WatchError:

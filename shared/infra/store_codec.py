@@ -26,6 +26,7 @@ __all__ = [
     "decode_node",
     "decode_residency",
     "decode_session",
+    "decode_session_fields",
     "decode_toolstats",
     "encode_node_fields",
     "encode_residency",
@@ -82,9 +83,13 @@ def encode_session(s: Session) -> dict[str, str]:
 
 def decode_session(raw: Mapping[Any, Any]) -> Session | None:
     """Read a session hash (None for an empty reply); the separate fields win over ``data``."""
-    if not raw:
+    return decode_session_fields(str_map(raw)) if raw else None
+
+
+def decode_session_fields(f: Mapping[str, str]) -> Session | None:
+    """:func:`decode_session` of a hash already read as ``str -> str``."""
+    if not f:
         return None
-    f = str_map(raw)
     try:
         base = _session_decoder.decode(f["data"])
         return replace(

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final, Protocol, TypeVar
+from typing import Any, Final, Generic, Protocol, TypeVar
 
 from shared.contracts.node import NodeStatus
-from shared.core.predictor import History
+from shared.core.predictor import History, ToolStats, censor, update
 from shared.core.session import Session
 from shared.core.tick import Applied, Decision
 from shared.core.valuation import NodeView, free_capacity
@@ -33,18 +33,24 @@ from shared.infra.keys import KeyNameError, StoreError, check_node_id
 __all__ = [
     "KEEP",
     "NODE_STATUS_FIELDS",
+    "Folded",
     "Keep",
     "KeyNameError",
     "NodeRecord",
     "SessionFn",
+    "SessionFnWith",
     "StateStore",
     "StoreError",
     "check_new",
+    "fold_tools",
+    "fold_updates",
     "merge_node",
+    "no_value",
 ]
 
 
 T = TypeVar("T")
+E = TypeVar("E")
 
 
 class Keep(enum.Enum):
@@ -57,6 +63,9 @@ KEEP: Final = Keep.KEEP
 
 SessionFn = Callable[[Session | None], Session | None]
 """A pure transition for :meth:`StateStore.update_session`; it may be called several times."""
+
+SessionFnWith = Callable[[Session | None], tuple[Session | None, T]]
+"""A pure transition that also returns a value (:meth:`StateStore.update_session_with`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +158,71 @@ def check_new(sid: str, new: Session) -> None:
         check_node_id(new.node)
 
 
+def no_value(fn: SessionFn) -> SessionFnWith[None]:
+    """``fn`` as a transition that returns no value (``update_session`` over ``..._with``)."""
+    return lambda s: (fn(s), None)
+
+
+@dataclass(slots=True)
+class Folded(Generic[E]):
+    """What a batch of session transitions does (:func:`fold_updates`): per written session
+    its final record and ``encode(final)``, and per node the net ``reserved`` change (0 for a
+    node a step touched and another step restored, so the node's hash exists as after the
+    single updates)."""
+
+    writes: dict[str, tuple[Session, E]]
+    reserved: dict[str, int]
+
+
+def fold_updates(
+    updates: Sequence[tuple[str, SessionFnWith[T]]],
+    stored: Mapping[str, Session | None],
+    encode: Callable[[Session], E],
+) -> tuple[list[tuple[Session | None, T]], Folded[E]]:
+    """Apply ``updates`` in order on ``stored`` (every touched id -> its record or None), as
+    the single :meth:`StateStore.update_session_with` calls would one after the other: each fn
+    sees the record left by the previous fn on its id; None or an equal record writes nothing.
+    Every written record is validated (:func:`check_new`, ``encode``) as the single form does,
+    so one bad result refuses the whole batch. Returns ``(stored record, value)`` per update
+    and what to write."""
+    cur = dict(stored)
+    results: list[tuple[Session | None, T]] = []
+    writes: dict[str, tuple[Session, E]] = {}
+    reserved: dict[str, int] = {}
+    for sid, fn in updates:
+        old = cur[sid]
+        new, extra = fn(old)
+        if new is None or new == old:
+            results.append((old, extra))
+            continue
+        check_new(sid, new)
+        writes[sid] = (new, encode(new))
+        if old is not None and old.node is not None and old.weight:
+            reserved[old.node] = reserved.get(old.node, 0) - old.weight
+        if new.node is not None and new.weight:
+            reserved[new.node] = reserved.get(new.node, 0) + new.weight
+        cur[sid] = new
+        results.append((new, extra))
+    return results, Folded(writes, reserved)
+
+
+def fold_tools(
+    items: Sequence[tuple[str, float, bool]],
+    tools: Mapping[str, ToolStats],
+    overall: ToolStats,
+) -> tuple[dict[str, ToolStats], ToolStats]:
+    """``(tool, duration, censored)`` samples folded in order into the touched tools'
+    statistics (``tools`` holds each touched tool's current value) and the global aggregate,
+    with :func:`shared.core.predictor.update` / :func:`~shared.core.predictor.censor`
+    exactly as repeated single records would. Raises ValueError on a bad duration."""
+    out = dict(tools)
+    for tool, duration, censored in items:
+        step = censor if censored else update
+        out[tool] = step(out[tool], duration)
+        overall = step(overall, duration)
+    return out, overall
+
+
 def merge_node(old: NodeRecord, given: Mapping[str, object]) -> NodeRecord:
     """``old`` with telemetry's ``given`` fields (validated); ``reserved`` is never among them."""
     changes: dict[str, object] = {}
@@ -207,6 +281,12 @@ class StateStore(Protocol):
     async def update_session_with(
         self, sid: str, fn: Callable[[Session | None], tuple[Session | None, T]]
     ) -> tuple[Session | None, T]: ...
+    async def update_sessions(
+        self, updates: Sequence[tuple[str, SessionFn]]
+    ) -> list[Session | None]: ...
+    async def update_sessions_with(
+        self, updates: Sequence[tuple[str, SessionFnWith[T]]]
+    ) -> list[tuple[Session | None, T]]: ...
     async def put_probe_marks(
         self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
     ) -> int: ...
@@ -248,6 +328,7 @@ class StateStore(Protocol):
 
     # tool statistics
     async def record_tool(self, tool: str, duration: float, *, censored: bool = False) -> None: ...
+    async def record_tools(self, items: Sequence[tuple[str, float, bool]]) -> None: ...
     async def history(self) -> History: ...
 
     # apply and counters

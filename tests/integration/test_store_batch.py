@@ -1,0 +1,368 @@
+"""Batch forms of the state store (update_sessions, update_sessions_with, record_tools),
+against FakeStore and the real Redis Store: each equals the single forms applied in order."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import pytest
+import redis.asyncio as aioredis
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from shared.core.predictor import History, ToolStats, censor, update
+from shared.core.session import (
+    Session,
+    admit,
+    on_cancel,
+    on_end,
+    on_request,
+    on_response,
+    on_tool_end,
+    on_tool_progress,
+    on_tool_start,
+    release,
+)
+from shared.infra.fake_store import FakeStore
+from shared.infra.store import Store
+from shared.infra.store_types import SessionFnWith, StateStore, StoreError
+
+Step = SessionFnWith[object]
+_NODES = ("n0", "n1", "n2")
+
+
+async def _open(kind: str, redis_url: str) -> tuple[StateStore, Callable[[], Awaitable[None]]]:
+    """A store on a fresh uuid domain and the coroutine that deletes its keys."""
+    domain = "t" + uuid.uuid4().hex[:12]
+    if kind == "fake":
+        fake = FakeStore(domain)
+
+        async def nothing() -> None:
+            return None
+
+        return fake, nothing
+    client = aioredis.Redis.from_url(redis_url, decode_responses=kind == "redis-text")
+    real = Store(client, domain)
+
+    async def close() -> None:
+        await real.clear()
+        await client.aclose()
+
+    return real, close
+
+
+@pytest.fixture(params=["fake", "redis", "redis-text"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    """A store on a fresh uuid domain; the Redis ones delete their keys afterwards."""
+    url = request.getfixturevalue("redis_url") if request.param != "fake" else ""
+    opened, close = await _open(request.param, url)
+    try:
+        yield opened
+    finally:
+        await close()
+
+
+def _waiting(sid: str, tokens: int = 1000, at: float = 1.0) -> Session:
+    return on_request(Session(id=sid), "r1", at, tokens_estimate=tokens)[0]
+
+
+def _create(s: Session) -> Callable[[Session | None], Session | None]:
+    return lambda _: s
+
+
+def _bump(s: Session | None) -> Session | None:
+    """One more token; an admitted session's reservation follows (weight = tokens + 100)."""
+    assert s is not None
+    return on_response(s, 2.0, total_tokens=s.tokens + 1, reserve=100)
+
+
+async def _reserved_by_node(store: StateStore) -> dict[str, int | None]:
+    """Every node's stored reserved total (None: no node hash)."""
+    out: dict[str, int | None] = {}
+    for node in _NODES:
+        rec = await store.get_node(node)
+        out[node] = None if rec is None else rec.reserved
+    return out
+
+
+async def _check_reserved(store: StateStore) -> None:
+    """reserved = Σ admitted weights on every node."""
+    want = dict.fromkeys(_NODES, 0)
+    for s in await store.sessions():
+        if s.node is not None:
+            want[s.node] += s.weight
+    got = await _reserved_by_node(store)
+    assert {n: v or 0 for n, v in got.items()} == want
+
+
+class TestUpdateSessions:
+    async def test_empty_batch_is_a_no_op(self, store: StateStore) -> None:
+        """Empty batches return nothing and write no key at all."""
+        assert await store.update_sessions([]) == []
+        assert await store.update_sessions_with([]) == []
+        await store.record_tools([])
+        assert await store.clear() == 0
+        assert await store.history() == History()
+
+    async def test_same_id_composes_in_order(self, store: StateStore) -> None:
+        """Several fns on one id compose; each entry is the record after that fn (odd ids too)."""
+        odd = 'b: {x} "ü"\\~\x00'
+        await store.put_node_status("n0", capacity_tokens=10_000, healthy=True)
+        out = await store.update_sessions(
+            [
+                ("a", _create(_waiting("a"))),
+                (odd, _create(_waiting(odd, tokens=10))),
+                ("a", lambda s: None if s is None else admit(s, "n0", 1500, 2.0)),
+                ("a", _bump),
+                (odd, lambda s: None),
+            ]
+        )
+        assert [None if s is None else (s.id, s.version) for s in out] == [
+            ("a", 1), (odd, 1), ("a", 2), ("a", 3), (odd, 1),
+        ]  # fmt: skip
+        a = await store.get_session("a")
+        assert a == out[3] and a is not None and a.weight == a.tokens + 100
+        assert await store.pool_ids() == {odd}
+        n0 = await store.get_node("n0")
+        assert n0 is not None and n0.reserved == a.weight
+
+    async def test_with_returns_each_value(self, store: StateStore) -> None:
+        """update_sessions_with returns each transition's value (on_tool_end's duration)."""
+        s = on_response(_waiting("t", at=1.0), 2.0, total_tokens=10, tool_calls=[("c", "bash")])
+        await store.update_session("t", _create(s))
+        steps: list[tuple[str, Step]] = [
+            ("t", lambda x: on_tool_end(x, "c", 5.5, source="gateway") if x else (None, None)),
+            ("t", lambda x: on_tool_end(x, "c", 6.0, source="gateway") if x else (None, None)),
+            ("u", lambda x: (x, "absent")),
+        ]
+        (first, d1), (second, d2), (absent, v3) = await store.update_sessions_with(steps)
+        assert d1 == 3.5 and first is not None and first.version == s.version + 1
+        assert d2 == 4.0 and second is not None and second.version == s.version + 2
+        assert (absent, v3) == (None, "absent")
+        assert await store.get_session("t") == second
+
+    async def test_bad_result_refuses_the_whole_batch(self, store: StateStore) -> None:
+        """A result under the wrong id raises StoreError and nothing of the batch is written."""
+        with pytest.raises(StoreError):
+            await store.update_sessions(
+                [("a", _create(_waiting("a"))), ("b", lambda _: Session(id="zz", version=1))]
+            )
+        assert await store.session_ids() == set()
+        assert await store.clear() == 0
+
+    async def test_concurrent_batches_and_singles_lose_nothing(self, store: StateStore) -> None:
+        """Concurrent batches and single updates on the same records all land, and the
+        reserved totals follow every weight change."""
+        await store.put_node_status("n0", capacity_tokens=10**6, healthy=True)
+        await store.put_node_status("n1", capacity_tokens=10**6, healthy=True)
+        await store.update_sessions([(sid, _create(_waiting(sid, tokens=0))) for sid in "abc"])
+        await store.update_sessions(
+            [
+                ("a", lambda s: None if s is None else admit(s, "n0", 100, 1.5)),
+                ("b", lambda s: None if s is None else admit(s, "n1", 100, 1.5)),
+            ]
+        )
+        batch = [("a", _bump), ("b", _bump), ("a", _bump), ("c", _bump)]
+        jobs: list[Awaitable[object]] = [store.update_sessions(batch) for _ in range(12)]
+        jobs += [store.update_session("a", _bump) for _ in range(10)]
+        jobs += [store.update_session("c", _bump) for _ in range(5)]
+        jobs.append(store.put_probe_marks({"c": 7.0}))
+        await asyncio.gather(*jobs)
+        a, b, c = await store.sessions(["a", "b", "c"])
+        assert (a.tokens, b.tokens, c.tokens) == (34, 12, 17)
+        assert c.probe_mark == 7.0
+        assert (a.version, b.version, c.version) == (36, 14, 18)
+        assert (a.weight, b.weight, c.weight) == (134, 112, 0)
+        await _check_reserved(store)
+
+
+class TestRealStoreScripts:
+    async def test_lost_script_is_reloaded(self, redis_url: str) -> None:
+        """A write script unknown to the server (restart, SCRIPT FLUSH) is loaded again and
+        the batch lands."""
+        real, close = await _open("redis", redis_url)
+        try:
+            assert isinstance(real, Store)
+            real._batch_write.sha = "0" * 40
+            out = await real.update_sessions([("a", _create(_waiting("a")))])
+            assert out == [_waiting("a")] and await real.get_session("a") == _waiting("a")
+            assert real._batch_write.sha != "0" * 40
+        finally:
+            await close()
+
+
+# --- batch == singles, on random transition sequences -----------------------------------------
+
+
+def _op(draw: st.DrawFn, sid: str, i: int) -> Step:
+    """One random transition on ``sid`` (creating it when a request meets no record)."""
+    at = float(10 + i)
+    kind = draw(
+        st.sampled_from(
+            ["request", "response", "tool_start", "tool_end", "progress", "admit", "release",
+             "cancel", "end", "nothing"]
+        )
+    )  # fmt: skip
+    if kind == "request":
+        tokens = draw(st.integers(0, 3000))
+        return lambda s: on_request(s or Session(id=sid), f"r{i}", at, tokens_estimate=tokens)
+    if kind == "admit":
+        node, weight = draw(st.sampled_from(_NODES)), draw(st.integers(0, 4000))
+        return lambda s: (None if s is None else admit(s, node, weight, at), None)
+    if kind == "nothing":
+        return lambda s: (None, "nothing")
+    if kind in ("tool_start", "tool_end", "progress"):
+        call = f"c{draw(st.integers(0, 1))}"
+        if kind == "tool_start":
+            src = draw(st.sampled_from(["gateway", "hook"]))
+            return lambda s: (None if s is None else on_tool_start(s, call, "bash", at, source=src),
+                              src)  # fmt: skip
+        if kind == "tool_end":
+            return lambda s: (None, None) if s is None else on_tool_end(s, call, at, source="hook")
+        frac = draw(st.floats(0.0, 1.0))
+        return lambda s: (None if s is None else on_tool_progress(s, call, at, fraction=frac), 0)
+    if kind == "response":
+        total = draw(st.integers(0, 5000))
+        calls = draw(st.sampled_from([(), (("c0", "bash"),), (("c1", "grep"),)]))
+        reserve = draw(st.sampled_from([None, 0, 512]))
+        return lambda s: (
+            None if s is None else on_response(s, at, total_tokens=total, tool_calls=calls,
+                                               reserve=reserve),
+            total,
+        )  # fmt: skip
+    unary = {"release": release, "cancel": on_cancel, "end": on_end}[kind]
+    return lambda s: (None if s is None else unary(s, at), kind)
+
+
+@st.composite
+def _script(draw: st.DrawFn) -> tuple[list[Session], list[tuple[str, Step]], list[int]]:
+    """Initial records, a sequence of transitions on 1-4 sessions, and batch boundaries."""
+    sids = [f"s{i}" for i in range(draw(st.integers(1, 4)))]
+    initial: list[Session] = []
+    for sid in sids:
+        if draw(st.booleans()):
+            s = _waiting(sid, tokens=draw(st.integers(0, 2000)))
+            node = draw(st.sampled_from([None, *_NODES]))
+            initial.append(s if node is None else admit(s, node, draw(st.integers(1, 3000)), 2.0))
+    n = draw(st.integers(1, 16))
+    ops = [(sid, _op(draw, sid, i)) for i, sid in enumerate(draw(st.lists(
+        st.sampled_from(sids), min_size=n, max_size=n)))]  # fmt: skip
+    cuts = sorted(draw(st.sets(st.integers(1, max(1, n - 1)), max_size=3)))
+    return initial, ops, cuts
+
+
+async def _state(store: StateStore) -> tuple[object, ...]:
+    return (
+        await store.sessions(),
+        await store.pool_ids(),
+        await store.admitted_tool_ids(),
+        await _reserved_by_node(store),
+    )
+
+
+async def _batch_equals_singles(
+    batched: StateStore,
+    single: StateStore,
+    script: tuple[list[Session], list[tuple[str, Step]], list[int]],
+) -> None:
+    initial, ops, cuts = script
+    for store in (batched, single):
+        for s in initial:
+            await store.update_session(s.id, _create(s))
+    want = [await single.update_session_with(sid, fn) for sid, fn in ops]
+    got: list[tuple[Session | None, object]] = []
+    bounds = [0, *cuts, len(ops)]
+    for lo, hi in itertools.pairwise(bounds):
+        got += await batched.update_sessions_with(ops[lo:hi])
+    assert got == want
+    plain = await batched.update_sessions([(sid, lambda s: None) for sid, _ in ops])
+    assert plain == [await single.get_session(sid) for sid, _ in ops]
+    assert await _state(batched) == await _state(single)
+    await _check_reserved(batched)
+
+
+class TestBatchEqualsSingles:
+    @pytest.mark.parametrize("kind", ["fake", "redis"])
+    @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(script=_script())
+    def test_random_transitions(
+        self,
+        kind: str,
+        redis_url: str,
+        script: tuple[list[Session], list[tuple[str, Step]], list[int]],
+    ) -> None:
+        """Random transition sequences in random batches store, return and index exactly
+        what the single updates in order do, reserved totals included."""
+
+        async def run() -> None:
+            batched, close_b = await _open(kind, redis_url)
+            single, close_s = await _open(kind, redis_url)
+            try:
+                await _batch_equals_singles(batched, single, script)
+            finally:
+                await close_b()
+                await close_s()
+
+        asyncio.run(run())
+
+
+# --- tool statistics -------------------------------------------------------------------------
+
+_samples = st.lists(
+    st.tuples(
+        st.sampled_from(["bash", "grep", "edit"]),
+        st.floats(0.0, 1e4, allow_nan=False),
+        st.booleans(),
+    ),
+    max_size=20,
+)
+
+
+class TestRecordTools:
+    @pytest.mark.parametrize("kind", ["fake", "redis"])
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(items=_samples)
+    def test_equals_sequential_records(
+        self, kind: str, redis_url: str, items: list[tuple[str, float, bool]]
+    ) -> None:
+        """record_tools stores exactly what record_tool per sample, in order, does."""
+
+        async def run() -> None:
+            batched, close_b = await _open(kind, redis_url)
+            single, close_s = await _open(kind, redis_url)
+            try:
+                await batched.record_tool("bash", 2.0)
+                await single.record_tool("bash", 2.0)
+                await batched.record_tools(items)
+                for tool, duration, censored in items:
+                    await single.record_tool(tool, duration, censored=censored)
+                assert await batched.history() == await single.history()
+            finally:
+                await close_b()
+                await close_s()
+
+        asyncio.run(run())
+
+    async def test_bad_sample_refuses_the_batch(self, store: StateStore) -> None:
+        """A negative duration or an empty tool name refuses the whole batch."""
+        with pytest.raises(ValueError, match="duration"):
+            await store.record_tools([("t", 1.0, False), ("t", -1.0, False)])
+        with pytest.raises(ValueError):
+            await store.record_tools([("t", 1.0, False), ("", 1.0, False)])
+        assert await store.history() == History()
+
+    async def test_concurrent_records_lose_nothing(self, store: StateStore) -> None:
+        """Concurrent batches and single records all land in the tool and global stats."""
+        jobs: list[Awaitable[None]] = [
+            store.record_tools([("t", 1.0, False), ("u", 1.0, False)]) for _ in range(10)
+        ]
+        jobs += [store.record_tool("t", 1.0) for _ in range(10)]
+        jobs += [store.record_tools([("t", 5.0, True)]) for _ in range(3)]
+        await asyncio.gather(*jobs)
+        h = await store.history()
+        done = update(ToolStats(count=19, mean=1.0, min_s=1.0, max_s=1.0), 1.0)
+        assert h.of("t") == censor(censor(censor(done, 5.0), 5.0), 5.0)
+        assert h.of("u").count == 10 and h.overall.count == 30 and h.overall.censored == 3

@@ -4,4 +4,4 @@ from shared.infra import run_service
 
 from .app import SERVICE, main
 
-raise SystemExit(run_service(SERVICE, main))
+raise SystemExit(run_service(SERVICE, main, needs_redis=True))

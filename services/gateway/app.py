@@ -1,17 +1,19 @@
 """The gateway's aiohttp application and its service entry point.
 
-``create_app(settings, bus)`` builds the app; starting it (``AppRunner.setup()``) opens the HTTP
-client to the nodes and starts the bus consumers, cleaning up closes them. Serve it with
-``handler_cancellation=True`` (as :func:`serve` does, and aiohttp's ``TestServer``): a client
-that disconnects then cancels its handler, which releases a held request at once
+``create_app(settings, bus, store=...)`` builds the app; starting it (``AppRunner.setup()``)
+opens the HTTP client to the nodes and starts the bus consumers, cleaning up closes them. Serve
+it with ``handler_cancellation=True`` (as :func:`serve` does, and aiohttp's ``TestServer``): a
+client that disconnects then cancels its handler, which releases a held request at once
 (``SessionCancel(reason="client_closed")``). Without it a held request notices only at its
 hold timeout.
 
 Placements: an ephemeral JetStream consumer of ``tao.v1.placement.<gateway_id>`` that starts
 with the placements published after it is created (``deliver="new"``). Held requests exist only
-in this process, so a restarted gateway has nothing older to act on. Known gap: a session
-admitted before a restart is not known as admitted afterwards; its next request holds until
-the planner admits it again (or until the hold timeout).
+in this process, so a restarted gateway has no older placement to act on. Sessions admitted
+before a restart (or whose placement was missed) are found in the state store instead: read
+once when their request arrives, and re-read every ``store_recheck_s`` while it is held
+(:mod:`.store_check`). Without a store (``store=None``, tests) the gateway relies on placements
+alone. The service reads the store of ``settings.domain`` (read only).
 """
 
 from __future__ import annotations
@@ -24,13 +26,16 @@ import aiohttp
 import anyio
 from aiohttp import web
 
+from services._common import store_from
 from shared.contracts import NodeStatus, SessionEnd, decode, subjects
 from shared.infra import MessageBus, ServiceContext, Settings, Subscription, get_logger
+from shared.infra.store_types import StateStore
 
 from .handlers import BusHandlers, HttpHandlers, decode_placement
 from .nodes import NodeDirectory
 from .proxy import CONNECT_TIMEOUT_S
 from .relay import Relay
+from .store_check import STORE_RECHECK_S
 
 __all__ = ["RELAY", "SERVICE", "create_app", "main", "serve"]
 
@@ -54,11 +59,21 @@ def create_app(
     *,
     node_urls: Mapping[str, str] | None = None,
     clock: Callable[[], float] = time.time,
+    store: StateStore | None = None,
+    store_recheck_s: float = STORE_RECHECK_S,
 ) -> web.Application:
     """The gateway app for ``settings`` on ``bus``; nodes from ``node_urls`` (else
-    ``settings.nodes``) and from node status messages."""
+    ``settings.nodes``) and from node status messages; admissions also read from ``store``
+    (module docstring)."""
     static = dict(node_urls) if node_urls is not None else {n.id: n.url for n in settings.nodes}
-    relay = Relay(settings, bus, NodeDirectory(static), clock=clock)
+    relay = Relay(
+        settings,
+        bus,
+        NodeDirectory(static),
+        clock=clock,
+        store=store,
+        store_recheck_s=store_recheck_s,
+    )
     http = HttpHandlers(relay)
     app = web.Application()
     app[RELAY] = relay
@@ -109,6 +124,7 @@ async def _stop(app: web.Application) -> None:
     for sub in app[_SUBSCRIPTIONS]:
         await sub.stop()
     app[_SUBSCRIPTIONS].clear()
+    await relay.stored.close()
     await relay.flush()
     if relay.client is not None:
         await relay.client.close()
@@ -125,7 +141,7 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:
     """Service entry point for ``shared.infra.runner.run_service``: serve until cancelled."""
-    app = create_app(settings, ctx.require_bus())
+    app = create_app(settings, ctx.require_bus(), store=store_from(settings, ctx))
     runner = await serve(app, settings.gateway_host, settings.gateway_port)
     _log.info(
         "gateway_listening",

@@ -5,10 +5,22 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
     POST   /v1/chat/completions   held until admitted, then forwarded (stream or not)
     POST   /v1/completions        same
     GET    /v1/models             union of the nodes' models
-    DELETE /v1/sessions/{id}      end a session now (publishes SessionEnd); 200 with
+    DELETE /v1/sessions/{id}      end a session now: its held requests are answered at once
+                                  (409, error type "session_ended", each reported as
+                                  SessionCancel reason "session_ended"), then SessionEnd is
+                                  published; 200 with
                                   {"id", "object": "session.deleted", "deleted": true}
     GET    /healthz               {"status": "ok", "gateway_id", "held", "admitted"}
     GET    /metrics               Prometheus text
+
+Request headers read by the model endpoints:
+
+    X-Session-ID      the session id (else the body's ``user``, else ``program_id``; none: a
+                      one-turn session under a generated id)
+    X-TAO-Harness     optional: the agent harness sending the request (set by harness hooks or
+                      clients, e.g. ``claude-code``), at most 128 characters (else 400);
+                      reported as SessionRequest.harness, not forwarded to the node
+    Authorization     forwarded to the node unchanged
 
 Bus: placements for this gateway (JetStream), node statuses (core NATS; URL and models of each
 node), session ends (core NATS; forget the session's admission).
@@ -56,8 +68,8 @@ class HttpHandlers:
 
     async def delete_session(self, request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]
-        await self.relay.end_session(session_id)
-        _log.info("session_deleted", session_id=session_id)
+        released = await self.relay.end_session(session_id)
+        _log.info("session_deleted", session_id=session_id, held_released=released)
         return web.json_response({"id": session_id, "object": "session.deleted", "deleted": True})
 
     async def healthz(self, request: web.Request) -> web.Response:

@@ -94,6 +94,10 @@ class GatewayMetrics:
         self.placements = _Counter(
             "tao_gateway_placements_total", "Placements received, by kind and result."
         )
+        self.store_admissions = _Counter(
+            "tao_gateway_store_admissions_total",
+            "Admissions read from the state store (placement missed), by when: arrival or held.",
+        )
         self.hold_seconds = _Histogram(
             "tao_gateway_hold_seconds", "Time a request was held before admission.", HOLD_BUCKETS_S
         )
@@ -107,6 +111,7 @@ class GatewayMetrics:
             self.forwarded,
             self.upstream_errors,
             self.placements,
+            self.store_admissions,
         ):
             lines += counter.render()
         lines += [

@@ -5,6 +5,10 @@ the session record's version after the change (DESIGN §3.4); placements can arr
 (JetStream redelivery), so one whose version is not newer than the last applied for its session
 is ignored. A request already forwarded keeps its node: an interrupt takes effect for the
 session's next request, which holds again.
+
+:meth:`PlacementMap.restore` records an admission read from the state store instead (a
+placement this gateway missed, e.g. before a restart); the record's version orders it against
+the placements exactly as a placement's would.
 """
 
 from __future__ import annotations
@@ -43,6 +47,15 @@ class PlacementMap:
             return "admitted"
         self._state[placement.session_id] = Admission(placement.version, None)
         return "released"
+
+    def restore(self, session_id: str, version: int, node_id: str) -> ApplyResult:
+        """Record that the stored session record of ``version`` is admitted on ``node_id``,
+        unless a placement of that version or newer was applied already."""
+        current = self._state.get(session_id)
+        if current is not None and version <= current.version:
+            return "stale"
+        self._state[session_id] = Admission(version, node_id)
+        return "admitted"
 
     def node_of(self, session_id: str) -> str | None:
         """The node the session is admitted on, or ``None``."""

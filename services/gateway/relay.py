@@ -3,11 +3,16 @@
 Every path answers the client and reports exactly once (DESIGN §4, gateway):
 
 * registered: :class:`SessionRequest` (JetStream) before anything else;
-* never forwarded (hold timeout → 503 + ``Retry-After``; client gone while held):
-  :class:`SessionCancel` with ``wait_timeout`` / ``client_closed``;
+* never forwarded (hold timeout → 503 + ``Retry-After``; client gone while held; session ended
+  by ``DELETE`` while held → 409 ``session_ended``): :class:`SessionCancel` with
+  ``wait_timeout`` / ``client_closed`` / ``session_ended`` (the latter published by
+  :meth:`Relay.end_session`, before the session's :class:`SessionEnd`);
 * forwarded, or admitted to a node the gateway cannot reach (502): :class:`SessionResponse`
   with usage, finish reason, tool calls, timing and ``error`` when it failed;
 * one-turn sessions (no id given): :class:`SessionEnd` after that.
+
+A session not known as admitted from the placements is looked up in the state store on arrival
+and watched there while held (:mod:`.store_check`), so a missed placement never strands it.
 
 Reports of one session are published in order (each publish task, the ``SessionRequest``
 included, waits for the session's previous one): the tools service infers "the tool ended"
@@ -46,8 +51,9 @@ from shared.contracts.session import (
 )
 from shared.contracts.subjects import subject_for
 from shared.infra import MessageBus, Settings, get_logger
+from shared.infra.store_types import StateStore
 
-from .holds import Holds, HoldTimeout
+from .holds import HoldEnded, Holds, HoldTimeout
 from .metrics import GatewayMetrics
 from .nodes import NodeDirectory
 from .placements import PlacementMap
@@ -64,15 +70,19 @@ from .requests import (
     BadRequest,
     RequestInfo,
     describe_request,
+    harness_of,
     parse_body,
     session_identity,
     upstream_body,
 )
+from .store_check import STORE_RECHECK_S, StoreCheck
 
-__all__ = ["Relay", "openai_error"]
+__all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 
 _log = get_logger("services.gateway")
 GENERATED_PREFIX: Final = "gw-"
+CANCEL_SESSION_ENDED: Final = "session_ended"
+"""SessionCancel reason of a held request whose session was ended (no END_* constant fits)."""
 
 
 def openai_error(
@@ -94,6 +104,8 @@ class Relay:
         *,
         clock: Callable[[], float],
         new_id: Callable[[], str] | None = None,
+        store: StateStore | None = None,
+        store_recheck_s: float = STORE_RECHECK_S,
     ) -> None:
         self.settings = settings
         self.bus = bus
@@ -103,7 +115,11 @@ class Relay:
         self.placements = PlacementMap()
         self.holds = Holds()
         self.metrics = GatewayMetrics(self.holds.held, self.placements.admitted_count)
+        self.stored = StoreCheck(
+            store, self.placements, nodes, self.holds, self.metrics, every_s=store_recheck_s
+        )
         self.client: aiohttp.ClientSession | None = None
+        self._ended_holds: set[str] = set()  # request ids whose cancel end_session reported
         self._reports: dict[str, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
 
@@ -152,16 +168,34 @@ class Relay:
 
     # --- session end -------------------------------------------------------------------------
 
-    async def end_session(self, session_id: str, reason: str = END_COMPLETED) -> None:
-        """Publish :class:`SessionEnd` (after the session's reports) and forget the session."""
-        end = SessionEnd(
-            session_id=session_id,
-            ended_at=self.clock(),
-            reason=reason,
-            gateway_id=self.settings.gateway_id,
+    async def end_session(self, session_id: str, reason: str = END_COMPLETED) -> int:
+        """Answer the session's held requests at once (409), publish a :class:`SessionCancel`
+        for each, then :class:`SessionEnd` (after the session's reports), and forget the
+        session. Returns how many held requests were released."""
+        ended = self.holds.end(session_id)
+        self._ended_holds.update(ended)
+        now = self.clock()
+        msgs: list[Message] = [
+            SessionCancel(
+                session_id=session_id,
+                request_id=request_id,
+                cancelled_at=now,
+                reason=CANCEL_SESSION_ENDED,
+                gateway_id=self.settings.gateway_id,
+            )
+            for request_id in ended
+        ]
+        msgs.append(
+            SessionEnd(
+                session_id=session_id,
+                ended_at=now,
+                reason=reason,
+                gateway_id=self.settings.gateway_id,
+            )
         )
         self.placements.forget(session_id)
-        await asyncio.shield(self.report(session_id, end))
+        await asyncio.shield(self.report(session_id, *msgs))
+        return len(ended)
 
     # --- one request -------------------------------------------------------------------------
 
@@ -177,6 +211,16 @@ class Relay:
         except ValueError as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
             return openai_error(400, f"request body is not JSON: {exc}", "invalid_request_error")
+        try:
+            harness = harness_of(request.headers)
+        except BadRequest as exc:
+            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
+            return openai_error(400, exc.message, "invalid_request_error")
+        served = self.nodes.models()
+        if served and info.model and info.model not in served:
+            # As vLLM answers an unknown model: 404 at once, never a hold that cannot end.
+            self.metrics.requests.inc(endpoint=endpoint, outcome="model_not_found")
+            return openai_error(404, f"The model `{info.model}` does not exist.", "NotFoundError")
         session_id, source = session_identity(
             request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
         )
@@ -192,6 +236,7 @@ class Relay:
             messages_count=info.messages_count,
             stream=info.stream,
             max_tokens=info.max_tokens,
+            harness=harness,
         )
         try:
             subject_for(registered)  # the session id must fit a subject token
@@ -207,7 +252,14 @@ class Relay:
         if not registered_ok:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bus_error")
             return self._unavailable("the scheduler cannot be reached; retry later")
-        node = self.placements.node_of(session_id)
+        node = self.placements.node_of(session_id)  # hot path: no store read
+        if node is None:
+            try:
+                node = await self.stored.lookup(session_id, "arrival")
+            except asyncio.CancelledError:  # the client left during the store read
+                self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
+                self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
+                raise
         if node is None:
             node_or_reply = await self._hold(session_id, request_id, one_turn, endpoint)
             if isinstance(node_or_reply, web.Response):
@@ -255,8 +307,20 @@ class Relay:
     ) -> str | web.Response:
         started = self.clock()
         timeout = self.settings.hold_timeout_s
+        waiting = self.holds.wait(session_id, timeout, request_id)
+        self.stored.watch(session_id)
         try:
-            node = await self.holds.wait(session_id, timeout)
+            node = await waiting
+        except HoldEnded:
+            self.metrics.hold_seconds.observe(self.clock() - started)
+            self.metrics.requests.inc(endpoint=endpoint, outcome="session_ended")
+            await self._reports_of(session_id)  # end_session reported the cancel
+            _log.info("held_session_ended", session_id=session_id, request_id=request_id)
+            return openai_error(
+                409,
+                f"session {session_id!r} was ended while the request was held",
+                CANCEL_SESSION_ENDED,
+            )
         except HoldTimeout:
             self.metrics.hold_seconds.observe(self.clock() - started)
             self.metrics.unavailable.inc()
@@ -270,9 +334,12 @@ class Relay:
         except asyncio.CancelledError:
             self.metrics.hold_seconds.observe(self.clock() - started)
             self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
-            self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
+            if request_id not in self._ended_holds:  # else end_session reported its cancel
+                self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
             _log.info("held_client_closed", session_id=session_id, request_id=request_id)
             raise
+        finally:
+            self._ended_holds.discard(request_id)
         self.metrics.hold_seconds.observe(self.clock() - started)
         return node
 

@@ -3,6 +3,8 @@
 * **Session identity** (DESIGN §4, gateway): header ``X-Session-ID``, else the body's ``user``,
   else ``program_id`` (ThunderAgent's field). A request with none of them is a one-turn session
   under a generated id, ended by the gateway after its response.
+* **Harness**: header ``X-TAO-Harness`` (set by harness hooks/clients, e.g. ``claude-code``)
+  names the agent harness; it is reported as :attr:`SessionRequest.harness` and not forwarded.
 * **Upstream body**: vLLM's request models accept unknown fields (pydantic ``extra="allow"``)
   but log a warning for each, so the gateway removes the fields only it understands:
   ``program_id`` and every ``tao_*`` field except ``tao_script``, which the sim node reads.
@@ -22,18 +24,23 @@ from typing import Any, Final, Literal
 
 __all__ = [
     "CHARS_PER_TOKEN",
+    "HARNESS_HEADER",
+    "MAX_HARNESS_CHARS",
     "SESSION_HEADER",
     "BadRequest",
     "IdSource",
     "RequestInfo",
     "describe_request",
     "estimate_prompt_tokens",
+    "harness_of",
     "parse_body",
     "session_identity",
     "upstream_body",
 ]
 
 SESSION_HEADER: Final = "X-Session-ID"
+HARNESS_HEADER: Final = "X-TAO-Harness"
+MAX_HARNESS_CHARS: Final = 128
 CHARS_PER_TOKEN: Final = 4
 _KEEP_PRIVATE: Final = frozenset({"tao_script"})
 
@@ -90,6 +97,18 @@ def session_identity(
     if program is not None:
         return program, "program_id"
     return new_id(), "generated"
+
+
+def harness_of(headers: Mapping[str, str]) -> str | None:
+    """The harness named by ``X-TAO-Harness`` (stripped), ``None`` when absent or blank;
+    raise :class:`BadRequest` when it is longer than :data:`MAX_HARNESS_CHARS`."""
+    value = headers.get(HARNESS_HEADER, "").strip()
+    if len(value) > MAX_HARNESS_CHARS:
+        raise BadRequest(
+            f"header {HARNESS_HEADER} must be at most {MAX_HARNESS_CHARS} characters, "
+            f"got {len(value)}"
+        )
+    return value or None
 
 
 def upstream_body(body: Mapping[str, Any], *, stream: bool) -> dict[str, Any]:

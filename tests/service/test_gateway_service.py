@@ -202,8 +202,10 @@ class Harness:
         )
         await self.bus.settle()
 
-    async def chat(self, session: str | None = "s1", **body: Any) -> Any:
-        headers = {"X-Session-ID": session} if session else {}
+    async def chat(
+        self, session: str | None = "s1", headers: dict[str, str] | None = None, **body: Any
+    ) -> Any:
+        headers = {**({"X-Session-ID": session} if session else {}), **(headers or {})}
         payload = {"model": "m", "messages": [{"role": "user", "content": "hi there"}], **body}
         return await self.client.post("/v1/chat/completions", json=payload, headers=headers)
 
@@ -479,6 +481,32 @@ class TestSessionIdentity:
         assert kinds == ["SessionRequest", "SessionResponse", "SessionEnd"]
 
 
+class TestHarnessHeader:
+    async def test_harness_header_is_reported_not_forwarded(self, h: Harness) -> None:
+        """X-TAO-Harness sets SessionRequest.harness and does not reach the node."""
+        await h.place("admit", "s1", 1)
+        resp = await h.chat("s1", headers={"X-TAO-Harness": " claude-code "})
+        assert resp.status == 200
+        [req] = await h.rec.next(SessionRequest)
+        assert req.harness == "claude-code"
+        assert "X-TAO-Harness" not in h.node.headers[0]
+
+    async def test_without_header_harness_is_none(self, h: Harness) -> None:
+        """A request without X-TAO-Harness (or with a blank one) reports no harness."""
+        await h.place("admit", "s1", 1)
+        await h.chat("s1")
+        await h.chat("s1", headers={"X-TAO-Harness": "  "})
+        reqs = await h.rec.next(SessionRequest, 2)
+        assert [r.harness for r in reqs] == [None, None]
+
+    async def test_overlong_harness_is_400(self, h: Harness) -> None:
+        """A harness name over 128 characters is refused, naming the header."""
+        resp = await h.chat("s1", headers={"X-TAO-Harness": "h" * 129})
+        assert resp.status == 400
+        assert "X-TAO-Harness" in (await resp.json())["error"]["message"]
+        assert h.bus.published == []
+
+
 class TestEndpoints:
     async def test_delete_session_publishes_end(self, h: Harness) -> None:
         """DELETE /v1/sessions/{id} ends the session and forgets its admission."""
@@ -489,6 +517,39 @@ class TestEndpoints:
         assert end.session_id == "s1" and end.gateway_id == GW
         assert h.relay.placements.node_of("s1") is None
 
+    async def test_delete_answers_held_requests_at_once(self, h: Harness) -> None:
+        """DELETE while requests are held answers each with 409 session_ended and reports a
+        SessionCancel per request before the SessionEnd, without waiting for the timeout."""
+        first = asyncio.create_task(h.chat("s1"))
+        second = asyncio.create_task(h.chat("s1"))
+        requests = await h.rec.next(SessionRequest, 2)
+        assert h.relay.holds.held() == 2
+        deleted = await h.client.delete("/v1/sessions/s1")
+        assert deleted.status == 200
+        for resp in await asyncio.gather(first, second):
+            assert resp.status == 409
+            error = (await resp.json())["error"]
+            assert error["type"] == "session_ended" and "s1" in error["message"]
+        cancels = await h.rec.next(SessionCancel, 2)
+        assert {c.request_id for c in cancels} == {r.request_id for r in requests}
+        assert {(c.session_id, c.reason) for c in cancels} == {("s1", "session_ended")}
+        [end] = await h.rec.next(SessionEnd)
+        assert end.session_id == "s1"
+        kinds = [type(m).__name__ for m in h.rec.seen]
+        assert kinds == ["SessionRequest"] * 2 + ["SessionCancel"] * 2 + ["SessionEnd"]
+        assert h.relay.holds.held() == 0 and h.node.bodies == []
+        assert h.relay.metrics.requests.get(endpoint="chat", outcome="session_ended") == 2
+
+    async def test_delete_leaves_other_sessions_held(self, h: Harness) -> None:
+        """DELETE of one session does not release the held requests of another."""
+        other = asyncio.create_task(h.chat("s2"))
+        await h.rec.next(SessionRequest)
+        assert (await h.client.delete("/v1/sessions/s1")).status == 200
+        await h.rec.next(SessionEnd)
+        assert h.relay.holds.is_held("s2") and h.rec.of(SessionCancel) == []
+        await h.place("admit", "s2", 1)
+        assert (await other).status == 200
+
     async def test_models_from_node_status_else_nodes(self, h: Harness) -> None:
         """/v1/models lists the nodes' models: from node statuses, else asked from the nodes."""
         asked = await (await h.client.get("/v1/models")).json()
@@ -497,6 +558,14 @@ class TestEndpoints:
         await h.bus.settle()
         listed = await (await h.client.get("/v1/models")).json()
         assert [m["id"] for m in listed["data"]] == ["a", "b"]
+
+    async def test_unknown_model_is_404_at_once(self, h: Harness) -> None:
+        """A model no node reports serving is refused at once, as vLLM does; nothing is held."""
+        await h.bus.publish_msg(NodeStatus(node_id="n2", ts=1.0, models=["a"]))
+        await h.bus.settle()
+        resp = await h.chat("s1", model="nope")
+        assert resp.status == 404 and "nope" in (await resp.json())["error"]["message"]
+        assert h.relay.holds.held() == 0 and h.rec.seen == []
 
     async def test_unusable_session_id_is_400(self, h: Harness) -> None:
         """A session id too long for a subject token is refused before anything is published."""

@@ -10,6 +10,7 @@ from services.gateway.requests import (
     BadRequest,
     describe_request,
     estimate_prompt_tokens,
+    harness_of,
     parse_body,
     session_identity,
     upstream_body,
@@ -113,3 +114,24 @@ class TestDescribe:
         """A JSON array body is refused."""
         with pytest.raises(BadRequest, match="JSON object"):
             parse_body([1])
+
+
+class TestHarnessOf:
+    @pytest.mark.parametrize(
+        ("headers", "expected"),
+        [
+            ({"X-TAO-Harness": "claude-code"}, "claude-code"),
+            ({"X-TAO-Harness": "  swe-agent "}, "swe-agent"),
+            ({"X-TAO-Harness": "   "}, None),
+            ({}, None),
+        ],
+    )
+    def test_header_names_the_harness(self, headers: dict[str, str], expected: str | None) -> None:
+        """The harness is the stripped X-TAO-Harness header; absent or blank gives None."""
+        assert harness_of(headers) == expected
+
+    def test_overlong_harness_refused(self) -> None:
+        """A harness name over 128 characters raises BadRequest naming the header."""
+        assert harness_of({"X-TAO-Harness": "h" * 128}) == "h" * 128
+        with pytest.raises(BadRequest, match=r"X-TAO-Harness.*got 129"):
+            harness_of({"X-TAO-Harness": "h" * 129})

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from services.gateway.holds import Holds, HoldTimeout
+from services.gateway.holds import HoldEnded, Holds, HoldTimeout
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.nodes import NodeDirectory
 from services.gateway.placements import PlacementMap
@@ -52,6 +52,28 @@ class TestPlacementMap:
         assert pm.node_of("s") is None and len(pm) == 0
         assert pm.apply(pl("admit", 1, "n2")) == "admitted" and pm.admitted_count() == 1
 
+    @pytest.mark.parametrize(
+        ("placed", "restored", "node"),
+        [
+            (None, ("admitted", 4), "n2"),
+            (("interrupt", 6), ("stale", 5), None),
+            (("admit", 5), ("stale", 5), "n1"),
+            (("interrupt", 4), ("admitted", 5), "n2"),
+        ],
+    )
+    def test_restore_is_ordered_by_version(
+        self, placed: tuple[str, int] | None, restored: tuple[str, int], node: str | None
+    ) -> None:
+        """An admission read from the store applies only when newer than the last placement,
+        and placements of its version or older are stale afterwards."""
+        pm = PlacementMap()
+        if placed is not None:
+            pm.apply(pl(placed[0], placed[1]))
+        result, version = restored
+        assert pm.restore("s", version, "n2") == result
+        assert pm.node_of("s") == node
+        assert pm.apply(pl("interrupt", version)) == "stale"
+
 
 class TestHolds:
     async def test_admit_wakes_every_held_request_of_the_session(self) -> None:
@@ -68,6 +90,19 @@ class TestHolds:
         with pytest.raises(asyncio.CancelledError):
             await other
         assert holds.held() == 0 and not holds.is_held("t")
+
+    async def test_end_releases_the_session_with_hold_ended(self) -> None:
+        """end() raises HoldEnded in every held request of the session and names them."""
+        holds = Holds()
+        a = asyncio.create_task(holds.wait("s", 10, "r1"))
+        b = asyncio.create_task(holds.wait("s", 10, "r2"))
+        other = asyncio.create_task(holds.wait("t", 10, "r3"))
+        assert sorted(holds.end("s")) == ["r1", "r2"]
+        for task in (a, b):
+            with pytest.raises(HoldEnded, match="'s' was ended"):
+                await task
+        assert holds.held() == 1 and holds.end("s") == []
+        assert holds.admit("t", "n1") == 1 and await other == "n1"
 
     async def test_timeout_raises_hold_timeout(self) -> None:
         """A hold that is not admitted in time raises HoldTimeout and is released."""

@@ -1,0 +1,61 @@
+"""The planner service: the newest valuation snapshot → plan → verify-and-apply → placements.
+
+Subscribes (core NATS) to ``tao.v1.valuation.snapshot``; solves with the policy of
+``TAO_POLICY`` (one policy object for the life of the process), budget ``TAO_PLANNER_BUDGET``
+and wall-clock limit ``TAO_PLANNER_TIME_LIMIT_MS``; publishes placements on
+``tao.v1.placement.<gateway>`` (JetStream) and the plan on ``tao.v1.plan``. The numba kernels
+are loaded (or compiled) once at start. Run: ``python -m services.planner`` (needs NATS and
+Redis).
+"""
+
+from __future__ import annotations
+
+import anyio
+import anyio.to_thread
+
+from services._common import store_from
+from services.planner.handlers import Planner, decode_snapshot
+from shared.contracts import subjects
+from shared.core.planner import warm_up
+from shared.core.policies import get_policy
+from shared.infra.busapi import MessageBus
+from shared.infra.logging import get_logger
+from shared.infra.runner import ServiceContext
+from shared.infra.settings import Settings
+from shared.infra.store_types import StateStore
+
+__all__ = ["NAME", "build", "main", "run"]
+
+NAME = "planner"
+
+
+def build(settings: Settings, store: StateStore, bus: MessageBus, *, name: str = NAME) -> Planner:
+    """The planner with the configured policy, budget and time limit."""
+    return Planner(
+        store=store,
+        bus=bus,
+        log=get_logger(name),
+        policy=get_policy(settings.policy),
+        budget=settings.planner_budget,
+        time_limit_ms=float(settings.planner_time_limit_ms),
+    )
+
+
+async def run(
+    settings: Settings, store: StateStore, bus: MessageBus, *, name: str = NAME
+) -> Planner:
+    """Warm up, subscribe, re-publish current admissions, and plan forever (until
+    cancelled)."""
+    planner = build(settings, store, bus, name=name)
+    t0 = anyio.current_time()
+    await anyio.to_thread.run_sync(warm_up, limiter=planner.limiter)
+    planner.log.info("planner_warm", ms=round((anyio.current_time() - t0) * 1000, 1))
+    await bus.subscribe(subjects.valuation_snapshot(), name, decode_snapshot, planner.on_snapshot)
+    await planner.resync()
+    await planner.run()
+    return planner
+
+
+async def main(settings: Settings, ctx: ServiceContext) -> None:
+    """Service entry point for the runner."""
+    await run(settings, store_from(settings, ctx), ctx.require_bus(), name=ctx.name)

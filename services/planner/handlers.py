@@ -1,0 +1,203 @@
+"""The planner's handler: snapshot → decide (in a worker thread) → verify-and-apply → publish.
+
+Only the latest snapshot matters: :meth:`Planner.on_snapshot` keeps one pending snapshot and a
+newer one supersedes it while a solve runs. :meth:`Planner.plan_once` solves with
+:func:`shared.core.tick.decide` off the event loop (``anyio.to_thread.run_sync`` with a capacity
+limiter of 1; the kernels release the GIL), applies the decision with the store's atomic
+``apply`` (which discards the plan if a selected session's version moved and applies the
+longest prefix live capacity admits), then publishes one ``Placement`` per applied move on
+JetStream and the ``Plan`` on core NATS, and logs one line.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple
+
+import anyio
+import anyio.to_thread
+from structlog.typing import FilteringBoundLogger
+
+from services.planner.mapping import from_wire
+from services.planner.thunder import PauseClock, pause_moves
+from shared.contracts import subjects
+from shared.contracts.codec import decode, encode
+from shared.contracts.plan import Assignment, Objective, Placement, PlacementKind, Plan
+from shared.contracts.valuation import ValuationSnapshot
+from shared.core.policies.base import PlanOptions, Policy
+from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
+from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.store_types import StateStore
+
+__all__ = ["Planner", "Snapshot", "decode_snapshot"]
+
+
+class Snapshot(NamedTuple):
+    """A received snapshot in core form, with each node's KV capacity from the wire."""
+
+    core: TickSnapshot
+    capacity: Mapping[str, int]
+
+
+def decode_snapshot(data: bytes) -> Snapshot:
+    """Decode and map a ``ValuationSnapshot`` (a ContractError dead-letters it)."""
+    msg = decode(data, ValuationSnapshot)
+    return Snapshot(from_wire(msg), {nd.id: nd.capacity for nd in msg.nodes})
+
+
+def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
+    r = d.result
+    return Plan(
+        tick=d.tick,
+        policy=policy,
+        assignments=[Assignment(m.session, m.node) for m in d.admits],
+        interrupts=[Assignment(m.session, m.node) for m in d.interrupts],
+        objective=Objective(**r.objective._asdict()),
+        exact=r.exact,
+        method=r.method,
+        states=r.states,
+        elapsed_ms=elapsed_ms,
+        reason=r.reason,
+    )
+
+
+@dataclass(slots=True)
+class Planner:
+    """The planner service's state across ticks (one policy object: ``rr`` keeps state)."""
+
+    store: StateStore
+    bus: MessageBus
+    log: FilteringBoundLogger
+    policy: Policy
+    budget: int
+    time_limit_ms: float
+    clock: Callable[[], float] = time.time
+    limiter: anyio.CapacityLimiter = field(default_factory=lambda: anyio.CapacityLimiter(1))
+    pending: Snapshot | None = None
+    ready: anyio.Event = field(default_factory=anyio.Event)
+    superseded: int = 0
+    pause_clock: PauseClock = field(default_factory=PauseClock)
+
+    async def on_snapshot(self, snap: Snapshot, d: Delivery) -> None:
+        """Keep only the newest snapshot; the loop in :meth:`run` picks it up."""
+        if self.pending is not None:
+            self.superseded += 1
+        if self.pending is None or snap.core.tick >= self.pending.core.tick:
+            self.pending = snap
+        self.ready.set()
+
+    async def run(self) -> None:
+        """Plan the newest pending snapshot, forever (until cancelled)."""
+        while True:
+            await self.ready.wait()
+            self.ready = anyio.Event()
+            snap, self.pending = self.pending, None
+            if snap is None:
+                continue
+            try:
+                await self.plan_once(snap)
+            except Exception:  # a bad tick must not stop the planner: log it, plan the next
+                self.log.exception("plan_failed", tick=snap.core.tick)
+
+    def _solve(self, snap: TickSnapshot) -> Decision:
+        deadline = time.monotonic() + self.time_limit_ms / 1000.0
+        options = PlanOptions(budget=self.budget, expired=lambda: time.monotonic() > deadline)
+        return decide(snap, self.policy, options)
+
+    async def plan_once(self, snap: Snapshot) -> Applied | None:
+        """Solve, apply and publish one snapshot; ``None`` when there was nothing to plan."""
+        core = snap.core
+        await self.store.incr(ticks=1)
+        pauses: tuple[Move, ...] = ()
+        if self.policy.name == "thunderagent":
+            if self.pause_clock.due(core.now):
+                pauses = pause_moves(core, snap.capacity)
+            core = replace(core, interrupts=())  # the pause rule replaces TAO's interrupts
+        if not core.candidates and not pauses:
+            self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
+            return None
+        t0 = time.perf_counter()
+        decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
+        elapsed_ms = (time.perf_counter() - t0) * 1000.0
+        if pauses:
+            decision = replace(decision, interrupts=pauses + decision.interrupts)
+        await self.store.record_solve(elapsed_ms, decision.result.method, decision.result.exact)
+        with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
+            applied = await self.store.apply(decision, self.clock())
+            placed = await self._publish_placements(core.tick, applied)
+        await self.bus.publish(
+            subjects.plan(), encode(_plan_msg(decision, self.policy.name, elapsed_ms))
+        )
+        r = decision.result
+        self.log.info(
+            "plan_tick",
+            tick=core.tick,
+            policy=self.policy.name,
+            candidates=len(core.candidates),
+            planned=len(decision.admits),
+            interrupts=len(decision.interrupts),
+            admitted=len(applied.admitted),
+            discarded=applied.discarded,
+            changed=list(applied.changed) or None,
+            truncated=applied.truncated,
+            placements=placed,
+            method=r.method,
+            exact=r.exact,
+            states=r.states,
+            reason=r.reason,
+            solve_ms=round(elapsed_ms, 3),
+            superseded=self.superseded,
+        )
+        return applied
+
+    async def resync(self) -> int:
+        """Re-publish the admission of every admitted session (kind ``admit``, its current
+        version), so placements a crashed planner applied but never published still reach
+        their gateways; a gateway ignores a placement it has already applied. Start-up only:
+        it reads every session."""
+        now = self.clock()
+        n = 0
+        for s in await self.store.sessions(None):
+            if s.node is None or s.ended or s.gateway_id is None:
+                continue
+            await self.bus.publish_msg(
+                Placement(
+                    kind="admit",
+                    session_id=s.id,
+                    version=s.version,
+                    tick=0,
+                    gateway_id=s.gateway_id,
+                    node_id=s.node,
+                    issued_at=now,
+                )
+            )
+            n += 1
+        self.log.info("placements_resynced", placements=n)
+        return n
+
+    async def _publish_placements(self, tick: int, applied: Applied) -> int:
+        if applied.discarded:
+            return 0
+        n = 0
+        now = self.clock()
+        kinds: list[tuple[PlacementKind, Move]] = [("interrupt", m) for m in applied.interrupted]
+        kinds += [("admit", m) for m in applied.admitted]
+        for kind, m in kinds:
+            rec = applied.sessions.get(m.session)
+            if rec is None or rec.gateway_id is None:
+                continue
+            await self.bus.publish_msg(
+                Placement(
+                    kind=kind,
+                    session_id=m.session,
+                    version=rec.version,
+                    tick=tick,
+                    gateway_id=rec.gateway_id,
+                    node_id=m.node,
+                    issued_at=now,
+                )
+            )
+            n += 1
+        return n

@@ -1,0 +1,152 @@
+"""The one mapping between the core's :class:`TickSnapshot` and the wire's ``ValuationSnapshot``.
+
+The valuation service values the pool with :func:`shared.core.tick.value_snapshot` and publishes
+:func:`to_wire` of it; the planner decodes the message and turns it back with :func:`from_wire`
+before calling :func:`shared.core.tick.decide`. Field by field:
+
+    TickSnapshot.nodes (Node id, free, load)   ↔ NodeView(id, free, load, capacity, healthy)
+    TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase)
+                                               ↔ Candidate(..., signature=Signature(id,
+                                                  version, eligibility_digest=digest))
+    core InterruptCandidate + versions[id]     ↔ InterruptCandidate(..., signature=Signature)
+
+What the wire does not carry comes back empty: ``probe_marks`` (the valuation service persists
+them itself) and each candidate's readiness ``rule`` (a log field). ``capacity`` and ``healthy``
+come from the core ``NodeView`` s the snapshot was valued on and are informational for the
+planner (an unhealthy node already has ``free == 0`` and is in no candidate's eligible set).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final, cast
+
+from shared.contracts.errors import DecodeError
+from shared.contracts.valuation import (
+    Candidate,
+    InterruptCandidate,
+    NodeView,
+    Signature,
+    ValuationSnapshot,
+)
+from shared.core import interrupt as core_interrupt
+from shared.core.problem import Node, Phase
+from shared.core.tick import TickCandidate, TickSnapshot
+from shared.core.valuation import NodeView as CoreNodeView
+
+__all__ = ["from_wire", "to_wire"]
+
+_PHASES: Final[frozenset[str]] = frozenset(("reasoning", "new", "acting"))
+
+
+def to_wire(snapshot: TickSnapshot, views: Sequence[CoreNodeView] = ()) -> ValuationSnapshot:
+    """The message form of ``snapshot``; ``views`` (the nodes it was valued on) add capacity
+    and health."""
+    by_id: Mapping[str, CoreNodeView] = {v.id: v for v in views}
+    nodes = []
+    for nd in snapshot.nodes:
+        v = by_id.get(nd.id)
+        nodes.append(
+            NodeView(
+                id=nd.id,
+                free=nd.free,
+                load=nd.load,
+                capacity=v.capacity_tokens if v is not None else 0,
+                healthy=v.healthy if v is not None else True,
+            )
+        )
+    cands = [
+        Candidate(
+            id=c.id,
+            weight=c.weight,
+            tokens=c.tokens,
+            ready=c.ready,
+            credit=dict(c.credit),
+            eligible=sorted(c.eligible),
+            phase=c.phase,
+            signature=Signature(session_id=c.id, version=c.version, eligibility_digest=c.digest),
+        )
+        for c in snapshot.candidates
+    ]
+    inter = [
+        InterruptCandidate(
+            id=ic.id,
+            node=ic.node,
+            weight=ic.weight,
+            tokens=ic.tokens,
+            ready=ic.ready,
+            credit=ic.credit,
+            signature=Signature(session_id=ic.id, version=snapshot.versions.get(ic.id, 0)),
+        )
+        for ic in snapshot.interrupts
+    ]
+    return ValuationSnapshot(
+        tick=snapshot.tick,
+        now=snapshot.now,
+        quantum=snapshot.quantum,
+        nodes=nodes,
+        candidates=cands,
+        interrupt_candidates=inter,
+    )
+
+
+def _phase(c: Candidate, i: int) -> Phase:
+    if c.phase is None:
+        return "new"
+    if c.phase not in _PHASES:
+        raise DecodeError(
+            "ValuationSnapshot",
+            f"candidates[{i}].phase: must be one of {sorted(_PHASES)}, got {c.phase!r}",
+        )
+    return cast(Phase, c.phase)
+
+
+def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
+    """The core form of a received snapshot; raise :class:`DecodeError` for one that names a
+    phase the core does not know or a signature of another session."""
+    all_nodes = frozenset(nd.id for nd in msg.nodes)
+    versions: dict[str, int] = {}
+    cands: list[TickCandidate] = []
+    for i, c in enumerate(msg.candidates):
+        if c.signature.session_id != c.id:
+            raise DecodeError("ValuationSnapshot", f"candidates[{i}].signature: names another id")
+        versions[c.id] = c.signature.version
+        cands.append(
+            TickCandidate(
+                id=c.id,
+                version=c.signature.version,
+                weight=c.weight,
+                tokens=c.tokens,
+                ready=c.ready,
+                credit=dict(c.credit),
+                eligible=all_nodes if c.eligible is None else frozenset(c.eligible),
+                digest=c.signature.eligibility_digest,
+                phase=_phase(c, i),
+            )
+        )
+    inter: list[core_interrupt.InterruptCandidate] = []
+    for i, ic in enumerate(msg.interrupt_candidates):
+        if ic.signature.session_id != ic.id:
+            raise DecodeError(
+                "ValuationSnapshot", f"interrupt_candidates[{i}].signature: names another id"
+            )
+        versions[ic.id] = ic.signature.version
+        inter.append(
+            core_interrupt.InterruptCandidate(
+                id=ic.id,
+                node=ic.node,
+                weight=ic.weight,
+                credit=ic.credit,
+                ready=ic.ready,
+                tokens=ic.tokens,
+            )
+        )
+    return TickSnapshot(
+        tick=msg.tick,
+        now=msg.now,
+        quantum=msg.quantum,
+        nodes=tuple(Node(id=nd.id, free=nd.free, load=nd.load) for nd in msg.nodes),
+        candidates=tuple(cands),
+        interrupts=tuple(inter),
+        versions=versions,
+    )

@@ -1,0 +1,76 @@
+"""The telemetry service: node status from vLLM ``/metrics`` and residency from responses.
+
+Every ``TAO_SCRAPE_S`` (default 1 s) it scrapes each node of ``TAO_NODES`` (``id=url,…``):
+capacity, usage, queue lengths and prefix-cache counters from ``/metrics``, models from
+``/v1/models``; writes the node record and publishes ``NodeStatus`` on
+``tao.v1.node.status.<node>``. Residency comes from a :class:`ResidencySource` (now: response
+usage, durable consumer ``telemetry`` on ``TAO_V1_SESSION`` responses). Run:
+``python -m services.telemetry`` (needs NATS and Redis).
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from services._common import store_from
+from services.telemetry.handlers import NodeScrapers
+from services.telemetry.residency import ResidencySource, UsageResidency
+from services.telemetry.scrape import Fetch, HttpFetch
+from shared.infra.busapi import MessageBus
+from shared.infra.logging import get_logger
+from shared.infra.runner import ServiceContext
+from shared.infra.settings import Settings
+from shared.infra.store_types import StateStore
+
+__all__ = ["NAME", "main", "run", "scrape_period"]
+
+NAME = "telemetry"
+
+
+def scrape_period(settings: Settings) -> float:
+    """``TAO_SCRAPE_S`` once settings has it (REQUESTS.md), else 1 s."""
+    return float(getattr(settings, "scrape_s", 1.0))
+
+
+async def run(
+    settings: Settings,
+    store: StateStore,
+    bus: MessageBus,
+    fetch: Fetch,
+    *,
+    name: str = NAME,
+    residency: ResidencySource | None = None,
+) -> None:
+    """Start the residency source, then scrape forever (until cancelled)."""
+    log = get_logger(name)
+    source = residency if residency is not None else UsageResidency(store, log)
+    await source.start(bus, name)
+    scrapers = NodeScrapers(
+        nodes=settings.nodes,
+        fetch=fetch,
+        store=store,
+        bus=bus,
+        log=log,
+        target_utilisation=settings.target_utilisation,
+        clock=time.time,
+    )
+    period = scrape_period(settings)
+    while True:
+        started = anyio.current_time()
+        try:
+            await scrapers.scrape_all()
+        except Exception:  # a store or bus hiccup: log it, scrape again next period
+            log.exception("scrape_round_failed")
+        await anyio.sleep(max(0.0, period - (anyio.current_time() - started)))
+
+
+async def main(settings: Settings, ctx: ServiceContext) -> None:
+    """Service entry point for the runner."""
+    fetch = HttpFetch(timeout_s=max(0.2, min(5.0, scrape_period(settings))))
+    try:
+        await run(settings, store_from(settings, ctx), ctx.require_bus(), fetch, name=ctx.name)
+    finally:
+        with anyio.CancelScope(shield=True):
+            await fetch.aclose()

@@ -1,0 +1,123 @@
+"""Telemetry's node handler: scrape a node → NodeRecord in the store → NodeStatus → one line.
+
+The scrape loop (``app.py``) calls :meth:`NodeScrapers.scrape_all` once per ``TAO_SCRAPE_S``;
+every node is scraped concurrently, each with its own failure counter (:class:`NodeHealth`).
+A failed scrape rewrites only health, failure count and time (capacity and models stay as last
+seen, for ``tao status``); the planner reads ``healthy`` and treats an unhealthy node as
+ineligible with no free capacity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import anyio
+from structlog.typing import FilteringBoundLogger
+
+from services.telemetry.scrape import Fetch, NodeHealth, ScrapeError, scrape_node
+from shared.contracts.node import NodeStatus
+from shared.infra.busapi import MessageBus
+from shared.infra.settings import NodeSpec
+from shared.infra.store_types import NodeRecord, StateStore
+
+__all__ = ["NodeScrapers"]
+
+
+def _status(rec: NodeRecord, ts: float) -> NodeStatus:
+    return NodeStatus(
+        node_id=rec.id,
+        ts=ts,
+        models=sorted(rec.models or ()),
+        capacity_tokens=rec.capacity_tokens,
+        used_tokens=rec.used_tokens,
+        usage=rec.usage,
+        running=rec.running,
+        waiting=rec.waiting,
+        healthy=rec.healthy,
+        block_size=rec.block_size,
+        url=rec.url,
+        prefix_cache_queries=rec.prefix_cache_queries,
+        prefix_cache_hits=rec.prefix_cache_hits,
+    )
+
+
+@dataclass(slots=True)
+class NodeScrapers:
+    """Scrapes the configured nodes into the store and onto the bus."""
+
+    nodes: Sequence[NodeSpec]
+    fetch: Fetch
+    store: StateStore
+    bus: MessageBus
+    log: FilteringBoundLogger
+    target_utilisation: float
+    clock: Callable[[], float]
+    health: dict[str, NodeHealth] = field(default_factory=dict)
+
+    async def scrape_all(self) -> None:
+        """One round: every node, concurrently; one node's failure never stops the others."""
+        async with anyio.create_task_group() as tg:
+            for spec in self.nodes:
+                tg.start_soon(self._scrape_logged, spec)
+
+    async def _scrape_logged(self, spec: NodeSpec) -> None:
+        try:
+            await self.scrape_one(spec)
+        except Exception:  # the store or the bus failed, not the node: try again next round
+            self.log.exception("node_scrape_failed", node=spec.id)
+
+    async def scrape_one(self, spec: NodeSpec) -> NodeRecord:
+        """Scrape one node, write its record, publish its status, log one line."""
+        health = self.health.setdefault(spec.id, NodeHealth())
+        error: str | None = None
+        bad_lines = 0
+        try:
+            res = await scrape_node(self.fetch, spec.url)
+        except ScrapeError as exc:
+            health.failed()
+            error = str(exc)
+            rec = await self.store.put_node_status(
+                spec.id,
+                url=spec.url,
+                healthy=health.healthy,
+                failures=health.failures,
+                updated_at=self.clock(),
+            )
+        else:
+            health.ok()
+            m = res.metrics
+            bad_lines = res.bad_lines
+            rec = await self.store.put_node_status(
+                spec.id,
+                url=spec.url,
+                capacity_tokens=m.capacity_tokens,
+                target_utilisation=self.target_utilisation,
+                healthy=True,
+                models=None if res.models is None else frozenset(res.models),
+                block_size=m.block_size,
+                used_tokens=m.used_tokens,
+                usage=m.usage,
+                running=m.running,
+                waiting=m.waiting,
+                prefix_cache_queries=m.prefix_cache_queries,
+                prefix_cache_hits=m.prefix_cache_hits,
+                updated_at=self.clock(),
+                failures=0,
+            )
+        await self.bus.publish_msg(_status(rec, rec.updated_at))
+        log = self.log.warning if error is not None else self.log.info
+        log(
+            "node_scraped",
+            node=spec.id,
+            healthy=rec.healthy,
+            failures=health.failures,
+            capacity=rec.capacity_tokens,
+            used=rec.used_tokens,
+            reserved=rec.reserved,
+            running=rec.running,
+            waiting=rec.waiting,
+            bad_lines=bad_lines or None,
+            error=error,
+        )
+        return rec

@@ -1,0 +1,131 @@
+"""Scraping one vLLM node: ``GET /metrics`` and ``GET /v1/models``, and the health rule.
+
+The fetch is injected (:data:`Fetch`), so tests drive the scraper without a server; the live
+service uses :class:`HttpFetch` (one shared aiohttp session, a total timeout per request).
+
+Health: a node is healthy after a successful scrape and stays healthy through up to
+``MAX_FAILURES - 1`` failed scrapes in a row; the ``MAX_FAILURES``-th consecutive failure marks
+it unhealthy (the planner then treats it as ineligible). A node never scraped successfully is
+unhealthy. A page whose metrics do not parse at all, or that has no KV capacity, counts as a
+failed scrape.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+
+from services.telemetry.prom import parse_lenient
+from services.telemetry.vllm_metrics import VllmMetrics, from_samples
+
+__all__ = [
+    "MAX_FAILURES",
+    "Fetch",
+    "HttpFetch",
+    "NodeHealth",
+    "ScrapeError",
+    "ScrapeResult",
+    "parse_models",
+    "scrape_node",
+]
+
+MAX_FAILURES: Final = 3
+"""Consecutive failed scrapes that mark a node unhealthy (services issue)."""
+
+Fetch = Callable[[str], Awaitable[bytes]]
+"""``await fetch(url)`` → the response body; raises on a transport error or a non-2xx status."""
+
+
+class ScrapeError(Exception):
+    """Scraping ``url`` failed, for ``reason``."""
+
+    def __init__(self, url: str, reason: str) -> None:
+        self.url = url
+        self.reason = reason
+        super().__init__(f"{url}: {reason}")
+
+
+class _Model(msgspec.Struct):
+    id: str
+
+
+class _Models(msgspec.Struct):
+    data: list[_Model] = msgspec.field(default_factory=list)
+
+
+def parse_models(body: bytes) -> tuple[str, ...]:
+    """Model ids from an OpenAI ``/v1/models`` body; raise :class:`ValueError` if unreadable."""
+    try:
+        return tuple(m.id for m in msgspec.json.decode(body, type=_Models).data)
+    except msgspec.DecodeError as exc:
+        raise ValueError(f"/v1/models: {exc}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeResult:
+    """What one successful scrape found; ``models`` is None when the node did not say."""
+
+    metrics: VllmMetrics
+    models: tuple[str, ...] | None
+    bad_lines: int = 0
+
+
+async def scrape_node(fetch: Fetch, base_url: str) -> ScrapeResult:
+    """Scrape ``base_url``; raise :class:`ScrapeError` when the node cannot be used."""
+    base = base_url.rstrip("/")
+    try:
+        body = await fetch(f"{base}/metrics")
+    except Exception as exc:
+        raise ScrapeError(f"{base}/metrics", f"{type(exc).__name__}: {exc}") from exc
+    samples, errors = parse_lenient(body.decode("utf-8", errors="replace"))
+    if not samples:
+        raise ScrapeError(f"{base}/metrics", "no metric samples in the page")
+    metrics = from_samples(samples)
+    if metrics.capacity_tokens <= 0:
+        raise ScrapeError(f"{base}/metrics", "no KV capacity (vllm:cache_config_info)")
+    models: tuple[str, ...] | None
+    try:
+        models = parse_models(await fetch(f"{base}/v1/models"))
+    except Exception:
+        models = metrics.model_names or None  # the metric labels name the served model too
+    return ScrapeResult(metrics=metrics, models=models, bad_lines=len(errors))
+
+
+@dataclass(slots=True)
+class NodeHealth:
+    """The consecutive-failure counter of one node."""
+
+    failures: int = 0
+    seen_ok: bool = False
+
+    def ok(self) -> None:
+        self.failures = 0
+        self.seen_ok = True
+
+    def failed(self) -> None:
+        self.failures += 1
+
+    @property
+    def healthy(self) -> bool:
+        return self.seen_ok and self.failures < MAX_FAILURES
+
+
+class HttpFetch:
+    """:data:`Fetch` over one aiohttp session; close it with :meth:`aclose`."""
+
+    def __init__(self, timeout_s: float) -> None:
+        import aiohttp
+
+        self._session: Any = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout_s))
+
+    async def __call__(self, url: str) -> bytes:
+        async with self._session.get(url) as resp:
+            resp.raise_for_status()
+            body: bytes = await resp.read()
+            return body
+
+    async def aclose(self) -> None:
+        await self._session.close()

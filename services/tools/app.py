@@ -1,0 +1,58 @@
+"""The tools service: keeps the session records' lifecycle from session and tool events.
+
+Durable JetStream consumers (service name ``tools``) on ``TAO_V1_SESSION`` and ``TAO_V1_TOOL``,
+so a restarted process resumes where it stopped; a payload that does not decode is dead-lettered
+by the bus and the consumer goes on. Run: ``python -m services.tools`` (needs NATS and Redis).
+"""
+
+from __future__ import annotations
+
+from services._common import serve_forever, store_from
+from services.tools.handlers import ToolsHandlers
+from shared.contracts import subjects
+from shared.contracts.codec import decode_session_event, decode_tool_event
+from shared.contracts.session import SessionEvent
+from shared.contracts.tool import ToolEvent
+from shared.infra.busapi import MessageBus, Subscription
+from shared.infra.logging import get_logger
+from shared.infra.runner import ServiceContext
+from shared.infra.settings import Settings
+from shared.infra.store_types import StateStore
+
+__all__ = ["NAME", "decode_session", "decode_tool", "main", "start"]
+
+NAME = "tools"
+
+
+def decode_session(data: bytes) -> SessionEvent:
+    """A session event whose session id can name a record (else a ContractError: DLQ)."""
+    ev = decode_session_event(data)
+    subjects.escape_token(ev.session_id)
+    return ev
+
+
+def decode_tool(data: bytes) -> ToolEvent:
+    """A tool event whose session id can name a record (else a ContractError: DLQ)."""
+    ev = decode_tool_event(data)
+    subjects.escape_token(ev.session_id)
+    return ev
+
+
+async def start(
+    store: StateStore, bus: MessageBus, *, name: str = NAME, reserve: int | None = 512
+) -> tuple[ToolsHandlers, list[Subscription]]:
+    """Start both consumers; returns the handlers and the subscriptions (to stop them).
+    ``reserve`` is ``TAO_RESERVE_TOKENS`` (``None``: admitted weights are never re-weighed)."""
+    h = ToolsHandlers(store=store, bus=bus, log=get_logger(name), reserve=reserve)
+    subs = [
+        await bus.consume_batch(subjects.STREAM_SESSION, name, decode_session, h.on_session_batch),
+        await bus.consume_batch(subjects.STREAM_TOOL, name, decode_tool, h.on_tool_batch),
+    ]
+    return h, subs
+
+
+async def main(settings: Settings, ctx: ServiceContext) -> None:
+    """Service entry point for the runner."""
+    store = store_from(settings, ctx)
+    await start(store, ctx.require_bus(), name=ctx.name, reserve=settings.reserve_tokens)
+    await serve_forever()

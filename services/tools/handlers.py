@@ -1,0 +1,202 @@
+"""Handlers of the tools service: session and tool events → session records in the store.
+
+Each handler: decode (done by the bus) → the step's core transition inside the store's
+optimistic update → tool statistics / wake-up → one log line. Acks, retries and dead letters
+are the bus's (``shared.infra``). A wake-up is published only after the write it announces.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+
+from structlog.typing import FilteringBoundLogger
+
+from services.tools.steps import (
+    Outcome,
+    cancel_step,
+    request_step,
+    response_step,
+    tool_end_step,
+    tool_progress_step,
+    tool_start_step,
+)
+from shared.contracts import subjects
+from shared.contracts.codec import encode
+from shared.contracts.session import (
+    SessionCancel,
+    SessionEnd,
+    SessionEvent,
+    SessionRequest,
+    SessionResponse,
+)
+from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
+from shared.contracts.wake import WAKE_ARRIVAL, WAKE_CANCEL, WAKE_END, WAKE_TOOL_END, Wake
+from shared.core.session import Session, on_end
+from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.store_types import SessionFn, StateStore
+
+__all__ = ["ToolsHandlers"]
+
+
+_WAKE_OF: dict[type, str] = {
+    SessionRequest: WAKE_ARRIVAL,
+    SessionCancel: WAKE_CANCEL,
+    SessionEnd: WAKE_END,
+}
+
+
+def _end_step(ev: SessionEnd, out: Outcome) -> SessionFn:
+    def step(s: Session | None) -> Session | None:
+        out.skipped = None if s is not None and not s.ended else "unknown or ended"
+        return None if s is None or s.ended else on_end(s, ev.ended_at)
+
+    return step
+
+
+@dataclass(slots=True)
+class ToolsHandlers:
+    """The tools service's handlers; ``store`` and ``bus`` are the boundaries (Protocols).
+
+    ``reserve`` (``TAO_RESERVE_TOKENS``) re-weighs an admitted session on each response:
+    weight = total tokens + reserve (``shared.core.session.on_response``)."""
+
+    store: StateStore
+    bus: MessageBus
+    log: FilteringBoundLogger
+    reserve: int | None = None
+    handled: int = 0
+
+    async def _wake(self, reason: str, sid: str | None) -> None:
+        await self.bus.publish(
+            subjects.wake(), encode(Wake(reason=reason, ts=time.time(), session_id=sid))
+        )
+
+    async def on_session_event(self, ev: SessionEvent, d: Delivery) -> None:
+        """One session event (the per-message consumer form of :meth:`on_session_batch`)."""
+        await self.on_session_batch([(ev, d)])
+
+    async def on_session_batch(self, items: list[tuple[SessionEvent, Delivery]]) -> None:
+        """SessionRequest / Response / Cancel → each record's transition, batched into one
+        store transaction per run of events; a SessionEnd ends the run (``on_end``, then the
+        record is deleted) so order holds. One wake-up per reason after the writes."""
+        outs = [Outcome() for _ in items]
+        recs: list[Session | None] = [None] * len(items)
+        run: list[tuple[int, str, SessionFn]] = []
+        deleted = 0
+
+        async def flush() -> None:
+            if not run:
+                return
+            stored = await self.store.update_sessions([(sid, fn) for _, sid, fn in run])
+            for (i, _, _), rec in zip(run, stored, strict=True):
+                recs[i] = rec
+            run.clear()
+
+        for i, ((ev, _), out) in enumerate(zip(items, outs, strict=True)):
+            if isinstance(ev, SessionEnd):
+                await flush()
+                recs[i] = await self.store.update_session(ev.session_id, _end_step(ev, out))
+                deleted += await self.store.delete_session(ev.session_id)
+            else:
+                run.append((i, ev.session_id, self._session_step(ev, out)))
+        await flush()
+        woken: dict[str, set[str]] = {}
+        for (ev, _), out in zip(items, outs, strict=True):
+            reason = _WAKE_OF.get(type(ev))
+            if reason is not None and out.skipped is None:
+                woken.setdefault(reason, set()).add(ev.session_id)
+        for reason, sids in woken.items():
+            await self._wake(reason, next(iter(sids)) if len(sids) == 1 else None)
+        self.handled += len(items)
+        self._log_sessions(items, outs, recs, deleted)
+
+    def _session_step(self, ev: SessionEvent, out: Outcome) -> SessionFn:
+        match ev:
+            case SessionRequest():
+                return request_step(ev, out)
+            case SessionResponse():
+                return response_step(ev, out, self.reserve)
+            case SessionCancel():
+                return cancel_step(ev, out)
+            case SessionEnd():
+                return _end_step(ev, out)
+
+    def _log_sessions(
+        self,
+        items: list[tuple[SessionEvent, Delivery]],
+        outs: list[Outcome],
+        recs: list[Session | None],
+        deleted: int,
+    ) -> None:
+        """The batch's one log line; a batch of one names the session and its new state."""
+        one = len(items) == 1
+        ev = items[0][0]
+        rec, out = recs[0], outs[0]
+        ended = out.ended_call if one else None
+        self.log.info(
+            "session_events",
+            n=len(items),
+            kinds=dict(Counter(type(e).__name__ for e, _ in items)),
+            session=ev.session_id if one else None,
+            skipped=sum(o.skipped is not None for o in outs) or None,
+            reason=out.skipped if one else None,
+            version=rec.version if one and rec is not None else None,
+            activity=rec.activity if one and rec is not None else None,
+            node=rec.node if one and rec is not None else None,
+            inferred_tool_end=None if ended is None else ended.tool,
+            deleted=deleted or None,
+            redelivered=sum(d.num_delivered > 1 for _, d in items) or None,
+        )
+
+    async def on_tool_event(self, ev: ToolEvent, d: Delivery) -> None:
+        """One tool event (the per-message consumer form of :meth:`on_tool_batch`)."""
+        await self.on_tool_batch([(ev, d)])
+
+    async def on_tool_batch(self, items: list[tuple[ToolEvent, Delivery]]) -> None:
+        """ToolStart / ToolEnd / ToolProgress → each record's transition, in stream order;
+        ends with a duration feed the history; one wake-up if any call ended. Idempotent (a
+        failed batch is replayed message by message by the bus)."""
+        outs = [Outcome() for _ in items]
+        steps = [
+            (ev.session_id, _tool_step(ev, out)) for (ev, _), out in zip(items, outs, strict=True)
+        ]
+        await self.store.update_sessions(steps)  # one transaction for the batch
+        samples = [
+            (out.tool, out.duration, ev.censored)
+            for (ev, _), out in zip(items, outs, strict=True)
+            if isinstance(ev, ToolEnd) and out.duration is not None and out.tool
+        ]
+        if samples:
+            await self.store.record_tools(samples)
+        ended = {
+            ev.session_id
+            for (ev, _), out in zip(items, outs, strict=True)
+            if isinstance(ev, ToolEnd) and out.skipped is None
+        }
+        if ended:
+            await self._wake(WAKE_TOOL_END, next(iter(ended)) if len(ended) == 1 else None)
+        self.handled += len(items)
+        single = items[0][0] if len(items) == 1 else None
+        self.log.info(
+            "tool_events",
+            n=len(items),
+            session=None if single is None else single.session_id,
+            kind=None if single is None else type(single).__name__,
+            starts=sum(isinstance(ev, ToolStart) for ev, _ in items),
+            ends=sum(isinstance(ev, ToolEnd) for ev, _ in items),
+            skipped=sum(out.skipped is not None for out in outs) or None,
+            recorded=len(samples) or None,
+            redelivered=sum(d.num_delivered > 1 for _, d in items) or None,
+        )
+
+
+def _tool_step(ev: ToolEvent, out: Outcome) -> SessionFn:
+    match ev:
+        case ToolStart():
+            return tool_start_step(ev, out)
+        case ToolEnd():
+            return tool_end_step(ev, out)
+        case ToolProgress():
+            return tool_progress_step(ev, out)

@@ -1,0 +1,208 @@
+"""Session-record steps of the tools service: one pure ``SessionFn`` per incoming event.
+
+The store calls a step with the stored record (or ``None``) inside its optimistic transaction
+and may call it several times, so a step has no side effects beyond overwriting its own
+:class:`Outcome` (the last call is the one whose result was written). Every step is idempotent
+under JetStream redelivery: a repeated event finds the record already changed and returns
+``None`` (no write).
+
+Rules on top of :mod:`shared.core.session` (the transitions themselves are the core's):
+
+* only a :class:`SessionRequest` creates a record; tool events and responses for an unknown or
+  ended session change nothing (a late hook after ``SessionEnd`` must not resurrect it into the
+  pool);
+* a response or cancel applies only to the session's current ``request_id`` (a stale or
+  repeated one is ignored);
+* a failed response (``error`` set) returns the session to ``idle`` (or its hook-started tool)
+  without touching its token count or turn count;
+* a ``ToolEnd`` of a call already completed records nothing twice.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from shared.contracts.session import SessionCancel, SessionRequest, SessionResponse
+from shared.contracts.tool import ToolEnd, ToolProgress, ToolStart
+from shared.core.session import (
+    Session,
+    ToolCall,
+    on_cancel,
+    on_request,
+    on_response,
+    on_tool_end,
+    on_tool_progress,
+    on_tool_start,
+)
+from shared.infra.store_types import SessionFn
+
+__all__ = [
+    "Outcome",
+    "cancel_step",
+    "request_step",
+    "response_step",
+    "tool_end_step",
+    "tool_progress_step",
+    "tool_start_step",
+]
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What the last call of a step decided, for the handler's log line and follow-ups.
+
+    ``skipped`` names why nothing was written; ``ended_call`` is the open tool call a request
+    ended (the inferred end); ``duration`` / ``tool`` what a tool end has to record.
+    """
+
+    skipped: str | None = None
+    ended_call: ToolCall | None = None
+    duration: float | None = None
+    tool: str | None = None
+
+
+def request_step(ev: SessionRequest, out: Outcome) -> SessionFn:
+    """Register a model request; creates the record for a new session."""
+
+    def step(s: Session | None) -> Session | None:
+        out.skipped, out.ended_call = None, None
+        if s is None:
+            s = Session(id=ev.session_id)
+        elif s.request_id == ev.request_id and s.activity in ("waiting", "running"):
+            out.skipped = "duplicate"
+            return None
+        new, ended = on_request(
+            s,
+            ev.request_id,
+            ev.arrived_at,
+            model=ev.model,
+            gateway_id=ev.gateway_id,
+            tokens_estimate=ev.prompt_tokens_estimate,
+        )
+        out.ended_call = ended
+        return new
+
+    return step
+
+
+def _current(s: Session | None, request_id: str, out: Outcome) -> Session | None:
+    if s is None or s.ended:
+        out.skipped = "unknown session" if s is None else "ended"
+        return None
+    if s.request_id != request_id:
+        out.skipped = "stale request"
+        return None
+    out.skipped = None
+    return s
+
+
+def response_step(ev: SessionResponse, out: Outcome, reserve: int | None = None) -> SessionFn:
+    """A request completed: tokens from usage, tool calls start an inferred tool; with
+    ``reserve`` an admitted session's weight follows its grown context (tokens + reserve)."""
+
+    def step(s: Session | None) -> Session | None:
+        cur = _current(s, ev.request_id, out)
+        if cur is None:
+            return None
+        if ev.error is not None:
+            back = on_response(cur, ev.finished_at, total_tokens=cur.tokens)
+            return replace(back, turns=cur.turns)
+        u = ev.usage
+        total = u.total_tokens or (u.prompt_tokens + u.completion_tokens)
+        return on_response(
+            cur,
+            ev.finished_at,
+            total_tokens=total if total > 0 else cur.tokens,
+            tool_calls=[(tc.id, tc.name) for tc in ev.tool_calls],
+            reserve=reserve,
+        )
+
+    return step
+
+
+def cancel_step(ev: SessionCancel, out: Outcome) -> SessionFn:
+    """The request was withdrawn before a node served it (also just after its admission: the
+    core then idles the running session, as no response will come)."""
+
+    def step(s: Session | None) -> Session | None:
+        cur = _current(s, ev.request_id, out)
+        return None if cur is None else on_cancel(cur, ev.cancelled_at, ev.request_id)
+
+    return step
+
+
+def _live(s: Session | None, out: Outcome) -> Session | None:
+    if s is None or s.ended:
+        out.skipped = "unknown session" if s is None else "ended"
+        return None
+    out.skipped = None
+    return s
+
+
+def tool_start_step(ev: ToolStart, out: Outcome) -> SessionFn:
+    """A tool call started (hook starts supersede inferred ones: the core decides)."""
+    deadline = ev.deadline
+    if deadline is None and ev.timeout_s is not None:
+        deadline = ev.started_at + ev.timeout_s
+
+    def step(s: Session | None) -> Session | None:
+        cur = _live(s, out)
+        if cur is None:
+            return None
+        return on_tool_start(
+            cur,
+            ev.call_id,
+            ev.tool,
+            ev.started_at,
+            source=ev.source,
+            deadline=deadline,
+            expected_end=ev.expected_end,
+            background=ev.background,
+        )
+
+    return step
+
+
+def tool_end_step(ev: ToolEnd, out: Outcome) -> SessionFn:
+    """A tool call ended; the duration to record (if any) lands in ``out``."""
+
+    def step(s: Session | None) -> Session | None:
+        out.duration, out.tool = None, ev.tool
+        if s is not None and not s.ended:
+            call = s.tool
+            if call is not None and call.call_id == ev.call_id:
+                out.tool = ev.tool or call.tool
+                if call.completed_at is not None:
+                    out.skipped = "duplicate"
+                    return None
+            new, duration = on_tool_end(
+                s,
+                ev.call_id,
+                ev.ended_at,
+                source=ev.source,
+                duration_s=ev.duration_s,
+                background=ev.background,
+            )
+            out.skipped = None
+            out.duration = duration
+            return new
+        out.skipped = "unknown session" if s is None else "ended"
+        if ev.duration_s is not None and ev.duration_s >= 0 and not ev.background:
+            out.duration = ev.duration_s
+        return None
+
+    return step
+
+
+def tool_progress_step(ev: ToolProgress, out: Outcome) -> SessionFn:
+    """A running tool call reported progress or a new expected end."""
+
+    def step(s: Session | None) -> Session | None:
+        cur = _live(s, out)
+        if cur is None:
+            return None
+        return on_tool_progress(
+            cur, ev.call_id, ev.ts, fraction=ev.fraction, expected_end=ev.expected_end
+        )
+
+    return step

@@ -1,0 +1,91 @@
+"""The valuation service: one valuation tick per ``TAO_TICK_S``, and early on wake-ups.
+
+A core-NATS subscription to ``tao.v1.wake`` (published by the tools service after a tool end
+or an arrival was written) triggers an early tick after ``TAO_DEBOUNCE_S``, so a burst of
+wake-ups costs one tick. The idle sweep runs every ``sweep_period`` seconds. Run:
+``python -m services.valuation`` (needs NATS and Redis).
+"""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+
+from services._common import store_from
+from services.valuation.handlers import Valuator, params_from
+from shared.contracts import subjects
+from shared.contracts.codec import decode
+from shared.contracts.wake import Wake
+from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.logging import get_logger
+from shared.infra.runner import ServiceContext
+from shared.infra.settings import Settings
+from shared.infra.store_types import StateStore
+
+__all__ = ["NAME", "Ticker", "main", "run", "sweep_period"]
+
+NAME = "valuation"
+
+
+def sweep_period(settings: Settings) -> float:
+    """Seconds between idle sweeps: a quarter of the idle timeout, within [tick, 30 s]."""
+    return max(settings.tick_s, min(30.0, settings.idle_timeout_s / 4))
+
+
+class Ticker:
+    """Wakes the tick loop early on a wake-up message (debounced)."""
+
+    def __init__(self) -> None:
+        self.event = anyio.Event()
+        self.wakes = 0
+
+    async def on_wake(self, msg: Wake, d: Delivery) -> None:
+        self.wakes += 1
+        self.event.set()
+
+    async def wait(self, timeout_s: float, debounce_s: float) -> str:
+        """Return ``"wake"`` after a wake-up (and the debounce), else ``"period"``."""
+        reason = "period"
+        with anyio.move_on_after(timeout_s):
+            await self.event.wait()
+            reason = "wake"
+        if reason == "wake" and debounce_s > 0:
+            await anyio.sleep(debounce_s)
+        self.event = anyio.Event()
+        return reason
+
+
+async def run(
+    settings: Settings, store: StateStore, bus: MessageBus, *, name: str = NAME
+) -> Valuator:
+    """Tick forever (until cancelled); returns only by cancellation."""
+    valuator = Valuator(
+        store=store,
+        bus=bus,
+        log=get_logger(name),
+        params=params_from(settings),
+        idle_timeout_s=settings.idle_timeout_s,
+        clock=time.time,
+    )
+    ticker = Ticker()
+    await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)
+    sweep_every = sweep_period(settings)
+    next_sweep = anyio.current_time() + sweep_every
+    reason = "start"
+    while True:
+        started = anyio.current_time()
+        try:
+            await valuator.run_tick(reason)
+            if started >= next_sweep:
+                next_sweep = started + sweep_every
+                await valuator.sweep_idle()
+        except Exception:  # Redis or NATS hiccup: log it, tick again next period
+            valuator.log.exception("valuation_tick_failed", tick=valuator.tick)
+        remaining = max(0.0, settings.tick_s - (anyio.current_time() - started))
+        reason = await ticker.wait(remaining, settings.debounce_s)
+
+
+async def main(settings: Settings, ctx: ServiceContext) -> None:
+    """Service entry point for the runner."""
+    await run(settings, store_from(settings, ctx), ctx.require_bus(), name=ctx.name)

@@ -1,0 +1,249 @@
+"""The planner on FakeBus + FakeStore: solve, verify-and-apply, placements, supersession."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from services.planner.handlers import Planner, Snapshot, decode_snapshot
+from services.planner.mapping import to_wire
+from services.planner.thunder import pause_moves
+from services.valuation.handlers import Valuator
+from shared.contracts import subjects
+from shared.contracts.codec import decode, encode
+from shared.contracts.errors import ContractError
+from shared.contracts.plan import Placement, Plan
+from shared.core.interrupt import InterruptCandidate
+from shared.core.policies import get_policy
+from shared.core.problem import ZERO, Node, PlanResult
+from shared.core.session import Session, on_request, on_response
+from shared.core.tick import Decision, Move, TickSnapshot
+from shared.core.valuation import ValuationParams
+from shared.infra.busapi import Delivery
+from shared.infra.fake_store import FakeStore
+from shared.infra.fakes import FakeBus
+from shared.infra.logging import get_logger
+
+NOW = 1000.0
+DELIVERY = Delivery(subjects.valuation_snapshot(), {}, 1, None, NOW)
+
+
+def planner(store: FakeStore, bus: FakeBus, policy: str = "tao") -> Planner:
+    return Planner(
+        store=store,
+        bus=bus,
+        log=get_logger("test"),
+        policy=get_policy(policy),
+        budget=150_000,
+        time_limit_ms=5_000.0,
+        clock=lambda: NOW,
+    )
+
+
+async def pool(store: FakeStore, *sizes: int, gateway: str | None = "gw1") -> None:
+    """One waiting session per size, ids s0, s1, …"""
+    for i, tokens in enumerate(sizes):
+        s, _ = on_request(
+            Session(f"s{i}"), "r", NOW - 1, model="m", gateway_id=gateway, tokens_estimate=tokens
+        )
+        await store.update_session(s.id, lambda _o, s=s: s)
+
+
+async def snapshot(store: FakeStore, bus: FakeBus) -> Snapshot:
+    """Value the store as the valuation service does and decode it as the planner does."""
+    v = Valuator(store, bus, get_logger("test"), ValuationParams(), 300.0, lambda: NOW)
+    core = await v.run_tick()
+    views = await store.node_views()
+    return decode_snapshot(encode(to_wire(core, views)))
+
+
+def placements(bus: FakeBus) -> list[Placement]:
+    return [decode(d, Placement) for s, d, _ in bus.published if ".placement." in s]
+
+
+def plans(bus: FakeBus) -> list[Plan]:
+    return [decode(d, Plan) for s, d, _ in bus.published if s == subjects.plan()]
+
+
+@pytest.fixture
+async def store() -> FakeStore:
+    st = FakeStore()
+    await st.put_node_status("n1", capacity_tokens=10_000, target_utilisation=1.0, healthy=True)
+    return st
+
+
+class TestPlanAndApply:
+    async def test_admits_and_publishes_placements(self, store: FakeStore) -> None:
+        """Two sessions that fit are admitted, reserved, and each gets an admit placement."""
+        bus = FakeBus()
+        await pool(store, 2000, 3000)
+        applied = await planner(store, bus).plan_once(await snapshot(store, bus))
+        assert applied is not None and not applied.discarded
+        assert {m.session for m in applied.admitted} == {"s0", "s1"}
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 2512 + 3512
+        sent = placements(bus)
+        assert {(p.kind, p.session_id, p.node_id, p.gateway_id) for p in sent} == {
+            ("admit", "s0", "n1", "gw1"),
+            ("admit", "s1", "n1", "gw1"),
+        }
+        for p in sent:
+            rec = await store.get_session(p.session_id)
+            assert rec is not None and rec.version == p.version and rec.activity == "running"
+        [plan] = plans(bus)
+        assert (plan.policy, plan.exact, len(plan.assignments)) == ("tao", True, 2)
+        stats = await store.planner_stats()
+        assert (stats["ticks"], stats["plans_applied"]) == (1, 1)
+
+    async def test_version_change_discards_plan(self, store: FakeStore) -> None:
+        """A selected session that changed after the snapshot discards the whole plan."""
+        bus = FakeBus()
+        await pool(store, 2000, 3000)
+        snap = await snapshot(store, bus)
+        s0 = await store.get_session("s0")
+        assert s0 is not None
+        await store.update_session("s0", lambda s: replace(s0, version=s0.version + 1))
+        applied = await planner(store, bus).plan_once(snap)
+        assert applied is not None and applied.discarded and applied.changed == ("s0",)
+        assert placements(bus) == []
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 0
+        assert (await store.planner_stats())["plans_discarded"] == 1
+
+    async def test_capacity_shrink_applies_prefix(self, store: FakeStore) -> None:
+        """When live capacity shrank after the snapshot only the plan prefix that fits is
+        applied and published, and the node is never over-committed."""
+        bus = FakeBus()
+        await pool(store, 4000, 3000, 2000)
+        snap = await snapshot(store, bus)
+        await store.put_node_status("n1", capacity_tokens=6_000)
+        applied = await planner(store, bus).plan_once(snap)
+        assert applied is not None and not applied.discarded and applied.truncated
+        assert 0 < len(applied.admitted) < 3
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved <= node.usable
+        assert node.reserved == sum(m.weight for m in applied.admitted)
+        assert [p.session_id for p in placements(bus)] == [m.session for m in applied.admitted]
+        assert (await store.planner_stats())["plans_truncated"] == 1
+
+    async def test_never_over_commits(self, store: FakeStore) -> None:
+        """Demand beyond capacity is admitted only up to the node's usable capacity."""
+        bus = FakeBus()
+        await pool(store, *([1500] * 8))
+        p = planner(store, bus)
+        for _ in range(3):
+            await p.plan_once(await snapshot(store, bus))
+        node = await store.get_node("n1")
+        assert node is not None and 0 < node.reserved <= node.usable
+        assert len(placements(bus)) == node.reserved // 2012
+
+    async def test_session_without_gateway_gets_no_placement(self, store: FakeStore) -> None:
+        """A session admitted without a gateway id is reserved but gets no placement."""
+        bus = FakeBus()
+        await pool(store, 1000, gateway=None)
+        applied = await planner(store, bus).plan_once(await snapshot(store, bus))
+        assert applied is not None and len(applied.admitted) == 1
+        assert placements(bus) == []
+
+    async def test_empty_pool_is_not_solved(self, store: FakeStore) -> None:
+        """An empty snapshot counts a tick and publishes nothing."""
+        bus = FakeBus()
+        snap = Snapshot(TickSnapshot(tick=5, now=NOW, quantum=512, nodes=(), candidates=()), {})
+        assert await planner(store, bus).plan_once(snap) is None
+        assert plans(bus) == [] and (await store.planner_stats())["ticks"] == 1
+
+
+class TestLatestOnly:
+    async def test_newer_snapshot_supersedes_pending(self, store: FakeStore) -> None:
+        """While a snapshot waits, a newer one replaces it; an older one never does."""
+        bus = FakeBus()
+        p = planner(store, bus)
+
+        def snap(tick: int) -> Snapshot:
+            return Snapshot(
+                TickSnapshot(tick=tick, now=NOW, quantum=512, nodes=(), candidates=()), {}
+            )
+
+        await p.on_snapshot(snap(1), DELIVERY)
+        await p.on_snapshot(snap(3), DELIVERY)
+        await p.on_snapshot(snap(2), DELIVERY)
+        assert p.pending is not None and p.pending.core.tick == 3
+        assert p.superseded == 2 and p.ready.is_set()
+
+    async def test_bad_snapshot_payload_is_a_contract_error(self) -> None:
+        """A snapshot with an unknown phase fails to decode (the bus dead-letters it)."""
+        data = (
+            b'{"type":"ValuationSnapshot","tick":1,"now":1.0,"candidates":[{"id":"a",'
+            b'"weight":1,"tokens":1,"phase":"zzz","signature":{"session_id":"a","version":1}}]}'
+        )
+        with pytest.raises(ContractError):
+            decode_snapshot(data)
+
+
+class TestThunderAgentPause:
+    def test_acting_programs_paused_smallest_first(self) -> None:
+        """On a node over capacity the smallest acting sessions are paused until it fits."""
+        snap = TickSnapshot(
+            tick=1,
+            now=NOW,
+            quantum=512,
+            nodes=(Node("n1", 0, load=9000),),
+            candidates=(),
+            interrupts=(
+                InterruptCandidate("big", "n1", 4000, 0, 0, 4000),
+                InterruptCandidate("small", "n1", 2000, 0, 0, 2000),
+            ),
+            versions={"big": 3, "small": 5},
+        )
+        # used = 4000+100 + 2000+100 + reasoning (9000-6000)+100 = 9300 > 8000
+        moves = pause_moves(snap, {"n1": 8000})
+        assert [(m.session, m.version) for m in moves] == [("small", 5)]
+        assert pause_moves(snap, {"n1": 20_000}) == ()
+
+    async def test_thunderagent_planner_uses_pause_rule(self, store: FakeStore) -> None:
+        """With TAO_POLICY=thunderagent the planner's interrupts come from the pause rule."""
+        bus = FakeBus()
+        await pool(store, 1000)
+        snap = await snapshot(store, bus)
+        p = planner(store, bus, "thunderagent")
+        applied = await p.plan_once(snap)
+        assert applied is not None and [m.session for m in applied.admitted] == ["s0"]
+        assert applied.interrupted == ()
+        assert plans(bus)[0].policy == "thunderagent"
+
+
+class TestResync:
+    async def test_restart_republishes_current_admissions(self, store: FakeStore) -> None:
+        """On start the planner re-publishes one admit per admitted session at its version."""
+        bus = FakeBus()
+        await pool(store, 1000, 1000)
+        await planner(store, bus).plan_once(await snapshot(store, bus))
+        first = {(p.session_id, p.version) for p in placements(bus)}
+        bus.published.clear()
+        assert await planner(store, bus).resync() == 2
+        assert {(p.session_id, p.version) for p in placements(bus)} == first
+
+
+class TestThunderAgentLive:
+    async def test_over_capacity_node_pauses_acting_session(self, store: FakeStore) -> None:
+        """With thunderagent, an acting session whose tokens overflow its node is paused
+        (an interrupt placement) by the pause rule, not by TAO's interrupt rule."""
+        bus = FakeBus()
+        big, _ = on_request(Session("big"), "r", NOW - 9, model="m", gateway_id="gw1")
+        await store.update_session("big", lambda _o: big)
+        s = await store.get_session("big")
+        assert s is not None
+        d = Decision(1, (), (Move("big", "n1", 2000, s.version),), PlanResult((), ZERO, True, "t"))
+        assert not (await store.apply(d, NOW - 8)).discarded
+        s = await store.get_session("big")
+        assert s is not None
+        grown = on_response(s, NOW - 5, total_tokens=9_950, tool_calls=[("c", "bash")])
+        await store.update_session("big", lambda _o: grown)
+        await pool(store, 1000)
+        applied = await planner(store, bus, "thunderagent").plan_once(await snapshot(store, bus))
+        assert applied is not None and [m.session for m in applied.interrupted] == ["big"]
+        kinds = {(p.kind, p.session_id) for p in placements(bus)}
+        assert ("interrupt", "big") in kinds
+        rec = await store.get_session("big")
+        assert rec is not None and rec.node is None and rec.pooled

@@ -1,0 +1,186 @@
+"""The valuation service on FakeBus + FakeStore: snapshots from store state, idle timeouts."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from services.planner.mapping import from_wire
+from services.valuation.app import Ticker
+from services.valuation.handlers import Valuator
+from shared.contracts import subjects
+from shared.contracts.codec import decode
+from shared.contracts.session import SessionEnd
+from shared.contracts.valuation import ValuationSnapshot
+from shared.contracts.wake import Wake
+from shared.core.problem import ZERO, PlanResult
+from shared.core.session import Session, ToolCall, on_request, on_response
+from shared.core.tick import Decision, Move
+from shared.core.valuation import ValuationParams
+from shared.infra.busapi import Delivery
+from shared.infra.fake_store import FakeStore
+from shared.infra.fakes import FakeBus
+from shared.infra.logging import get_logger
+
+NOW = 1000.0
+
+
+def valuator(store: FakeStore, bus: FakeBus, now: float = NOW) -> Valuator:
+    return Valuator(
+        store=store,
+        bus=bus,
+        log=get_logger("test"),
+        params=ValuationParams(),
+        idle_timeout_s=300.0,
+        clock=lambda: now,
+    )
+
+
+def snapshots(bus: FakeBus) -> list[ValuationSnapshot]:
+    return [
+        decode(d, ValuationSnapshot)
+        for s, d, _ in bus.published
+        if s == subjects.valuation_snapshot()
+    ]
+
+
+async def put(store: FakeStore, s: Session) -> None:
+    await store.update_session(s.id, lambda _old: s)
+
+
+async def admit_on(store: FakeStore, sid: str, node: str, weight: int, at: float) -> None:
+    s = await store.get_session(sid)
+    assert s is not None
+    result = PlanResult(assignments=(), objective=ZERO, exact=True, method="test")
+    d = Decision(1, (), (Move(sid, node, weight, s.version),), result)
+    assert not (await store.apply(d, at)).discarded
+
+
+@pytest.fixture
+async def store() -> FakeStore:
+    st = FakeStore()
+    await st.put_node_status(
+        "n1", capacity_tokens=100_000, target_utilisation=0.9, healthy=True, models=None
+    )
+    await st.put_node_status("n2", capacity_tokens=50_000, healthy=False)
+    return st
+
+
+class TestValuationTick:
+    async def test_snapshot_from_known_state(self, store: FakeStore) -> None:
+        """Pool and admitted-in-tool sessions become candidates and interrupt candidates with
+        credit from residency, and the snapshot is published."""
+        bus = FakeBus()
+        a, _ = on_request(Session("a"), "r1", 990.0, model="m", tokens_estimate=4000)
+        await put(store, a)
+        b, _ = on_request(Session("b"), "r1", 990.0, model="m")
+        await put(store, b)
+        await admit_on(store, "b", "n1", 3000, 991.0)
+        b2 = await store.get_session("b")
+        assert b2 is not None
+        await put(store, on_response(b2, 995.0, total_tokens=2500, tool_calls=[("c", "bash")]))
+        await put(store, Session("idle-one", version=1, activity="idle"))
+        await store.put_residency("a", "n1", 4000, NOW)
+        bus_snap = await valuator(store, bus).run_tick()
+        assert [c.id for c in bus_snap.candidates] == ["a"]
+        assert [ic.id for ic in bus_snap.interrupts] == ["b"]
+        wire = snapshots(bus)
+        assert len(wire) == 1
+        w = wire[0]
+        assert [(n.id, n.free, n.load, n.capacity, n.healthy) for n in w.nodes] == [
+            ("n1", 90_000 - 3000, 3000, 100_000, True),
+            ("n2", 0, 0, 50_000, False),
+        ]
+        cand = w.candidates[0]
+        assert (cand.weight, cand.tokens, cand.eligible, cand.phase) == (
+            4000 + 512,
+            4000,
+            ["n1"],
+            "new",
+        )
+        assert cand.credit == {"n1": 4096}  # 4000 rounded to the nearest 256-token unit
+        assert cand.signature.version == a.version
+        inter = w.interrupt_candidates[0]
+        assert (inter.node, inter.weight, inter.tokens) == ("n1", 3000, 2500)
+        assert from_wire(w).versions == {"a": a.version, "b": b2.version + 1}
+
+    async def test_empty_pool_publishes_once_then_nothing(self, store: FakeStore) -> None:
+        """When the pool empties one empty snapshot goes out, then ticks publish nothing."""
+        bus = FakeBus()
+        v = valuator(store, bus)
+        a, _ = on_request(Session("a"), "r1", 990.0, model="m")
+        await put(store, a)
+        await v.run_tick()
+        await store.delete_session("a")
+        await v.run_tick()
+        await v.run_tick()
+        sent = snapshots(bus)
+        assert [len(s.candidates) for s in sent] == [1, 0]
+        assert [s.tick for s in sent] == [1, 2]
+        assert v.tick == 3
+
+    async def test_probe_mark_is_persisted_once(self, store: FakeStore) -> None:
+        """A tool past its predicted end spends a probe: the mark is stored without a version
+        bump, and the next tick reads r = 0."""
+        bus = FakeBus()
+        call = ToolCall("c", "bash", started_at=NOW - 100.0)
+        s = Session("p", version=4, activity="tool", tokens=100, tool=call, model="m")
+        await put(store, s)
+        v = valuator(store, bus)
+        first = await v.run_tick()
+        stored = await store.get_session("p")
+        assert stored is not None and stored.probe_mark is not None
+        assert stored.version == 4
+        assert first.candidates[0].ready == 1
+        second = await v.run_tick()
+        assert second.candidates[0].ready == 0
+
+
+class TestIdleSweep:
+    async def test_idle_admitted_session_is_ended(self, store: FakeStore) -> None:
+        """An admitted session idle past the timeout is ended (reservation released) and a
+        SessionEnd with reason idle_timeout is published."""
+        bus = FakeBus()
+        a, _ = on_request(Session("a"), "r1", 100.0, model="m", gateway_id="gw1")
+        await put(store, a)
+        await admit_on(store, "a", "n1", 2000, 101.0)
+        a2 = await store.get_session("a")
+        assert a2 is not None
+        await put(store, on_response(a2, 102.0, total_tokens=1500))
+        fresh, _ = on_request(Session("f"), "r1", 100.0, model="m")
+        await put(store, fresh)
+        ended = await valuator(store, bus, now=102.0 + 301.0).sweep_idle()
+        assert ended == ["a"]
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 0
+        ends = [decode(d, SessionEnd) for s, d, _ in bus.published if "session.end" in s]
+        assert [(e.session_id, e.reason, e.gateway_id) for e in ends] == [
+            ("a", "idle_timeout", "gw1")
+        ]
+
+    async def test_recently_active_session_is_kept(self, store: FakeStore) -> None:
+        """An admitted idle session within the timeout keeps its reservation."""
+        bus = FakeBus()
+        a, _ = on_request(Session("a"), "r1", 100.0, model="m")
+        await put(store, a)
+        await admit_on(store, "a", "n1", 2000, 101.0)
+        a2 = await store.get_session("a")
+        assert a2 is not None
+        await put(store, on_response(a2, 102.0, total_tokens=1500))
+        assert await valuator(store, bus, now=102.0 + 299.0).sweep_idle() == []
+
+
+class TestTicker:
+    async def test_wake_ends_the_wait_early(self) -> None:
+        """A wake-up ends the period wait early (after the debounce) and reports "wake"."""
+        t = Ticker()
+        d = Delivery(
+            subject=subjects.wake(), headers={}, num_delivered=1, stream_seq=None, received_at=0.0
+        )
+        await t.on_wake(Wake(reason="arrival", ts=0.0), d)
+        with anyio.fail_after(5):
+            assert await t.wait(60.0, 0.0) == "wake"
+
+    async def test_no_wake_is_a_period_tick(self) -> None:
+        """Without a wake-up the wait ends at the period."""
+        assert await Ticker().wait(0.0, 0.0) == "period"

@@ -252,13 +252,14 @@ async def _session(
                 "content": _text(rng, rng.randint(200, 1500)),
             }
         )
-    await http.delete(f"{gateway}/v1/sessions/{sid}")
+    async with http.delete(f"{gateway}/v1/sessions/{sid}") as resp:
+        resp.raise_for_status()
     result.latencies.append(time.monotonic() - started)
     result.tasks_done += 1
 
 
 async def _drive(stack: Stack, args: argparse.Namespace, policy: str, namespace: str) -> DemoResult:
-    import httpx
+    import aiohttp
     import openai
 
     from shared.infra.bus import Bus
@@ -268,8 +269,10 @@ async def _drive(stack: Stack, args: argparse.Namespace, policy: str, namespace:
     client = openai.AsyncOpenAI(
         base_url=f"{stack.gateway_url}/v1", api_key="tao-demo", max_retries=2, timeout=300.0
     )
-    began = time.monotonic()
-    async with httpx.AsyncClient(timeout=30.0) as http:
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as http:
+        models = await _wait_for_models(client, stack, args.model)
+        args.model = args.model or models[0]
+        began = time.monotonic()
         outcomes = await asyncio.gather(
             *(
                 _session(i, args, client, bus, http, stack.gateway_url, result)
@@ -283,6 +286,18 @@ async def _drive(stack: Stack, args: argparse.Namespace, policy: str, namespace:
     await bus.drain()
     result.planner = await _planner_stats(stack.redis_url, args.domain_of[policy])
     return result
+
+
+async def _wait_for_models(client: Any, stack: Stack, wanted: str | None) -> list[str]:
+    """Wait (up to 30 s) until telemetry has reported the nodes' models to the gateway."""
+    deadline = time.monotonic() + 30.0
+    while True:
+        models = [m.id for m in (await client.models.list()).data]
+        if models and (wanted is None or wanted in models):
+            return models
+        if time.monotonic() > deadline:
+            raise DemoError(f"the gateway lists no model{'' if wanted is None else ' ' + wanted}")
+        await asyncio.sleep(0.2)  # telemetry scrapes once a second
 
 
 async def _planner_stats(url: str, domain: str) -> dict[str, Any]:
@@ -313,7 +328,7 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--sim-nodes", type=int, default=2, help="simulated nodes (default 2)")
     p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
-    p.add_argument("--model", default="sim-model", help="model name sent (default sim-model)")
+    p.add_argument("--model", help="model name sent (default: the first the gateway lists)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.set_defaults(run=_cmd_demo)

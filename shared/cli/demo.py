@@ -258,24 +258,49 @@ async def _session(
     result.tasks_done += 1
 
 
-async def _drive(stack: Stack, args: argparse.Namespace, policy: str, namespace: str) -> DemoResult:
+@dataclass(frozen=True)
+class Target:
+    """Where the load goes: a gateway, and the NATS / Redis of its stack (either may be
+    unknown when driving a deployed gateway: tool events and planner counters are skipped)."""
+
+    gateway_url: str
+    nats_url: str | None
+    redis_url: str | None
+    namespace: str = ""
+    domain: str = "default"
+
+
+class _NoBus:
+    """Stands in for the bus when no NATS URL is known: tool events are then inferred by the
+    gateway from the next request, as for a harness without hooks."""
+
+    async def publish_msg(self, msg: object) -> None:
+        return None
+
+    async def drain(self) -> None:
+        return None
+
+
+async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoResult:
     import aiohttp
     import openai
 
     from shared.infra.bus import Bus
 
     result = DemoResult(policy=policy, sessions=args.sessions)
-    bus = await Bus.connect(stack.nats_url, name="tao-demo", namespace=namespace)
+    bus: Any = _NoBus()
+    if target.nats_url:
+        bus = await Bus.connect(target.nats_url, name="tao-demo", namespace=target.namespace)
     client = openai.AsyncOpenAI(
-        base_url=f"{stack.gateway_url}/v1", api_key="tao-demo", max_retries=2, timeout=300.0
+        base_url=f"{target.gateway_url}/v1", api_key="tao-demo", max_retries=2, timeout=300.0
     )
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as http:
-        models = await _wait_for_models(client, stack, args.model)
+        models = await _wait_for_models(client, args.model)
         args.model = args.model or models[0]
         began = time.monotonic()
         outcomes = await asyncio.gather(
             *(
-                _session(i, args, client, bus, http, stack.gateway_url, result)
+                _session(i, args, client, bus, http, target.gateway_url, result)
                 for i in range(args.sessions)
             ),
             return_exceptions=True,
@@ -284,11 +309,12 @@ async def _drive(stack: Stack, args: argparse.Namespace, policy: str, namespace:
     result.errors = [f"{type(e).__name__}: {e}" for e in outcomes if isinstance(e, BaseException)]
     await client.close()
     await bus.drain()
-    result.planner = await _planner_stats(stack.redis_url, args.domain_of[policy])
+    if target.redis_url:
+        result.planner = await _planner_stats(target.redis_url, target.domain)
     return result
 
 
-async def _wait_for_models(client: Any, stack: Stack, wanted: str | None) -> list[str]:
+async def _wait_for_models(client: Any, wanted: str | None) -> list[str]:
     """Wait (up to 30 s) until telemetry has reported the nodes' models to the gateway."""
     deadline = time.monotonic() + 30.0
     while True:
@@ -331,6 +357,11 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--model", help="model name sent (default: the first the gateway lists)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
+    p.add_argument(
+        "--against",
+        metavar="URL",
+        help="drive this running gateway instead of starting stacks (one run; compose demo)",
+    )
     p.set_defaults(run=_cmd_demo)
 
 
@@ -355,6 +386,8 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     import os
 
     policies = _check(args)
+    if args.against:
+        return _demo_against(args, out)
     need_servers = not (os.environ.get("TAO_NATS_URL") and os.environ.get("TAO_REDIS_URL"))
     run_id = uuid.uuid4().hex[:8]
     args.domain_of = {p: f"demo-{run_id}-{i}" for i, p in enumerate(policies)}
@@ -379,18 +412,54 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                             f"via {stack.gateway_url}\n"
                         )
                         out.flush()
-                    results.append(asyncio.run(_drive(stack, args, policy, ns)))
+                    target = Target(
+                        stack.gateway_url,
+                        stack.nats_url,
+                        stack.redis_url,
+                        ns,
+                        args.domain_of[policy],
+                    )
+                    results.append(asyncio.run(_drive(target, args, policy)))
             except StackError as exc:
                 raise DemoError(str(exc)) from None
     finally:
         if servers is not None:
             servers.stop()
+    _print_results(results, args, out)
+    return 0 if all(r.tasks_done == r.sessions for r in results) else 1
+
+
+def _demo_against(args: argparse.Namespace, out: TextIO) -> int:
+    """Drive an already running gateway (``docker compose --profile demo up``): one run, with
+    whatever policy the deployment's planner uses. NATS / Redis come from ``TAO_NATS_URL`` /
+    ``TAO_REDIS_URL`` when set (hook-style tool events, planner counters), else are skipped."""
+    from shared.infra.settings import Settings
+
+    settings = Settings.from_env()
+    target = Target(
+        args.against.rstrip("/"),
+        settings.nats_url,
+        settings.redis_url,
+        settings.namespace,
+        settings.domain,
+    )
+    label = f"deployed ({settings.policy})"
+    if not args.json:
+        out.write(
+            f"tao demo: {args.sessions} sessions x {args.turns} turns via {target.gateway_url}\n"
+        )
+        out.flush()
+    result = asyncio.run(_drive(target, args, label))
+    _print_results([result], args, out)
+    return 0 if result.tasks_done == result.sessions else 1
+
+
+def _print_results(results: Sequence[DemoResult], args: argparse.Namespace, out: TextIO) -> None:
     if args.json:
         out.write(orjson.dumps({"runs": [r.row() for r in results]}).decode() + "\n")
     else:
         out.write(demo_table(results) + "\n")
     out.flush()
-    return 0 if all(r.tasks_done == r.sessions for r in results) else 1
 
 
 def _fmt(v: object, unit: str = "") -> str:

@@ -1,12 +1,9 @@
 #!/usr/bin/env bash
-# The main job: plan the bundled example snapshot with tao, then run every policy side by side
-# on a generated snapshot (4 nodes, 64 pooled sessions, demand twice the free capacity).
+# The main job: set up, then `tao demo` — bring the whole stack up on embedded NATS + Valkey with
+# two simulated vLLM nodes, drive agent sessions through the gateway with the openai client, once
+# with `tao` and once with `thunderagent`, and print the side-by-side table. Extra arguments go to
+# `tao demo` (e.g. `bash scripts/demo.sh --sessions 24`).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-
-echo "== tao plan shared/examples/snapshot.json"
-.venv/bin/tao plan shared/examples/snapshot.json
-echo
-echo "== tao compare --nodes 4 --candidates 64 --load 2"
-.venv/bin/tao compare --nodes 4 --candidates 64 --load 2
+exec .venv/bin/tao demo "$@"

@@ -9,6 +9,9 @@ before calling :func:`shared.core.tick.decide`. Field by field:
                                                ↔ Candidate(..., signature=Signature(id,
                                                   version, eligibility_digest=digest))
     core InterruptCandidate + versions[id]     ↔ InterruptCandidate(..., signature=Signature)
+    thunder.Held(id, node, weight, tokens, activity, version)
+                                               ↔ AdmittedSession(..., signature=Signature(id,
+                                                  version)); the list only under thunderagent
 
 What the wire does not carry comes back empty: ``probe_marks`` (the valuation service persists
 them itself) and each candidate's readiness ``rule`` (a log field). ``capacity`` and ``healthy``
@@ -21,8 +24,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final, cast
 
+from services.planner.thunder import Held
 from shared.contracts.errors import DecodeError
 from shared.contracts.valuation import (
+    AdmittedSession,
     Candidate,
     InterruptCandidate,
     NodeView,
@@ -34,14 +39,19 @@ from shared.core.problem import Node, Phase
 from shared.core.tick import TickCandidate, TickSnapshot
 from shared.core.valuation import NodeView as CoreNodeView
 
-__all__ = ["from_wire", "to_wire"]
+__all__ = ["from_wire", "held_from_wire", "to_wire"]
 
 _PHASES: Final[frozenset[str]] = frozenset(("reasoning", "new", "acting"))
+_HELD_ACTIVITIES: Final[frozenset[str]] = frozenset(("running", "idle", "waiting"))
 
 
-def to_wire(snapshot: TickSnapshot, views: Sequence[CoreNodeView] = ()) -> ValuationSnapshot:
+def to_wire(
+    snapshot: TickSnapshot,
+    views: Sequence[CoreNodeView] = (),
+    admitted: Sequence[Held] | None = None,
+) -> ValuationSnapshot:
     """The message form of ``snapshot``; ``views`` (the nodes it was valued on) add capacity
-    and health."""
+    and health; ``admitted`` (thunderagent only) the admitted sessions outside a tool."""
     by_id: Mapping[str, CoreNodeView] = {v.id: v for v in views}
     nodes = []
     for nd in snapshot.nodes:
@@ -87,7 +97,38 @@ def to_wire(snapshot: TickSnapshot, views: Sequence[CoreNodeView] = ()) -> Valua
         nodes=nodes,
         candidates=cands,
         interrupt_candidates=inter,
+        admitted=None if admitted is None else [_held_to_wire(h) for h in admitted],
     )
+
+
+def _held_to_wire(h: Held) -> AdmittedSession:
+    return AdmittedSession(
+        id=h.id,
+        node=h.node,
+        weight=h.weight,
+        tokens=h.tokens,
+        activity=h.activity,
+        signature=Signature(session_id=h.id, version=h.version),
+    )
+
+
+def held_from_wire(msg: ValuationSnapshot) -> tuple[Held, ...] | None:
+    """The snapshot's admitted sessions outside a tool (``None`` when not listed); raise
+    :class:`DecodeError` for a signature of another session or an unknown activity."""
+    if msg.admitted is None:
+        return None
+    out: list[Held] = []
+    for i, a in enumerate(msg.admitted):
+        if a.signature.session_id != a.id:
+            raise DecodeError("ValuationSnapshot", f"admitted[{i}].signature: names another id")
+        if a.activity not in _HELD_ACTIVITIES:
+            raise DecodeError(
+                "ValuationSnapshot",
+                f"admitted[{i}].activity: must be one of {sorted(_HELD_ACTIVITIES)}, "
+                f"got {a.activity!r}",
+            )
+        out.append(Held(a.id, a.node, a.weight, a.tokens, a.activity, a.signature.version))
+    return tuple(out)
 
 
 def _phase(c: Candidate, i: int) -> Phase:

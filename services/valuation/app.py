@@ -67,6 +67,7 @@ async def run(
         params=params_from(settings),
         idle_timeout_s=settings.idle_timeout_s,
         clock=time.time,
+        thunderagent=settings.policy == "thunderagent",
     )
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)

@@ -6,6 +6,13 @@ cost is O(pool + interrupt candidates), not O(all sessions). The snapshot is pub
 (so the planner sees the change); an empty, unchanged pool publishes nothing but the tick
 counter still advances.
 
+With ``TAO_POLICY=thunderagent`` (``thunderagent=True``) every tick publishes, empty pool or
+not (ThunderAgent's pause check runs every 5 s whatever the pool), and the snapshot lists the
+admitted sessions outside a tool (``admitted``: a model call in flight, or idle), which its pause
+rule counts. The store has no index of them, so that costs one read of the ``sessions`` id set
+and one pipelined record read per stored session outside the two index sets (ended ones not
+yet deleted included): O(stored sessions) per tick, under this policy only.
+
 The idle sweep ends admitted sessions idle longer than ``TAO_IDLE_TIMEOUT_S``: ``on_end``
 through the store's consistent update (which releases the reservation), then ``SessionEnd``
 (``reason="idle_timeout"``) on the session stream, for the gateway and the tools service.
@@ -20,6 +27,7 @@ from dataclasses import dataclass
 from structlog.typing import FilteringBoundLogger
 
 from services.planner.mapping import to_wire
+from services.planner.thunder import Held, held_sessions
 from shared.contracts import subjects
 from shared.contracts.codec import encode
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
@@ -75,6 +83,7 @@ class Valuator:
     tick: int = 0
     published: int = 0
     last_nonempty: bool = False
+    thunderagent: bool = False
 
     async def run_tick(self, reason: str = "period") -> TickSnapshot:
         """Value the pool now; persist changed probe marks; publish the snapshot if useful."""
@@ -91,9 +100,14 @@ class Valuator:
         stored = {s.id: s.probe_mark for s in sessions}
         marks = {sid: m for sid, m in snap.probe_marks.items() if stored.get(sid) != m}
         written = await self.store.put_probe_marks(marks, snap.versions) if marks else 0
-        publish = bool(snap.candidates) or self.last_nonempty
+        held: list[Held] | None = None
+        if self.thunderagent:
+            rest = (await self.store.session_ids()) - set(ids)
+            held = held_sessions(await self.store.sessions(sorted(rest))) if rest else []
+        publish = bool(snap.candidates) or self.last_nonempty or self.thunderagent
         if publish:
-            await self.bus.publish(subjects.valuation_snapshot(), encode(to_wire(snap, views)))
+            msg = to_wire(snap, views, held)
+            await self.bus.publish(subjects.valuation_snapshot(), encode(msg))
             self.published += 1
         self.last_nonempty = bool(snap.candidates)
         self.log.info(
@@ -102,6 +116,7 @@ class Valuator:
             reason=reason,
             candidates=len(snap.candidates),
             interrupts=len(snap.interrupts),
+            admitted_other=len(held) if held is not None else None,
             ready=sum(c.ready for c in snap.candidates),
             nodes=len(views),
             free=sum(nd.free for nd in snap.nodes),

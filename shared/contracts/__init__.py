@@ -50,10 +50,18 @@ from .session import (
     Usage,
 )
 from .tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
-from .valuation import Candidate, InterruptCandidate, NodeView, Signature, ValuationSnapshot
+from .valuation import (
+    AdmittedSession,
+    Candidate,
+    InterruptCandidate,
+    NodeView,
+    Signature,
+    ValuationSnapshot,
+)
 from .wake import Wake
 
 __all__ = [
+    "AdmittedSession",
     "KV_ENCODINGS",
     "MESSAGE_TYPES",
     "PLACEMENT_KINDS",

@@ -18,6 +18,7 @@ import msgspec
 from .base import Message, Record
 
 __all__ = [
+    "AdmittedSession",
     "Candidate",
     "InterruptCandidate",
     "NodeView",
@@ -89,8 +90,28 @@ class InterruptCandidate(Record, frozen=True, kw_only=True):
     credit: int = 0
 
 
+class AdmittedSession(Record, frozen=True, kw_only=True):
+    """An admitted session outside a tool, read only by the ``thunderagent`` baseline.
+
+    ``activity`` is ``running`` (a model call in flight: ThunderAgent's REASONING) or ``idle``
+    (between turns: ACTING, like a session in a tool). ``tokens`` is the last response's total
+    (or the pending prompt's estimate); releasing it frees ``weight`` tokens.
+    """
+
+    id: str
+    node: str
+    weight: int
+    tokens: int
+    activity: str
+    signature: Signature
+
+
 class ValuationSnapshot(Message, tag="ValuationSnapshot", frozen=True, kw_only=True):
-    """Everything the planner needs for tick ``tick``, valued at time ``now``."""
+    """Everything the planner needs for tick ``tick``, valued at time ``now``.
+
+    ``admitted`` lists the admitted sessions outside a tool only when the policy is
+    ``thunderagent`` (its pause rule needs every admitted program); ``None`` otherwise.
+    """
 
     tick: int
     now: float
@@ -98,3 +119,4 @@ class ValuationSnapshot(Message, tag="ValuationSnapshot", frozen=True, kw_only=T
     nodes: list[NodeView] = msgspec.field(default_factory=list)
     candidates: list[Candidate] = msgspec.field(default_factory=list)
     interrupt_candidates: list[InterruptCandidate] = msgspec.field(default_factory=list)
+    admitted: list[AdmittedSession] | None = None

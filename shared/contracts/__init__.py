@@ -61,11 +61,11 @@ from .valuation import (
 from .wake import Wake
 
 __all__ = [
-    "AdmittedSession",
     "KV_ENCODINGS",
     "MESSAGE_TYPES",
     "PLACEMENT_KINDS",
     "REPLAY_END_SEQ",
+    "AdmittedSession",
     "AllBlocksCleared",
     "AnyMessage",
     "Assignment",

@@ -63,6 +63,7 @@ def to_wire(
                 load=nd.load,
                 capacity=v.capacity_tokens if v is not None else 0,
                 healthy=v.healthy if v is not None else True,
+                overflow=snapshot.overflow.get(nd.id, 0),
             )
         )
     cands = [
@@ -190,4 +191,5 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
         candidates=tuple(cands),
         interrupts=tuple(inter),
         versions=versions,
+        overflow={nd.id: nd.overflow for nd in msg.nodes if nd.overflow > 0},
     )

@@ -3,7 +3,9 @@
 A tick reads only the pool and the admitted-in-tool sessions (the store's index sets), so its
 cost is O(pool + interrupt candidates), not O(all sessions). The snapshot is published on
 ``tao.v1.valuation.snapshot`` when the pool has candidates, plus once when it becomes empty
-(so the planner sees the change); an empty, unchanged pool publishes nothing but the tick
+(so the planner sees the change), and whenever a node is over-committed by reservations that
+grew after admission (the planner releases tool-running sessions there); an empty, unchanged
+pool publishes nothing but the tick
 counter still advances.
 
 With ``TAO_POLICY=thunderagent`` (``thunderagent=True``) every tick publishes, empty pool or
@@ -104,12 +106,14 @@ class Valuator:
         if self.thunderagent:
             rest = (await self.store.session_ids()) - set(ids)
             held = held_sessions(await self.store.sessions(sorted(rest))) if rest else []
-        publish = bool(snap.candidates) or self.last_nonempty or self.thunderagent
+        publish = (
+            bool(snap.candidates) or bool(snap.overflow) or self.last_nonempty or self.thunderagent
+        )
         if publish:
             msg = to_wire(snap, views, held)
             await self.bus.publish(subjects.valuation_snapshot(), encode(msg))
             self.published += 1
-        self.last_nonempty = bool(snap.candidates)
+        self.last_nonempty = bool(snap.candidates) or bool(snap.overflow)
         self.log.info(
             "valuation_tick",
             tick=self.tick,

@@ -33,6 +33,9 @@ class NodeView(Record, frozen=True, kw_only=True):
     ``free`` is admissible capacity (capacity × target utilisation − admitted weights), ``load``
     the tokens already reserved (read only by load-aware baselines), ``capacity`` the node's
     KV capacity. Unhealthy nodes stay listed so that the reason a candidate is ineligible shows.
+    ``overflow`` is how far the admitted reservations, grown with their sessions' context since
+    admission, exceed capacity × target (0 when they fit): the planner releases tool-running
+    sessions there first.
     """
 
     id: str
@@ -40,6 +43,7 @@ class NodeView(Record, frozen=True, kw_only=True):
     load: int = 0
     capacity: int = 0
     healthy: bool = True
+    overflow: int = 0
 
 
 class Signature(Record, frozen=True, kw_only=True):

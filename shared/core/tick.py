@@ -77,7 +77,10 @@ class TickSnapshot:
     """Everything the planner needs for one round (the core form of ``ValuationSnapshot``).
 
     ``nodes`` carry ``free`` (capacity × target − reserved; 0 when unhealthy) and ``load``;
-    ``interrupts`` are admitted sessions in a tool with their value on their node.
+    ``overflow`` maps a healthy node to the tokens its reservations exceed capacity × target
+    by (admitted sessions' reservations grow with their context after admission, so a node
+    can end up over-committed without any admission doing it); ``interrupts`` are admitted
+    sessions in a tool with their value on their node.
     ``probe_marks`` are the readiness probe marks the caller persists (DESIGN 3.1 rule 2).
     """
 
@@ -89,6 +92,7 @@ class TickSnapshot:
     interrupts: tuple[InterruptCandidate, ...] = ()
     versions: Mapping[str, int] = field(default_factory=dict)
     probe_marks: Mapping[str, float | None] = field(default_factory=dict)
+    overflow: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,8 +141,10 @@ def _free(nv: NodeView) -> int:
 
 
 def live_free(nodes: Sequence[NodeView]) -> dict[str, int]:
-    """Free tokens per healthy node (unhealthy nodes are absent: nothing may go there)."""
-    return {nv.id: _free(nv) for nv in nodes if nv.healthy}
+    """Room per healthy node for the apply step: ``usable - reserved``, negative while grown
+    reservations over-commit the node, so that the room an interrupt frees there first pays
+    the overflow back (unhealthy nodes are absent: nothing may go there)."""
+    return {nv.id: usable_capacity(nv) - nv.reserved for nv in nodes if nv.healthy}
 
 
 def value_snapshot(
@@ -154,6 +160,11 @@ def value_snapshot(
     """Value the pool and the interrupt candidates at ``now`` (DESIGN 3.1–3.3)."""
     planned = tuple(Node(id=nv.id, free=_free(nv), load=nv.reserved) for nv in nodes)
     by_id = {nv.id: nv for nv in nodes}
+    overflow = {
+        nv.id: nv.reserved - usable_capacity(nv)
+        for nv in nodes
+        if nv.healthy and nv.reserved > usable_capacity(nv)
+    }
     cands: list[TickCandidate] = []
     inter: list[InterruptCandidate] = []
     versions: dict[str, int] = {}
@@ -221,6 +232,7 @@ def value_snapshot(
         interrupts=tuple(inter),
         versions=versions,
         probe_marks=marks,
+        overflow=overflow,
     )
 
 
@@ -235,14 +247,33 @@ def decide(snapshot: TickSnapshot, policy: Policy, options: PlanOptions = _OPTIO
     demand = sum(c.weight for c in snapshot.candidates)
     total_free = sum(free.values())
     interrupts: list[Move] = []
-    if snapshot.candidates and snapshot.interrupts:
-        chosen = select_interrupts(snapshot.interrupts, demand, total_free)
-        by_id = {c.id: c for c in snapshot.interrupts}
-        for sid in chosen.interrupt:
+    by_id = {c.id: c for c in snapshot.interrupts}
+    chosen: set[str] = set()
+
+    def take(ids: Iterable[str]) -> None:
+        for sid in ids:
             ic = by_id[sid]
+            chosen.add(sid)
             interrupts.append(Move(sid, ic.node, ic.weight, snapshot.versions[sid]))
-            if ic.node in free:
-                free[ic.node] += ic.weight
+
+    # 1. Over-committed nodes first: release their tool-running sessions (same order, r = 1
+    #    protected) until the reservations fit again; only room beyond the overflow is free.
+    for node, over in sorted(snapshot.overflow.items()):
+        on_node = [c for c in snapshot.interrupts if c.node == node]
+        if over <= 0 or not on_node:
+            continue
+        first = select_interrupts(on_node, over, 0)
+        take(first.interrupt)
+        if node in free:
+            free[node] += max(0, first.freed - over)
+    # 2. The pool's demand (DESIGN 3.3), from the sessions not released above.
+    if snapshot.candidates:
+        rest = [c for c in snapshot.interrupts if c.id not in chosen]
+        second = select_interrupts(rest, demand, sum(free.values()))
+        take(second.interrupt)
+        for node, freed in second.freed_per_node.items():
+            if node in free:
+                free[node] += freed
     nodes = tuple(replace(nd, free=free[nd.id]) for nd in snapshot.nodes)
     planned: list[Candidate] = []
     for c in snapshot.candidates:

@@ -80,13 +80,15 @@ if #changed > 0 then
   return {0, changed}
 end
 
--- 2. room: live free capacity of healthy nodes, 0 elsewhere (only interrupts reach those).
+-- 2. room: live free capacity of healthy nodes (usable - reserved, negative while reservations
+--    that grew after admission over-commit the node: an interrupt there first pays that back),
+--    0 elsewhere (only interrupts reach those).
 local room = {}
 local function getroom(id)
   if room[id] == nil then
     local n = node(id)
     if n.healthy then
-      room[id] = math.max(0, n.usable - n.reserved)
+      room[id] = n.usable - n.reserved
     else
       room[id] = 0
     end

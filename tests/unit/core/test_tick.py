@@ -98,6 +98,21 @@ class TestDecide:
         assert [m.session for m in d.interrupts] == ["h"]
         assert [(m.session, m.node) for m in d.admits] == [("w", "n1")]
 
+    def test_grown_reservations_interrupt_on_their_node(self) -> None:
+        """A node whose admitted reservations grew past usable releases tool sessions there,
+        even with an empty pool, until the overflow is paid back."""
+        nodes = (
+            NodeView(id="n1", capacity_tokens=10_000, reserved=12_000),
+            NodeView(id="n2", capacity_tokens=10_000, reserved=0),
+        )
+        big = _tooling("big", 5488, "n1", 6000)
+        small = _tooling("small", 2488, "n1", 3000)
+        other = _tooling("other", 1488, "n2", 2000)
+        snap = value_snapshot([big, small, other], nodes, {}, History(), 0.0, params=PARAMS)
+        assert dict(snap.overflow) == {"n1": 2000}
+        d = decide(snap, get_policy("tao"))
+        assert [m.session for m in d.interrupts] == ["small"]  # lowest (k, r, t) first
+
     def test_ready_tool_session_is_not_interrupted(self) -> None:
         """A session whose tool has returned keeps its admission."""
         nodes = (NodeView(id="n1", capacity_tokens=10_000, reserved=8_000),)
@@ -161,9 +176,21 @@ class TestApply:
         assert applied.sessions["h"].node is None and applied.sessions["h"].pooled
 
     def test_live_free_skips_unhealthy(self) -> None:
-        """Live free capacity lists healthy nodes only, net of reservations."""
+        """Live room lists healthy nodes only, net of reservations, negative when over."""
         nodes = (
             NodeView(id="a", capacity_tokens=1000, target_utilisation=0.9, reserved=100),
             NodeView(id="b", capacity_tokens=1000, healthy=False),
+            NodeView(id="c", capacity_tokens=1000, reserved=1200),
         )
-        assert live_free(nodes) == {"a": 800}
+        assert live_free(nodes) == {"a": 800, "c": -200}
+
+    def test_interrupt_on_over_committed_node_pays_overflow_first(self) -> None:
+        """Room freed on an over-committed node goes to the overflow before any admit."""
+        h = _tooling("h", 3000, "n1", 3512)
+        w = _waiting("w", 2000)
+        d = self._decision(
+            Move("w", "n1", 2512, w.version), interrupts=(Move("h", "n1", 3512, h.version),)
+        )
+        applied = apply_decision(d, {"h": h, "w": w}, {"n1": -1500}, 2.0)
+        assert applied.admitted == () and applied.truncated
+        assert [m.session for m in applied.interrupted] == ["h"]

@@ -7,6 +7,11 @@ limiter of 1; the kernels release the GIL), applies the decision with the store'
 ``apply`` (which discards the plan if a selected session's version moved and applies the
 longest prefix live capacity admits), then publishes one ``Placement`` per applied move on
 JetStream and the ``Plan`` on core NATS, and logs one line.
+
+With ``thunderagent``, TAO's interrupt rule gives way to ThunderAgent's own rules
+(:mod:`services.planner.thunder`): its pauses join the decision as interrupts (same atomic
+apply), and its forced resumes (1800 s of waiting) are admitted before the plan, outside the
+capacity-checked apply (:meth:`Planner._force_resume`).
 """
 
 from __future__ import annotations
@@ -20,13 +25,14 @@ import anyio
 import anyio.to_thread
 from structlog.typing import FilteringBoundLogger
 
-from services.planner.mapping import from_wire
-from services.planner.thunder import PauseClock, pause_moves
+from services.planner.mapping import from_wire, held_from_wire
+from services.planner.thunder import Held, TAStep, ThunderState
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Assignment, Objective, Placement, PlacementKind, Plan
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies.base import PlanOptions, Policy
+from shared.core.session import Session, admit
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.store_types import StateStore
@@ -35,16 +41,18 @@ __all__ = ["Planner", "Snapshot", "decode_snapshot"]
 
 
 class Snapshot(NamedTuple):
-    """A received snapshot in core form, with each node's KV capacity from the wire."""
+    """A received snapshot in core form, with each node's KV capacity from the wire and, under
+    ``thunderagent``, the admitted sessions outside a tool (``None`` when not listed)."""
 
     core: TickSnapshot
     capacity: Mapping[str, int]
+    held: tuple[Held, ...] | None = None
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
     """Decode and map a ``ValuationSnapshot`` (a ContractError dead-letters it)."""
     msg = decode(data, ValuationSnapshot)
-    return Snapshot(from_wire(msg), {nd.id: nd.capacity for nd in msg.nodes})
+    return Snapshot(from_wire(msg), {nd.id: nd.capacity for nd in msg.nodes}, held_from_wire(msg))
 
 
 def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
@@ -63,6 +71,33 @@ def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
     )
 
 
+def _without_forced(core: TickSnapshot, ta: TAStep) -> TickSnapshot:
+    """``core`` less the force-resumed candidates, their weights taken off their nodes' room."""
+    if not ta.forced:
+        return core
+    taken: dict[str, int] = {}
+    for m in ta.forced:
+        taken[m.node] = taken.get(m.node, 0) + m.weight
+    forced = {m.session for m in ta.forced}
+    return replace(
+        core,
+        nodes=tuple(replace(nd, free=max(0, nd.free - taken.get(nd.id, 0))) for nd in core.nodes),
+        candidates=tuple(c for c in core.candidates if c.id not in forced),
+    )
+
+
+def _force(m: Move, at: float) -> Callable[[Session | None], tuple[Session | None, bool]]:
+    """Admit ``m`` regardless of capacity if the session is still pooled at the version the
+    snapshot saw (the signature check of DESIGN 3.4); the flag says it was admitted."""
+
+    def step(s: Session | None) -> tuple[Session | None, bool]:
+        if s is None or s.version != m.version or not s.pooled:
+            return None, False
+        return admit(s, m.node, m.weight, at), True
+
+    return step
+
+
 @dataclass(slots=True)
 class Planner:
     """The planner service's state across ticks (one policy object: ``rr`` keeps state)."""
@@ -78,7 +113,7 @@ class Planner:
     pending: Snapshot | None = None
     ready: anyio.Event = field(default_factory=anyio.Event)
     superseded: int = 0
-    pause_clock: PauseClock = field(default_factory=PauseClock)
+    thunder: ThunderState = field(default_factory=ThunderState)
 
     async def on_snapshot(self, snap: Snapshot, d: Delivery) -> None:
         """Keep only the newest snapshot; the loop in :meth:`run` picks it up."""
@@ -107,30 +142,45 @@ class Planner:
         return decide(snap, self.policy, options)
 
     async def plan_once(self, snap: Snapshot) -> Applied | None:
-        """Solve, apply and publish one snapshot; ``None`` when there was nothing to plan."""
+        """Solve, apply and publish one snapshot; ``None`` when there was nothing to plan (with
+        ``thunderagent`` and an empty pool: what the forced resume did, if anything)."""
         core = snap.core
         await self.store.incr(ticks=1)
         pauses: tuple[Move, ...] = ()
+        forced: Applied | None = None
+        ta = TAStep()
         if self.policy.name == "thunderagent":
-            if self.pause_clock.due(core.now):
-                pauses = pause_moves(core, snap.capacity)
-            core = replace(core, interrupts=())  # the pause rule replaces TAO's interrupts
-        if not core.candidates and not pauses:
+            ta = self.thunder.step(core, snap.capacity, snap.held)
+            pauses = ta.pauses
+            core = _without_forced(replace(core, interrupts=()), ta)  # pause rule replaces 3.3
+            forced = await self._force_resume(core.tick, ta)
+        if not core.candidates and not pauses and not core.overflow:
             self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
-            return None
+            return forced
         t0 = time.perf_counter()
         decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
         elapsed_ms = (time.perf_counter() - t0) * 1000.0
         if pauses:
             decision = replace(decision, interrupts=pauses + decision.interrupts)
-        await self.store.record_solve(elapsed_ms, decision.result.method, decision.result.exact)
+        shown = decision
+        if forced is not None and forced.admitted:
+            shown = replace(decision, admits=forced.admitted + decision.admits)
+        r = decision.result
+        tao_family = self.policy.name.startswith("tao")  # only the DP has a fallback
+        await self.store.record_solve(
+            elapsed_ms, r.method, r.exact, fallback=tao_family and not r.exact
+        )
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
             applied = await self.store.apply(decision, self.clock())
             placed = await self._publish_placements(core.tick, applied)
+        if self.policy.name == "thunderagent":
+            if applied.discarded:
+                self.thunder.discarded()
+            else:
+                self.thunder.admitted(m.session for m in applied.admitted)
         await self.bus.publish(
-            subjects.plan(), encode(_plan_msg(decision, self.policy.name, elapsed_ms))
+            subjects.plan(), encode(_plan_msg(shown, self.policy.name, elapsed_ms))
         )
-        r = decision.result
         self.log.info(
             "plan_tick",
             tick=core.tick,
@@ -142,6 +192,8 @@ class Planner:
             discarded=applied.discarded,
             changed=list(applied.changed) or None,
             truncated=applied.truncated,
+            forced=len(forced.admitted) if forced is not None else None,
+            marked=list(ta.marked) or None,
             placements=placed,
             method=r.method,
             exact=r.exact,
@@ -149,6 +201,36 @@ class Planner:
             reason=r.reason,
             solve_ms=round(elapsed_ms, 3),
             superseded=self.superseded,
+        )
+        return applied
+
+    async def _force_resume(self, tick: int, ta: TAStep) -> Applied | None:
+        """ThunderAgent's forced resume: admit each overdue session regardless of capacity.
+
+        The Lua apply admits only what live capacity allows, so forced admissions go through
+        the store's atomic batch update instead (reserved totals and index sets stay
+        consistent), each guarded by the session's version and pool membership, on a node
+        that is healthy now; they over-commit the node by design, as ThunderAgent's do. One
+        admit placement each; a refused one keeps its clock and is retried next snapshot."""
+        if not ta.forced:
+            return None
+        at = self.clock()
+        healthy = {nd.id for nd in await self.store.nodes() if nd.healthy}
+        moves = [m for m in ta.forced if m.node in healthy]
+        with anyio.CancelScope(shield=True):
+            out = await self.store.update_sessions_with([(m.session, _force(m, at)) for m in moves])
+            done = tuple(m for m, (_, ok) in zip(moves, out, strict=True) if ok)
+            recs = {m.session: rec for m, (rec, ok) in zip(moves, out, strict=True) if ok and rec}
+            applied = Applied(discarded=False, admitted=done, sessions=recs)
+            await self._publish_placements(tick, applied)
+        if done:
+            await self.store.incr(sessions_admitted=len(done), forced_resumes=len(done))
+        self.thunder.admitted(m.session for m in done)
+        self.log.info(
+            "forced_resume",
+            tick=tick,
+            sessions=[m.session for m in done] or None,
+            refused=[m.session for m in ta.forced if m not in done] or None,
         )
         return applied
 

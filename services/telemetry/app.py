@@ -30,8 +30,8 @@ NAME = "telemetry"
 
 
 def scrape_period(settings: Settings) -> float:
-    """``TAO_SCRAPE_S`` once settings has it (REQUESTS.md), else 1 s."""
-    return float(getattr(settings, "scrape_s", 1.0))
+    """``TAO_SCRAPE_S``: the scrape period, s (default 1)."""
+    return settings.scrape_s
 
 
 async def run(

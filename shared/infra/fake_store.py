@@ -308,11 +308,16 @@ class FakeStore:
         for name, n in counts.items():
             self._count(name, n)
 
-    async def record_solve(self, ms: float, method: str, exact: bool) -> None:
+    async def record_solve(
+        self, ms: float, method: str, exact: bool, *, fallback: bool | None = None
+    ) -> None:
         self._solve_ms.insert(0, float(ms))
         del self._solve_ms[SOLVE_SAMPLES:]
         self._count("solves", 1)
-        self._count("solves_exact" if exact else "fallbacks", 1)
+        if exact:
+            self._count("solves_exact", 1)
+        if (not exact) if fallback is None else fallback:
+            self._count("fallbacks", 1)
         self._count(f"method:{method}", 1)
 
     async def planner_stats(self) -> dict[str, object]:

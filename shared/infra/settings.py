@@ -20,6 +20,7 @@ message names the variable, what is wrong and what was given
 | TAO_TARGET_UTILISATION    | 0.9       | share of node KV capacity the planner may fill, (0, 1]  |
 | TAO_HORIZON_S             | 1.0       | readiness horizon, s (> 0)                              |
 | TAO_FRESHNESS_S           | 30        | telemetry older than this is stale, s (> 0)             |
+| TAO_SCRAPE_S              | 1.0       | telemetry scrape period per node, s (> 0)               |
 | TAO_PLANNER_BUDGET        | 150000    | planner state budget per tick (> 0)                     |
 | TAO_PLANNER_TIME_LIMIT_MS | 200       | planner wall-clock limit per tick, ms (> 0)             |
 | TAO_GATEWAY_ID            | gw0       | this gateway's id, [A-Za-z0-9_-]{1,128}                 |
@@ -85,6 +86,7 @@ class Settings:
     target_utilisation: float = 0.9
     horizon_s: float = 1.0
     freshness_s: float = 30.0
+    scrape_s: float = 1.0
     planner_budget: int = 150_000
     planner_time_limit_ms: int = 200
     gateway_id: str = "gw0"
@@ -236,6 +238,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "target_utilisation": ("TAO_TARGET_UTILISATION", _number(lo=0.0, lo_open=True, hi=1.0)),
     "horizon_s": ("TAO_HORIZON_S", _POSITIVE),
     "freshness_s": ("TAO_FRESHNESS_S", _POSITIVE),
+    "scrape_s": ("TAO_SCRAPE_S", _POSITIVE),
     "planner_budget": ("TAO_PLANNER_BUDGET", _integer(lo=1)),
     "planner_time_limit_ms": ("TAO_PLANNER_TIME_LIMIT_MS", _integer(lo=1)),
     "gateway_id": ("TAO_GATEWAY_ID", _name),

@@ -15,10 +15,12 @@ atomic:
   Redis runs scripts one at a time, so concurrent appliers can never over-commit a node.
 * :meth:`Store.update_sessions` / :meth:`Store.update_sessions_with` are the same for a batch
   (the tools service's one-write-per-bus-fetch path): ``WATCH`` every touched hash, read them
-  all with one read-only script (``lua/batch_read.lua``), fold the fns in Python
-  (:func:`store_types.fold_updates`), and ``MULTI``/``EXEC`` one write script
-  (``lua/batch_write.lua``: the changed fields of every record, the index sets, the net
-  ``reserved`` moves) whose argument is one JSON blob; any moved key fails the ``EXEC`` and the
+  all with one read-only script (``lua/batch_read.lua``: HMGET of the session fields), fold
+  the fns in Python (:func:`store_types.fold_updates`: one write per touched session), and
+  ``MULTI``/``EXEC`` one write script (``lua/batch_write.lua``: the changed fields of every
+  record, index-set moves only where membership changes, the net ``reserved`` moves only
+  where node or weight changed; built by :mod:`shared.infra.store_ops`) whose argument is
+  one JSON blob; any moved key fails the ``EXEC`` and the
   whole batch runs again on fresh records. Three round trips and three commands per batch
   (redis-py's per-command cost, not the network, is what limits a batch of single commands).
   The read runs on a second pooled connection *after* the ``WATCH`` reply, so any write after
@@ -37,7 +39,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Final, TypeVar
 
-import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import NoScriptError, WatchError
 
@@ -48,21 +49,22 @@ from shared.core.tick import Applied, Decision
 from shared.core.valuation import NodeView
 from shared.infra.keys import GLOBAL_TOOL_FIELD, SOLVE_SAMPLES, Keys, check_node_id, tool_field
 from shared.infra.store_codec import (
+    SESSION_FIELDS,
     as_str,
     decode_node,
     decode_residency,
     decode_session,
-    decode_session_fields,
+    decode_session_values,
     decode_toolstats,
     encode_node_fields,
     encode_residency,
     encode_session,
     encode_toolstats,
 )
+from shared.infra.store_ops import index_ops, reserve_ops, texts, write_args
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
     KEEP,
-    Folded,
     NodeRecord,
     SessionFn,
     SessionFnWith,
@@ -89,29 +91,6 @@ _APPLY: Final = load_script("apply")
 _PROBE: Final = load_script("probe")
 _BATCH_READ: Final = load_script("batch_read")
 _BATCH_WRITE: Final = load_script("batch_write")
-_json: Final = msgspec.json.Encoder()
-
-
-def _pairs(raw: Any) -> dict[str, str]:
-    """A flat ``[field, value, ...]`` reply (HGETALL inside Lua) as ``str -> str``."""
-    it = iter([x.decode() if isinstance(x, bytes) else x for x in raw])
-    return dict(zip(it, it, strict=True))
-
-
-def _index_ops(pipe: Any, keys: Keys, sid: str, s: Session | None) -> None:
-    """Queue the index-set writes that make ``pool`` / ``admitted_tool`` agree with ``s``."""
-    pooled = s is not None and s.pooled
-    in_tool = s is not None and s.node is not None and s.activity == "tool"
-    (pipe.sadd if pooled else pipe.srem)(keys.pool, sid)
-    (pipe.sadd if in_tool else pipe.srem)(keys.admitted_tool, sid)
-
-
-def _reserve_ops(pipe: Any, keys: Keys, old: Session | None, new: Session | None) -> None:
-    """Queue ``reserved`` moves: old node -old weight, new node +new weight."""
-    if old is not None and old.node is not None and old.weight:
-        pipe.hincrby(keys.node(old.node), "reserved", -old.weight)
-    if new is not None and new.node is not None and new.weight:
-        pipe.hincrby(keys.node(new.node), "reserved", new.weight)
 
 
 class Store:
@@ -182,11 +161,15 @@ class Store:
                         return old, extra
                     check_new(sid, new)
                     fields = encode_session(new)
+                    if old is not None:
+                        prev = encode_session(old)
+                        fields = {k: v for k, v in fields.items() if prev[k] != v}
                     pipe.multi()
                     pipe.hset(key, mapping=fields)
-                    pipe.sadd(self.keys.sessions, sid)
-                    _index_ops(pipe, self.keys, sid, new)
-                    _reserve_ops(pipe, self.keys, old, new)
+                    if old is None:
+                        pipe.sadd(self.keys.sessions, sid)
+                    index_ops(pipe, self.keys, sid, old, new)
+                    reserve_ops(pipe, self.keys, old, new)
                     await pipe.execute()
                     return new, extra
                 except WatchError:
@@ -214,48 +197,25 @@ class Store:
             while True:
                 try:
                     await pipe.watch(*keys.values())
-                    raws = await self._batch_read(keys=list(keys.values()))
-                    olds = {sid: _pairs(raw) for sid, raw in zip(keys, raws, strict=True)}
-                    stored = {sid: decode_session_fields(f) for sid, f in olds.items()}
+                    raws = await self._batch_read(keys=list(keys.values()), args=SESSION_FIELDS)
+                    olds = {sid: texts(raw) for sid, raw in zip(keys, raws, strict=True)}
+                    stored = {
+                        sid: None if f is None else decode_session_values(f)
+                        for sid, f in olds.items()
+                    }
                     results, folded = fold_updates(updates, stored, encode_session)
                     if not folded.writes:
                         await pipe.unwatch()
                         return results
                     pipe.multi()
-                    pipe.evalsha(self._batch_write.sha, *self._write_args(keys, olds, folded))
+                    args = write_args(self.keys, keys, olds, stored, folded)
+                    pipe.evalsha(self._batch_write.sha, *args)
                     await pipe.execute()
                     return results
                 except WatchError:
                     continue
                 except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
                     self._batch_write.sha = await self._r.script_load(_BATCH_WRITE)
-
-    def _write_args(
-        self,
-        keys: Mapping[str, str],
-        olds: Mapping[str, dict[str, str]],
-        folded: Folded[dict[str, str]],
-    ) -> list[Any]:
-        """``numkeys, *KEYS, ARGV[1]`` of ``lua/batch_write.lua``: per written session the
-        fields that differ from the stored hash, its index flags, and the net reserved moves."""
-        index = {sid: i for i, sid in enumerate(keys, start=4)}
-        node_keys = [self.keys.node(n) for n in folded.reserved]
-        writes: list[list[object]] = []
-        for sid, (new, fields) in folded.writes.items():
-            old = olds[sid]
-            pooled = new.pooled
-            in_tool = new.node is not None and new.activity == "tool"
-            w: list[object] = [index[sid], sid, int(pooled), int(in_tool)]
-            for name, value in fields.items():
-                if old.get(name) != value:
-                    w += (name, value)
-            writes.append(w)
-        first_node = 4 + len(keys)
-        deltas = [[first_node + j, str(delta)] for j, delta in enumerate(folded.reserved.values())]
-        all_keys = [self.keys.sessions, self.keys.pool, self.keys.admitted_tool]
-        all_keys += [*keys.values(), *node_keys]
-        blob = _json.encode({"s": writes, "r": deltas})
-        return [len(all_keys), *all_keys, blob]
 
     async def put_probe_marks(
         self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
@@ -285,8 +245,8 @@ class Store:
                     pipe.multi()
                     pipe.delete(key, res)
                     pipe.srem(self.keys.sessions, sid)
-                    _index_ops(pipe, self.keys, sid, None)
-                    _reserve_ops(pipe, self.keys, old, None)
+                    index_ops(pipe, self.keys, sid, old, None)
+                    reserve_ops(pipe, self.keys, old, None)
                     for node in res_nodes:
                         pipe.srem(self.keys.node_residents(node), sid)
                     await pipe.execute()
@@ -550,13 +510,19 @@ class Store:
                 pipe.hincrby(self.keys.planner, name, int(n))
             await pipe.execute()
 
-    async def record_solve(self, ms: float, method: str, exact: bool) -> None:
-        """Keep one solve time (the last ``SOLVE_SAMPLES``) and count solves by kind."""
+    async def record_solve(
+        self, ms: float, method: str, exact: bool, *, fallback: bool | None = None
+    ) -> None:
+        """Keep one solve time (the last ``SOLVE_SAMPLES``) and count solves by kind:
+        ``solves_exact`` when exact, ``fallbacks`` when ``fallback`` (None: not exact)."""
         async with self._pipe(True) as pipe:
             pipe.lpush(self.keys.solve_ms, repr(float(ms)))
             pipe.ltrim(self.keys.solve_ms, 0, SOLVE_SAMPLES - 1)
             pipe.hincrby(self.keys.planner, "solves", 1)
-            pipe.hincrby(self.keys.planner, "solves_exact" if exact else "fallbacks", 1)
+            if exact:
+                pipe.hincrby(self.keys.planner, "solves_exact", 1)
+            if (not exact) if fallback is None else fallback:
+                pipe.hincrby(self.keys.planner, "fallbacks", 1)
             pipe.hincrby(self.keys.planner, f"method:{method}", 1)
             await pipe.execute()
 

@@ -27,6 +27,7 @@ __all__ = [
     "decode_residency",
     "decode_session",
     "decode_session_fields",
+    "decode_session_values",
     "decode_toolstats",
     "encode_node_fields",
     "encode_residency",
@@ -103,6 +104,40 @@ def decode_session_fields(f: Mapping[str, str]) -> Session | None:
             updated_at=float(f["updated_at"]),
         )
     except (KeyError, ValueError, msgspec.DecodeError) as exc:
+        raise StoreError(f"corrupt session record: {exc}") from None
+
+
+def decode_session_values(values: list[Any]) -> Session:
+    """A session from its hash's :data:`SESSION_FIELDS` values in order (present; the small
+    fields as text, ``data`` as text or bytes).
+
+    The separate fields win over ``data``; when they all agree with it (the record was last
+    written whole, the common case) the record decoded from ``data`` is returned as is."""
+    v, node, weight, activity, ended, probe, updated_at, data = values
+    try:
+        base = _session_decoder.decode(data)
+        probe_mark = _opt_float(probe)
+        if (
+            base.version == int(v)
+            and (base.node or "") == node
+            and base.weight == int(weight)
+            and base.activity == activity
+            and base.ended == (ended == "1")
+            and base.probe_mark == probe_mark
+            and base.updated_at == float(updated_at)
+        ):
+            return base
+        return replace(
+            base,
+            version=int(v),
+            node=node or None,
+            weight=int(weight),
+            activity=activity,
+            ended=ended == "1",
+            probe_mark=probe_mark,
+            updated_at=float(updated_at),
+        )
+    except (ValueError, TypeError, msgspec.DecodeError) as exc:
         raise StoreError(f"corrupt session record: {exc}") from None
 
 

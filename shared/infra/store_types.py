@@ -41,6 +41,7 @@ __all__ = [
     "SessionFnWith",
     "StateStore",
     "StoreError",
+    "check_finite",
     "check_new",
     "fold_tools",
     "fold_updates",
@@ -158,6 +159,17 @@ def check_new(sid: str, new: Session) -> None:
         check_node_id(new.node)
 
 
+def check_finite(s: Session) -> None:
+    """Refuse a record with a non-finite time (what the hash encoding refuses)."""
+    for name, x in (
+        ("created_at", s.created_at),
+        ("updated_at", s.updated_at),
+        ("probe_mark", s.probe_mark),
+    ):
+        if x is not None and not math.isfinite(x):
+            raise StoreError(f"{name}: must be finite, got {x!r}")
+
+
 def no_value(fn: SessionFn) -> SessionFnWith[None]:
     """``fn`` as a transition that returns no value (``update_session`` over ``..._with``)."""
     return lambda s: (fn(s), None)
@@ -182,12 +194,13 @@ def fold_updates(
     """Apply ``updates`` in order on ``stored`` (every touched id -> its record or None), as
     the single :meth:`StateStore.update_session_with` calls would one after the other: each fn
     sees the record left by the previous fn on its id; None or an equal record writes nothing.
-    Every written record is validated (:func:`check_new`, ``encode``) as the single form does,
-    so one bad result refuses the whole batch. Returns ``(stored record, value)`` per update
-    and what to write."""
+    Every written record is validated (:func:`check_new`, :func:`check_finite`) as the single
+    form does, so one bad result refuses the whole batch; several updates of one id are
+    written (and encoded) once, as their last record. Returns ``(stored record, value)`` per
+    update and what to write."""
     cur = dict(stored)
     results: list[tuple[Session | None, T]] = []
-    writes: dict[str, tuple[Session, E]] = {}
+    finals: dict[str, Session] = {}
     reserved: dict[str, int] = {}
     for sid, fn in updates:
         old = cur[sid]
@@ -196,13 +209,16 @@ def fold_updates(
             results.append((old, extra))
             continue
         check_new(sid, new)
-        writes[sid] = (new, encode(new))
-        if old is not None and old.node is not None and old.weight:
-            reserved[old.node] = reserved.get(old.node, 0) - old.weight
-        if new.node is not None and new.weight:
-            reserved[new.node] = reserved.get(new.node, 0) + new.weight
+        check_finite(new)  # what encode refuses; only each id's last record is encoded
+        finals[sid] = new
+        if old is None or old.node != new.node or old.weight != new.weight:
+            if old is not None and old.node is not None and old.weight:
+                reserved[old.node] = reserved.get(old.node, 0) - old.weight
+            if new.node is not None and new.weight:
+                reserved[new.node] = reserved.get(new.node, 0) + new.weight
         cur[sid] = new
         results.append((new, extra))
+    writes = {sid: (new, encode(new)) for sid, new in finals.items()}
     return results, Folded(writes, reserved)
 
 
@@ -334,7 +350,9 @@ class StateStore(Protocol):
     # apply and counters
     async def apply(self, decision: Decision, at: float) -> Applied: ...
     async def incr(self, **counts: int) -> None: ...
-    async def record_solve(self, ms: float, method: str, exact: bool) -> None: ...
+    async def record_solve(
+        self, ms: float, method: str, exact: bool, *, fallback: bool | None = None
+    ) -> None: ...
     async def planner_stats(self) -> dict[str, object]: ...
     async def status(self) -> dict[str, object]: ...
     async def clear(self) -> int: ...

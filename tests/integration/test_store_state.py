@@ -288,6 +288,17 @@ class TestCountersAndStatus:
         assert st["solve_ms"] == {"n": 100, "p50": 50.0, "p90": 90.0, "p99": 99.0}
         assert st["plans_applied"] == 0
 
+    async def test_record_solve_fallback_flag(self, store: StateStore) -> None:
+        """``fallback`` overrides the default (not exact): a baseline's inexact solve is no
+        fallback, a tao fallback is one, and None keeps the old rule."""
+        await store.record_solve(1.0, "rr", False, fallback=False)
+        await store.record_solve(2.0, "greedy", False, fallback=True)
+        await store.record_solve(3.0, "dp", True, fallback=False)
+        await store.record_solve(4.0, "bfd", False)
+        st = await store.planner_stats()
+        assert st["solves"] == 4 and st["solves_exact"] == 1 and st["fallbacks"] == 2
+        assert st["methods"] == {"rr": 1, "greedy": 1, "dp": 1, "bfd": 1}
+
     async def test_status_shape(self, store: StateStore) -> None:
         """status() has the documented sections and per-item keys."""
         await store.put_node_status("n1", capacity_tokens=2048, healthy=True)

@@ -96,6 +96,17 @@ class TestPlanAndApply:
         stats = await store.planner_stats()
         assert (stats["ticks"], stats["plans_applied"]) == (1, 1)
 
+    async def test_baseline_solves_are_not_fallbacks(self, store: FakeStore) -> None:
+        """A baseline policy's result is never exact, yet it is not counted as a fallback."""
+        bus = FakeBus()
+        await pool(store, 2000, 3000)
+        applied = await planner(store, bus, "rr").plan_once(await snapshot(store, bus))
+        assert applied is not None
+        [plan] = plans(bus)
+        stats = await store.planner_stats()
+        assert plan.exact is False and stats["solves"] == 1
+        assert (stats["fallbacks"], stats["solves_exact"]) == (0, 0)
+
     async def test_version_change_discards_plan(self, store: FakeStore) -> None:
         """A selected session that changed after the snapshot discards the whole plan."""
         bus = FakeBus()

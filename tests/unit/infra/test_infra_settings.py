@@ -52,6 +52,13 @@ class TestParsing:
         assert s.log_level == "debug" and s.gateway_port == 0 and s.namespace == "staging"
         assert s.nodes == (NodeSpec("n1", "http://a:8000"), NodeSpec("n2", "http://b:8000"))
 
+    def test_scrape_period(self) -> None:
+        """TAO_SCRAPE_S defaults to 1 s, parses a positive number and refuses 0."""
+        assert Settings.from_env({}).scrape_s == 1.0
+        assert Settings.from_env({"TAO_SCRAPE_S": "0.25"}).scrape_s == 0.25
+        with pytest.raises(SettingsError, match="TAO_SCRAPE_S: must be a number > 0"):
+            Settings.from_env({"TAO_SCRAPE_S": "0"})
+
     def test_settings_are_frozen(self) -> None:
         """A Settings object cannot be changed; replace() makes a changed copy."""
         s = Settings()

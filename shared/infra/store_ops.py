@@ -1,0 +1,102 @@
+"""Python halves of the session writes of :class:`shared.infra.store.Store`: which index-set
+and ``reserved`` moves a write needs (only where membership, node or weight change), and the
+argument of ``lua/batch_write.lua`` (only changed hash fields). Pure: no Redis calls here; the
+pipeline is the caller's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+from shared.core.session import Session
+from shared.infra.keys import Keys
+from shared.infra.store_codec import SESSION_FIELDS
+from shared.infra.store_types import Folded
+
+__all__ = ["index_ops", "membership", "reserve_ops", "texts", "write_args"]
+
+_json: Final = msgspec.json.Encoder()
+
+
+def texts(raw: Any) -> list[Any] | None:
+    """One HMGET reply of :data:`SESSION_FIELDS`: the small fields as text, ``data`` as
+    returned (msgspec decodes bytes or str); None when the hash is absent."""
+    *small, data = raw
+    if data is None:  # no ``data``: no record
+        return None
+    out: list[Any] = [x.decode() if isinstance(x, bytes) else x or "" for x in small]
+    out.append(data)
+    return out
+
+
+def _pooled(s: Session | None) -> bool:
+    return s is not None and s.pooled
+
+
+def _in_tool(s: Session | None) -> bool:
+    return s is not None and s.node is not None and s.activity == "tool"
+
+
+def membership(old: Session | None, new: Session | None) -> tuple[int, int]:
+    """Index-set moves for ``old -> new``: per set 1 add, 0 remove, -1 unchanged (the stored
+    record's membership is consistent with it: every write keeps it so)."""
+    p_old, p_new = _pooled(old), _pooled(new)
+    t_old, t_new = _in_tool(old), _in_tool(new)
+    return (-1 if p_old == p_new else int(p_new)), (-1 if t_old == t_new else int(t_new))
+
+
+def index_ops(pipe: Any, keys: Keys, sid: str, old: Session | None, new: Session | None) -> None:
+    """Queue the index-set writes that make ``pool`` / ``admitted_tool`` agree with ``new``
+    (only where membership changes)."""
+    pooled, in_tool = membership(old, new)
+    if pooled >= 0:
+        (pipe.sadd if pooled else pipe.srem)(keys.pool, sid)
+    if in_tool >= 0:
+        (pipe.sadd if in_tool else pipe.srem)(keys.admitted_tool, sid)
+
+
+def reserve_ops(pipe: Any, keys: Keys, old: Session | None, new: Session | None) -> None:
+    """Queue ``reserved`` moves: old node -old weight, new node +new weight (nothing when
+    the node and the weight did not change)."""
+    if old is not None and new is not None and (old.node, old.weight) == (new.node, new.weight):
+        return
+    if old is not None and old.node is not None and old.weight:
+        pipe.hincrby(keys.node(old.node), "reserved", -old.weight)
+    if new is not None and new.node is not None and new.weight:
+        pipe.hincrby(keys.node(new.node), "reserved", new.weight)
+
+
+def write_args(
+    keys_of: Keys,
+    keys: Mapping[str, str],
+    olds: Mapping[str, list[Any] | None],
+    stored: Mapping[str, Session | None],
+    folded: Folded[dict[str, str]],
+) -> list[Any]:
+    """``numkeys, *KEYS, ARGV[1]`` of ``lua/batch_write.lua``: per written session the
+    fields that differ from the stored hash, its index moves (only where membership
+    changes), and the net reserved moves."""
+    index = {sid: i for i, sid in enumerate(keys, start=4)}
+    node_keys = [keys_of.node(n) for n in folded.reserved]
+    writes: list[list[object]] = []
+    for sid, (new, fields) in folded.writes.items():
+        old, prev = olds[sid], stored[sid]
+        pooled, in_tool = membership(prev, new)
+        w: list[object] = [index[sid], sid, int(old is None), pooled, in_tool]
+        if old is None:
+            for name, value in fields.items():
+                w += (name, value)
+        else:  # ``data`` always (the record changed, so its JSON did)
+            for name, was, value in zip(SESSION_FIELDS, old, fields.values(), strict=True):
+                if was != value or name == "data":
+                    w += (name, value)
+        writes.append(w)
+    first_node = 4 + len(keys)
+    deltas = [[first_node + j, str(delta)] for j, delta in enumerate(folded.reserved.values())]
+    all_keys = [keys_of.sessions, keys_of.pool, keys_of.admitted_tool]
+    all_keys += [*keys.values(), *node_keys]
+    blob = _json.encode({"s": writes, "r": deltas})
+    return [len(all_keys), *all_keys, blob]

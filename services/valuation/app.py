@@ -2,7 +2,8 @@
 
 A core-NATS subscription to ``tao.v1.wake`` (published by the tools service after a tool end
 or an arrival was written) triggers an early tick after ``TAO_DEBOUNCE_S``, so a burst of
-wake-ups costs one tick. The idle sweep runs every ``sweep_period`` seconds. Run:
+wake-ups costs one tick. The idle sweep runs in its own task every ``sweep_period`` seconds
+(:func:`sweep_loop`), so a long sweep never holds a tick back. Run:
 ``python -m services.valuation`` (needs NATS and Redis).
 """
 
@@ -23,7 +24,7 @@ from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
 from shared.infra.store_types import StateStore
 
-__all__ = ["NAME", "Ticker", "main", "run", "sweep_period"]
+__all__ = ["NAME", "Ticker", "main", "run", "sweep_loop", "sweep_period", "tick_loop"]
 
 NAME = "valuation"
 
@@ -56,10 +57,33 @@ class Ticker:
         return reason
 
 
+async def sweep_loop(valuator: Valuator, every_s: float) -> None:
+    """Run the idle sweep every ``every_s`` seconds (first after one period), forever."""
+    while True:
+        await anyio.sleep(every_s)
+        try:
+            await valuator.sweep_idle()
+        except Exception:  # Redis or NATS hiccup: log it, sweep again next period
+            valuator.log.exception("idle_sweep_failed", tick=valuator.tick)
+
+
+async def tick_loop(valuator: Valuator, ticker: Ticker, settings: Settings) -> None:
+    """Tick every ``tick_s``, early after a (debounced) wake-up, forever."""
+    reason = "start"
+    while True:
+        started = anyio.current_time()
+        try:
+            await valuator.run_tick(reason)
+        except Exception:  # Redis or NATS hiccup: log it, tick again next period
+            valuator.log.exception("valuation_tick_failed", tick=valuator.tick)
+        remaining = max(0.0, settings.tick_s - (anyio.current_time() - started))
+        reason = await ticker.wait(remaining, settings.debounce_s)
+
+
 async def run(
     settings: Settings, store: StateStore, bus: MessageBus, *, name: str = NAME
 ) -> Valuator:
-    """Tick forever (until cancelled); returns only by cancellation."""
+    """Tick and sweep forever (until cancelled); returns only by cancellation."""
     valuator = Valuator(
         store=store,
         bus=bus,
@@ -71,20 +95,10 @@ async def run(
     )
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)
-    sweep_every = sweep_period(settings)
-    next_sweep = anyio.current_time() + sweep_every
-    reason = "start"
-    while True:
-        started = anyio.current_time()
-        try:
-            await valuator.run_tick(reason)
-            if started >= next_sweep:
-                next_sweep = started + sweep_every
-                await valuator.sweep_idle()
-        except Exception:  # Redis or NATS hiccup: log it, tick again next period
-            valuator.log.exception("valuation_tick_failed", tick=valuator.tick)
-        remaining = max(0.0, settings.tick_s - (anyio.current_time() - started))
-        reason = await ticker.wait(remaining, settings.debounce_s)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sweep_loop, valuator, sweep_period(settings))
+        tg.start_soon(tick_loop, valuator, ticker, settings)
+    return valuator  # pragma: no cover - the loops end only by cancellation
 
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:

@@ -1,12 +1,27 @@
 """Valuation ticks: store → :func:`shared.core.tick.value_snapshot` → probe marks → snapshot.
 
-A tick reads only the pool and the admitted-in-tool sessions (the store's index sets), so its
-cost is O(pool + interrupt candidates), not O(all sessions). The snapshot is published on
-``tao.v1.valuation.snapshot`` when the pool has candidates, plus once when it becomes empty
-(so the planner sees the change), and whenever a node is over-committed by reservations that
-grew after admission (the planner releases tool-running sessions there); an empty, unchanged
-pool publishes nothing but the tick
-counter still advances.
+A tick reads the pool (the store's ``pool`` index set) with its residency, the nodes and the
+tool history, and values the pool. The admitted sessions in a tool (the interrupt candidates,
+``admitted_tool``) and their residency are read and valued only when they can matter
+(:func:`interrupts_matter`): when the pool's demand exceeds the nodes' total free capacity, or
+some healthy node is over-committed (reservations above capacity × target). Otherwise
+:func:`shared.core.tick.decide` interrupts nobody whatever the candidates (DESIGN 3.3: its
+node-overflow step runs only on over-committed nodes and ``select_interrupts`` frees nothing
+without a deficit), so the snapshot simply lists none. Consequence: the readiness probe marks
+of in-tool admitted sessions advance only on ticks where they are read (shortfall ticks); a
+probe mark matters only to the interrupt rule, which runs only on those ticks. Under
+``thunderagent`` the candidates are always read (its pause rule counts acting programs).
+
+Reads go through :class:`shared.infra.store_reads.SessionReader`: on Redis one script call per
+1,000 sessions that returns full fields only for sessions whose version changed since the
+previous tick (decoded records are kept): a few round trips, and JSON decoding only for the
+sessions that changed.
+
+The snapshot is published on ``tao.v1.valuation.snapshot`` when the pool has candidates, plus
+once when it becomes empty (so the planner sees the change), and whenever a node is
+over-committed by reservations that grew after admission (the planner releases tool-running
+sessions there); an empty, unchanged pool publishes nothing but the tick counter still
+advances.
 
 With ``TAO_POLICY=thunderagent`` (``thunderagent=True``) every tick publishes, empty pool or
 not (ThunderAgent's pause check runs every 5 s whatever the pool), and the snapshot lists the
@@ -15,17 +30,20 @@ rule counts. The store has no index of them, so that costs one read of the ``ses
 and one pipelined record read per stored session outside the two index sets (ended ones not
 yet deleted included): O(stored sessions) per tick, under this policy only.
 
-The idle sweep ends admitted sessions idle longer than ``TAO_IDLE_TIMEOUT_S``: ``on_end``
-through the store's consistent update (which releases the reservation), then ``SessionEnd``
-(``reason="idle_timeout"``) on the session stream, for the gateway and the tools service.
-The sweep reads every session, so it runs on its own, slower period.
+The idle sweep ends admitted sessions idle longer than ``TAO_IDLE_TIMEOUT_S``: it reads four
+fields of every session (:func:`shared.infra.store_reads.idle_candidates`), then ``on_end``
+through the store's consistent batch update (which releases the reservations, re-checking each
+record), then ``SessionEnd`` (``reason="idle_timeout"``) on the session stream, published
+concurrently, for the gateway and the tools service. It runs as its own task on a slower
+period (:mod:`services.valuation.app`), never inside a tick.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
+import anyio
 from structlog.typing import FilteringBoundLogger
 
 from services.planner.mapping import to_wire
@@ -38,9 +56,22 @@ from shared.core.tick import TickSnapshot, value_snapshot
 from shared.core.valuation import ValuationParams
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import Settings
-from shared.infra.store_types import SessionFn, StateStore
+from shared.infra.store_reads import SessionReader, idle_candidates, is_idle
+from shared.infra.store_types import SessionFnWith, StateStore
 
-__all__ = ["Valuator", "params_from"]
+__all__ = [
+    "SWEEP_BATCH",
+    "SWEEP_PUBLISHES",
+    "Valuator",
+    "interrupts_matter",
+    "params_from",
+    "with_interrupts",
+]
+
+SWEEP_BATCH = 256
+"""Sessions per idle-sweep batch update (one transaction each; a conflict retries one batch)."""
+SWEEP_PUBLISHES = 64
+"""``SessionEnd`` publishes the idle sweep keeps in flight at once."""
 
 
 def params_from(settings: Settings) -> ValuationParams:
@@ -55,19 +86,43 @@ def params_from(settings: Settings) -> ValuationParams:
     )
 
 
-def _idle_too_long(s: Session | None, now: float, timeout_s: float) -> bool:
-    return (
-        s is not None
-        and not s.ended
-        and s.node is not None
-        and s.activity == "idle"
-        and now - s.updated_at > timeout_s
+def interrupts_matter(snap: TickSnapshot) -> bool:
+    """Whether :func:`shared.core.tick.decide` may interrupt anyone on ``snap`` (valued from
+    the pool alone): some node is over-committed, or the pool's demand exceeds the total free
+    capacity (exactly ``select_interrupts``' deficit test, ``demand > max(0, free)``)."""
+    if snap.overflow:
+        return True
+    if not snap.candidates:
+        return False
+    demand = sum(c.weight for c in snap.candidates)
+    return demand > max(0, sum(nd.free for nd in snap.nodes))
+
+
+def with_interrupts(pool: TickSnapshot, tool: TickSnapshot) -> TickSnapshot:
+    """``pool`` merged with ``tool`` (valued at the same tick, nodes and now from disjoint
+    session lists): what :func:`value_snapshot` gives on both lists together, sorted by id.
+    Each record is classified by its own state, so one that moved between the two id reads
+    still lands where the old single read would have put it."""
+    return replace(
+        pool,
+        candidates=tuple(sorted((*pool.candidates, *tool.candidates), key=lambda c: c.id)),
+        interrupts=tuple(sorted((*pool.interrupts, *tool.interrupts), key=lambda c: c.id)),
+        versions={**pool.versions, **tool.versions},
+        probe_marks={**pool.probe_marks, **tool.probe_marks},
     )
 
 
-def _idle_end(now: float, timeout_s: float) -> SessionFn:
-    def step(s: Session | None) -> Session | None:
-        return on_end(s, now) if s is not None and _idle_too_long(s, now, timeout_s) else None
+def _idle_too_long(s: Session | None, now: float, timeout_s: float) -> bool:
+    return s is not None and is_idle(s.node, s.activity, s.ended, s.updated_at, now, timeout_s)
+
+
+def _idle_end(now: float, timeout_s: float) -> SessionFnWith[bool]:
+    """``on_end`` for a session still idle too long (flag True), else no write (False)."""
+
+    def step(s: Session | None) -> tuple[Session | None, bool]:
+        if s is not None and _idle_too_long(s, now, timeout_s):
+            return on_end(s, now), True
+        return None, False
 
     return step
 
@@ -86,25 +141,44 @@ class Valuator:
     published: int = 0
     last_nonempty: bool = False
     thunderagent: bool = False
+    reader: SessionReader | None = field(default=None)
+
+    def __post_init__(self) -> None:
+        if self.reader is None:
+            self.reader = SessionReader(self.store)
 
     async def run_tick(self, reason: str = "period") -> TickSnapshot:
-        """Value the pool now; persist changed probe marks; publish the snapshot if useful."""
+        """Value the pool now (and the interrupt candidates when they can matter); persist
+        changed probe marks; publish the snapshot if useful."""
+        reader = self.reader
+        assert reader is not None
         self.tick += 1
         now = self.clock()
-        ids = sorted((await self.store.pool_ids()) | (await self.store.admitted_tool_ids()))
-        sessions = await self.store.sessions(ids) if ids else []
+        pool, residency = await reader.index("pool")
         views = await self.store.node_views()
-        residency = await self.store.residency(ids) if ids else {}
         history = await self.store.history()
         snap = value_snapshot(
-            sessions, views, residency, history, now, tick=self.tick, params=self.params
+            pool, views, residency, history, now, tick=self.tick, params=self.params
         )
+        sessions = pool
+        read_tool = self.thunderagent or interrupts_matter(snap)
+        if read_tool:
+            tool, tool_res = await reader.index("admitted_tool")
+            in_pool = {s.id for s in pool}
+            tool = [s for s in tool if s.id not in in_pool]  # moved between the two reads
+            snap = with_interrupts(
+                snap,
+                value_snapshot(
+                    tool, views, tool_res, history, now, tick=self.tick, params=self.params
+                ),
+            )
+            sessions = pool + tool
         stored = {s.id: s.probe_mark for s in sessions}
         marks = {sid: m for sid, m in snap.probe_marks.items() if stored.get(sid) != m}
         written = await self.store.put_probe_marks(marks, snap.versions) if marks else 0
         held: list[Held] | None = None
         if self.thunderagent:
-            rest = (await self.store.session_ids()) - set(ids)
+            rest = (await self.store.session_ids()) - set(stored)
             held = held_sessions(await self.store.sessions(sorted(rest))) if rest else []
         publish = (
             bool(snap.candidates) or bool(snap.overflow) or self.last_nonempty or self.thunderagent
@@ -119,7 +193,7 @@ class Valuator:
             tick=self.tick,
             reason=reason,
             candidates=len(snap.candidates),
-            interrupts=len(snap.interrupts),
+            interrupts=len(snap.interrupts) if read_tool else None,
             admitted_other=len(held) if held is not None else None,
             ready=sum(c.ready for c in snap.candidates),
             nodes=len(views),
@@ -130,23 +204,31 @@ class Valuator:
         return snap
 
     async def sweep_idle(self) -> list[str]:
-        """End admitted sessions idle longer than the timeout; return their ids."""
+        """End admitted sessions idle longer than the timeout; return their ids (sorted)."""
         now = self.clock()
-        ended: list[str] = []
-        for s in await self.store.sessions(None):
-            if not _idle_too_long(s, now, self.idle_timeout_s):
-                continue
-            rec = await self.store.update_session(s.id, _idle_end(now, self.idle_timeout_s))
-            if rec is None or not rec.ended:
-                continue  # it moved meanwhile (a new request): not idle after all
-            ended.append(s.id)
-            await self.bus.publish_msg(
-                SessionEnd(
-                    session_id=s.id,
-                    ended_at=now,
-                    reason=END_IDLE_TIMEOUT,
-                    gateway_id=rec.gateway_id,
+        ids = await idle_candidates(self.store, now, self.idle_timeout_s)
+        step = _idle_end(now, self.idle_timeout_s)
+        ended: list[tuple[str, Session]] = []
+        for lo in range(0, len(ids), SWEEP_BATCH):
+            part = ids[lo : lo + SWEEP_BATCH]
+            out = await self.store.update_sessions_with([(sid, step) for sid in part])
+            # False: the record moved meanwhile (a new request, an end): not ended here
+            ended += [
+                (sid, rec) for sid, (rec, mine) in zip(part, out, strict=True) if mine and rec
+            ]
+        limiter = anyio.CapacityLimiter(SWEEP_PUBLISHES)
+
+        async def publish(sid: str, gateway_id: str | None) -> None:
+            async with limiter:
+                await self.bus.publish_msg(
+                    SessionEnd(
+                        session_id=sid, ended_at=now, reason=END_IDLE_TIMEOUT, gateway_id=gateway_id
+                    )
                 )
-            )
-        self.log.info("idle_sweep", ended=len(ended), sessions=ended or None)
-        return ended
+
+        async with anyio.create_task_group() as tg:
+            for sid, rec in ended:
+                tg.start_soon(publish, sid, rec.gateway_id)
+        names = [sid for sid, _ in ended]
+        self.log.info("idle_sweep", ended=len(names), sessions=names or None)
+        return names

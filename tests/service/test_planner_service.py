@@ -50,9 +50,12 @@ async def pool(store: FakeStore, *sizes: int, gateway: str | None = "gw1") -> No
         await store.update_session(s.id, lambda _o, s=s: s)
 
 
-async def snapshot(store: FakeStore, bus: FakeBus) -> Snapshot:
-    """Value the store as the valuation service does and decode it as the planner does."""
-    v = Valuator(store, bus, get_logger("test"), ValuationParams(), 300.0, lambda: NOW)
+async def snapshot(store: FakeStore, bus: FakeBus, thunder: bool = False) -> Snapshot:
+    """Value the store as the valuation service does (``thunder``: as under
+    TAO_POLICY=thunderagent) and decode it as the planner does."""
+    v = Valuator(
+        store, bus, get_logger("test"), ValuationParams(), 300.0, lambda: NOW, thunderagent=thunder
+    )
     core = await v.run_tick()
     views = await store.node_views()
     return decode_snapshot(encode(to_wire(core, views)))
@@ -216,7 +219,7 @@ class TestThunderAgentPause:
         """With TAO_POLICY=thunderagent the planner's interrupts come from the pause rule."""
         bus = FakeBus()
         await pool(store, 1000)
-        snap = await snapshot(store, bus)
+        snap = await snapshot(store, bus, thunder=True)
         p = planner(store, bus, "thunderagent")
         applied = await p.plan_once(snap)
         assert applied is not None and [m.session for m in applied.admitted] == ["s0"]
@@ -252,7 +255,9 @@ class TestThunderAgentLive:
         grown = on_response(s, NOW - 5, total_tokens=9_950, tool_calls=[("c", "bash")])
         await store.update_session("big", lambda _o: grown)
         await pool(store, 1000)
-        applied = await planner(store, bus, "thunderagent").plan_once(await snapshot(store, bus))
+        applied = await planner(store, bus, "thunderagent").plan_once(
+            await snapshot(store, bus, thunder=True)
+        )
         assert applied is not None and [m.session for m in applied.interrupted] == ["big"]
         kinds = {(p.kind, p.session_id) for p in placements(bus)}
         assert ("interrupt", "big") in kinds

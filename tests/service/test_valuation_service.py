@@ -68,9 +68,11 @@ async def store() -> FakeStore:
 
 class TestValuationTick:
     async def test_snapshot_from_known_state(self, store: FakeStore) -> None:
-        """Pool and admitted-in-tool sessions become candidates and interrupt candidates with
-        credit from residency, and the snapshot is published."""
+        """When the pool's demand exceeds free capacity, pool and admitted-in-tool sessions
+        become candidates and interrupt candidates with credit from residency, and the
+        snapshot is published."""
         bus = FakeBus()
+        await store.put_node_status("n1", capacity_tokens=8_000)  # 7,200 usable: a shortfall
         a, _ = on_request(Session("a"), "r1", 990.0, model="m", tokens_estimate=4000)
         await put(store, a)
         b, _ = on_request(Session("b"), "r1", 990.0, model="m")
@@ -88,7 +90,7 @@ class TestValuationTick:
         assert len(wire) == 1
         w = wire[0]
         assert [(n.id, n.free, n.load, n.capacity, n.healthy) for n in w.nodes] == [
-            ("n1", 90_000 - 3000, 3000, 100_000, True),
+            ("n1", 7_200 - 3000, 3000, 8_000, True),
             ("n2", 0, 0, 50_000, False),
         ]
         cand = w.candidates[0]

@@ -1,26 +1,29 @@
 -- Read many sessions and their residency in one command, skipping records the caller holds
 -- (store_reads.SessionReader, shared/infra/store_reads.py; the valuation tick's read path).
--- KEYS[2i-1] the hash of session i, KEYS[2i] its residency hash.
--- ARGV[2i-1], ARGV[2i]: the version and updated_at text the caller holds for session i
--- ("" and "" when it holds none).
+-- KEYS[i] the hash of session i. Its residency hash is ARGV[1] followed by what follows the
+-- first ARGV[2] characters of KEYS[i] (the session hash prefix swapped for the residency one:
+-- both carry the same escaped id and the domain's hash tag, so they share one slot).
+-- ARGV[2+i]: "<v> <updated_at>" as the caller holds session i, or "" when it holds none.
 -- Returns, per session i, two replies:
 --   out[2i-1] = {}                                    the record is absent (no version)
---             = {v, updated_at, probe}                v and updated_at equal what the caller holds
+--             = {v, updated_at, probe}                v and updated_at are what the caller holds
 --             = HMGET v node weight activity ended probe updated_at data   otherwise
 --   out[2i]   = HGETALL of the residency hash (flat: node, "k0 t_obs", ...)
--- Values are only copied, never computed (Python decides).
+-- Values are only copied and compared as strings, never computed (Python decides).
+local rprefix = ARGV[1]
+local cut = tonumber(ARGV[2]) + 1
 local out = {}
-for i = 1, #KEYS / 2 do
-  local key = KEYS[2 * i - 1]
+for i = 1, #KEYS do
+  local key = KEYS[i]
   local head = redis.call('HMGET', key, 'v', 'updated_at', 'probe')
   if not head[1] then
     out[2 * i - 1] = {}
-  elseif head[1] == ARGV[2 * i - 1] and head[2] == ARGV[2 * i] then
+  elseif head[2] and head[1] .. ' ' .. head[2] == ARGV[2 + i] then
     out[2 * i - 1] = {head[1], head[2], head[3]}
   else
     out[2 * i - 1] = redis.call(
       'HMGET', key, 'v', 'node', 'weight', 'activity', 'ended', 'probe', 'updated_at', 'data')
   end
-  out[2 * i] = redis.call('HGETALL', KEYS[2 * i])
+  out[2 * i] = redis.call('HGETALL', rprefix .. string.sub(key, cut))
 end
 return out

@@ -1,0 +1,219 @@
+"""Fast read paths for the valuation service (the tick's sessions + residency; the idle sweep).
+
+:class:`SessionReader` reads the sessions of an index set (``pool`` / ``admitted_tool``) and
+their residency. On the Redis :class:`~shared.infra.store.Store` that is one ``SMEMBERS`` and
+one ``EVALSHA`` of ``lua/read_sessions.lua`` per :data:`CHUNK` sessions (instead of two
+pipelines of one ``HGETALL`` per key: redis-py's per-command work and the per-field decode,
+not Redis, were most of a tick). The reader keeps the records it decoded, per index set, with
+the ``v`` and ``updated_at`` text they were read at, and passes those to the script: a session
+whose version and ``updated_at`` are unchanged comes back as ``{v, updated_at, probe}`` only
+and is not decoded again (every transition bumps the version and touches ``updated_at``; the
+one write that does neither, a probe mark, is read every time and patched in). Each index
+set's cache keeps only the sessions of its latest read, so it is bounded by the set's size.
+The script gets one key and one argument per session (the residency key is the session key
+with its prefix swapped, built in Lua like ``apply.lua`` builds node keys): redis-py's
+per-argument encoding is the main client cost left.
+
+:func:`idle_candidates` reads only ``node``, ``activity``, ``ended`` and ``updated_at`` of
+every stored session (``lua/read_fields.lua``, no JSON decode) and returns the ids the idle
+rule may end; the caller re-checks each on the full record in its consistent update.
+
+On any other :class:`~shared.infra.store_types.StateStore` (the in-memory ``FakeStore``) the
+same functions use the protocol's ``sessions`` / ``residency`` reads, with the same results.
+
+To merge into :class:`Store` later: ``SessionReader`` needs the store's Redis client (read
+here as ``store._r``) and key builder; the scripts are loaded with :func:`store.load_script`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Final, Literal
+
+from shared.core.session import Session
+from shared.infra.store import Store, load_script
+from shared.infra.store_codec import decode_session_values
+from shared.infra.store_types import StateStore, StoreError
+
+__all__ = [
+    "CHUNK",
+    "IDLE_FIELDS",
+    "Index",
+    "SessionReader",
+    "idle_candidates",
+    "is_idle",
+    "sessions_by_id",
+]
+
+CHUNK: Final = 1000
+"""Sessions per script call: bounds how long one call holds Redis (it runs scripts serially)."""
+IDLE_FIELDS: Final = ("node", "activity", "ended", "updated_at")
+
+Index = Literal["pool", "admitted_tool"]
+ResidencyMap = dict[str, dict[str, tuple[int, float]]]
+
+_READ: Final = load_script("read_sessions")
+_FIELDS: Final = load_script("read_fields")
+
+
+def _text(x: Any) -> str:
+    """A reply value as text (None -> "")."""
+    if x is None:
+        return ""
+    return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _opt_float(text: str) -> float | None:
+    return None if text == "" else float(text)
+
+
+def _residency(flat: Sequence[Any]) -> dict[str, tuple[int, float]]:
+    """A flat HGETALL reply (node, "k0 t_obs", ...) as ``node -> (k0, t_obs)``."""
+    out: dict[str, tuple[int, float]] = {}
+    for j in range(0, len(flat), 2):
+        k0, _, t_obs = _text(flat[j + 1]).partition(" ")
+        out[_text(flat[j])] = (int(k0), float(t_obs))
+    return out
+
+
+def is_idle(
+    node: str | None, activity: str, ended: bool, updated_at: float, now: float, timeout_s: float
+) -> bool:
+    """The idle rule: admitted, not ended, idle, untouched for longer than ``timeout_s``."""
+    return not ended and node is not None and activity == "idle" and now - updated_at > timeout_s
+
+
+@dataclass(slots=True)
+class _Held:
+    """A decoded record and the hash text it was read at."""
+
+    v: str
+    updated_at: str
+    probe: str
+    session: Session
+
+
+class SessionReader:
+    """Reads index sets' sessions and residency, keeping decoded records between reads."""
+
+    def __init__(self, store: StateStore, chunk: int = CHUNK) -> None:
+        if chunk < 1:
+            raise ValueError(f"chunk: must be >= 1, got {chunk}")
+        self.store = store
+        self.chunk = chunk
+        self.decoded = 0
+        """Records decoded from JSON so far (the rest were reused from the cache)."""
+        self.reused = 0
+        self._held: dict[str, dict[str, _Held]] = {}
+        self._names: dict[str, dict[str, str]] = {}  # escaped key names, per cache too
+        self._redis: Store | None = store if isinstance(store, Store) else None
+        if self._redis is not None:
+            self._read = self._redis._r.register_script(_READ)
+
+    async def index(self, which: Index) -> tuple[list[Session], ResidencyMap]:
+        """The sessions of index set ``which`` (sorted by id, absent ones skipped) and the
+        residency of each id read."""
+        ids = await (self.store.pool_ids() if which == "pool" else self.store.admitted_tool_ids())
+        return await self.read(sorted(ids), which)
+
+    async def read(self, ids: Sequence[str], cache: str) -> tuple[list[Session], ResidencyMap]:
+        """The sessions ``ids`` (in order; absent ones skipped) and their residency; the
+        reader's cache named ``cache`` is replaced by what this read saw."""
+        if self._redis is None:
+            sessions = await self.store.sessions(ids) if ids else []
+            self.decoded += len(sessions)
+            return sessions, (await self.store.residency(ids) if ids else {})
+        old = self._held.get(cache, {})
+        new: dict[str, _Held] = {}
+        out: list[Session] = []
+        residency: ResidencyMap = {}
+        keys = self._redis.keys
+        # the script swaps the session hash prefix for the residency one (same escaped id)
+        head = [keys.residency("x")[:-1], str(len(keys.session("x")) - 1)]
+        names = self._names.get(cache, {})
+        fresh: dict[str, str] = {}
+        for lo in range(0, len(ids), self.chunk):
+            part = ids[lo : lo + self.chunk]
+            args = list(head)
+            for sid in part:
+                h = old.get(sid)
+                args.append("" if h is None else f"{h.v} {h.updated_at}")
+            kv: list[str] = []
+            for sid in part:
+                key = names.get(sid) or keys.session(sid)
+                fresh[sid] = key
+                kv.append(key)
+            reply = await self._read(keys=kv, args=args)
+            for j, sid in enumerate(part):
+                held = self._one(sid, reply[2 * j], old.get(sid))
+                residency[sid] = _residency(reply[2 * j + 1])
+                if held is not None:
+                    new[sid] = held
+                    out.append(held.session)
+        self._held[cache] = new
+        self._names[cache] = fresh
+        return out, residency
+
+    def _one(self, sid: str, raw: Sequence[Any], held: _Held | None) -> _Held | None:
+        """One session reply of ``read_sessions.lua`` against what the cache holds."""
+        if len(raw) == 0:
+            return None
+        if len(raw) == 3:
+            if held is None:  # pragma: no cover - the script only skips what we passed
+                raise StoreError(f"session {sid!r}: short reply without a cached record")
+            probe = _text(raw[2])
+            self.reused += 1
+            if probe != held.probe:
+                s = replace(held.session, probe_mark=_opt_float(probe))
+                return _Held(held.v, held.updated_at, probe, s)
+            return held
+        *small, data = raw
+        if data is None:  # no ``data``: no record
+            return None
+        values: list[Any] = [_text(x) for x in small]
+        values.append(data)
+        self.decoded += 1
+        s = decode_session_values(values)
+        return _Held(values[0], values[6], values[5], s)
+
+
+async def idle_candidates(
+    store: StateStore, now: float, timeout_s: float, chunk: int = CHUNK
+) -> list[str]:
+    """Ids of the stored sessions the idle rule (:func:`is_idle`) selects at ``now``, sorted.
+
+    On Redis only the four fields the rule reads are fetched; a session that changes after
+    the read is re-checked by the caller's update."""
+    if not isinstance(store, Store):
+        return [
+            s.id
+            for s in await store.sessions(None)
+            if is_idle(s.node, s.activity, s.ended, s.updated_at, now, timeout_s)
+        ]
+    ids = sorted(await store.session_ids())
+    script = store._r.register_script(_FIELDS)
+    out: list[str] = []
+    for lo in range(0, len(ids), chunk):
+        part = ids[lo : lo + chunk]
+        reply = await script(keys=[store.keys.session(sid) for sid in part], args=IDLE_FIELDS)
+        for sid, raw in zip(part, reply, strict=True):
+            node, activity, ended, updated_at = (_text(x) for x in raw)
+            if updated_at == "":  # absent (deleted meanwhile)
+                continue
+            try:
+                at = float(updated_at)
+            except ValueError as exc:
+                raise StoreError(f"corrupt session record {sid!r}: {exc}") from None
+            if is_idle(node or None, activity, ended == "1", at, now, timeout_s):
+                out.append(sid)
+    return out
+
+
+def sessions_by_id(*groups: Iterable[Session]) -> list[Session]:
+    """The sessions of ``groups`` sorted by id, one per id (the first seen wins)."""
+    seen: dict[str, Session] = {}
+    for g in groups:
+        for s in g:
+            seen.setdefault(s.id, s)
+    return [seen[k] for k in sorted(seen)]

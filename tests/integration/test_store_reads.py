@@ -1,0 +1,136 @@
+"""The valuation read paths (shared/infra/store_reads.py) against FakeStore and real Redis:
+they return exactly what the plain protocol reads return, and reuse decoded records."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import pytest
+import redis.asyncio as aioredis
+
+from shared.core.session import Session, ToolCall, admit, on_end, on_request, on_response
+from shared.infra.fake_store import FakeStore
+from shared.infra.store import Store
+from shared.infra.store_reads import SessionReader, idle_candidates
+from shared.infra.store_types import StateStore
+
+
+@pytest.fixture(params=["fake", "redis", "redis-text"])
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    """A store on a fresh uuid domain; the Redis ones delete their keys afterwards."""
+    domain = "t" + uuid.uuid4().hex[:12]
+    if request.param == "fake":
+        yield FakeStore(domain)
+        return
+    url = request.getfixturevalue("redis_url")
+    client = aioredis.Redis.from_url(url, decode_responses=request.param == "redis-text")
+    real = Store(client, domain)
+    try:
+        yield real
+    finally:
+        await real.clear()
+        await client.aclose()
+
+
+def _put(s: Session) -> Callable[[Session | None], Session]:
+    return lambda _old: s
+
+
+async def _seed(store: StateStore) -> None:
+    """Pooled (waiting, in a tool), admitted in a tool, admitted idle, ended; odd ids too."""
+    for i, sid in enumerate(["p0", "p1", "weird id:{x}/é", "t0", "t1", "idle0", "gone"]):
+        s, _ = on_request(Session(sid), f"r{i}", 10.0 + i, model="m", tokens_estimate=1000 + i)
+        if sid.startswith("p1"):
+            s = on_response(s, 11.0, total_tokens=1500, tool_calls=[("c1", "bash")])
+        if sid.startswith("t"):
+            s = admit(s, "n1", 2000 + i, 12.0)
+            s = on_response(s, 13.0, total_tokens=1600, tool_calls=[("c", "bash")])
+        if sid.startswith("idle"):
+            s = on_response(admit(s, "n1", 2000 + i, 12.0), 13.5, total_tokens=1700)
+        if sid == "gone":
+            s = on_end(s, 14.0)
+        await store.update_session(sid, _put(s))
+        await store.put_residency(sid, "n1", 512 * (i + 1), 9.5 + i)
+        if i % 2:
+            await store.put_residency(sid, "n2", 16 * (i + 1), 3.25)
+
+
+async def _plain(store: StateStore, which: str) -> tuple[list[Session], dict[str, object]]:
+    ids = sorted(await (store.pool_ids() if which == "pool" else store.admitted_tool_ids()))
+    return await store.sessions(ids), dict(await store.residency(ids))
+
+
+class TestSessionReader:
+    async def test_same_as_plain_reads(self, store: StateStore) -> None:
+        """Both index sets read through the reader equal sessions() + residency() of them."""
+        await _seed(store)
+        reader = SessionReader(store, chunk=2)
+        for which in ("pool", "admitted_tool"):
+            got, res = await reader.index(which)  # type: ignore[arg-type]
+            want, want_res = await _plain(store, which)
+            assert got == want
+            assert res == want_res
+        assert {s.id for s in (await reader.index("pool"))[0]} == {"p0", "p1", "weird id:{x}/é"}
+
+    async def test_unchanged_records_are_not_decoded_again(self, store: StateStore) -> None:
+        """A second read reuses every record; a changed one is decoded again and read fresh."""
+        await _seed(store)
+        reader = SessionReader(store)
+        await reader.index("pool")
+        first = reader.decoded
+        got, _ = await reader.index("pool")
+        if isinstance(store, Store):
+            assert reader.decoded == first and reader.reused == 3
+        p0 = await store.get_session("p0")
+        assert p0 is not None
+        await store.update_session("p0", _put(on_response(p0, 20.0, total_tokens=9999)))
+        await store.update_session(
+            "p1", lambda s: None if s is None else on_request(s, "r9", 21.0)[0]
+        )
+        got, _ = await reader.index("pool")
+        assert got == (await _plain(store, "pool"))[0]
+        assert "p0" not in {s.id for s in got}  # left the pool: it now runs nowhere, idle
+        if isinstance(store, Store):
+            assert reader.decoded == first + 1  # only p1 (p0 is not in the pool any more)
+
+    async def test_probe_mark_without_version_bump_is_seen(self, store: StateStore) -> None:
+        """A probe mark written without a version bump shows in the next cached read."""
+        await _seed(store)
+        reader = SessionReader(store)
+        await reader.index("pool")
+        assert await store.put_probe_marks({"p1": 42.5, "p0": None}) == 2
+        got, _ = await reader.index("pool")
+        assert {s.id: s.probe_mark for s in got}["p1"] == 42.5
+        assert got == (await _plain(store, "pool"))[0]
+        assert await store.put_probe_marks({"p1": None}) == 1
+        got, _ = await reader.index("pool")
+        assert {s.id: s.probe_mark for s in got}["p1"] is None
+
+    async def test_deleted_session_is_skipped(self, store: StateStore) -> None:
+        """A session deleted between the id read and the record read is simply absent."""
+        await _seed(store)
+        reader = SessionReader(store)
+        await reader.read(["p0", "p1"], "pool")
+        await store.delete_session("p0")
+        got, res = await reader.read(["p0", "p1"], "pool")
+        assert [s.id for s in got] == ["p1"]
+        assert res["p0"] == {}
+
+
+class TestIdleCandidates:
+    async def test_same_as_rule_on_full_records(self, store: StateStore) -> None:
+        """The four-field read selects exactly the admitted, idle, not-ended sessions whose
+        last update is older than the timeout."""
+        await _seed(store)
+        call = ToolCall(call_id="c", tool="bash", started_at=1.0)
+        idle = Session("idle-old", version=3, node="n1", weight=10, updated_at=5.0, tool=None)
+        await store.update_session("idle-old", _put(idle))
+        in_tool = Session(
+            "tool-old", version=1, node="n1", weight=5, activity="tool", tool=call, updated_at=5.0
+        )
+        await store.update_session("tool-old", _put(in_tool))
+        await store.update_session("free-old", _put(Session("free-old", version=1, updated_at=5.0)))
+        assert await idle_candidates(store, 100.0, 90.0, chunk=3) == ["idle-old"]
+        assert await idle_candidates(store, 100.0, 86.0, chunk=3) == ["idle-old", "idle0"]
+        assert await idle_candidates(store, 100.0, 95.0) == []

@@ -396,7 +396,8 @@ TICK_PARTS = ("valuation run_tick", "  reads", "  value", "decode", "solve", "ap
 
 async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[float]]:
     """Valuator.run_tick + decode + decide (worker thread) + store.apply, as the services do,
-    with one waiting eligible session per tick; plus the tick's reads and valuation alone."""
+    with one waiting eligible session per tick; plus the tick's pool reads (the valuation's
+    cached reader) and valuation alone."""
     settings = Settings.from_env()
     quiet = structlog.wrap_logger(None, wrapper_class=structlog.make_filtering_bound_logger(40))
     fake = FakeBus()
@@ -431,10 +432,9 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
             out[part].append((b - a) * 1000.0)
         # the same tick's reads and valuation, timed step by step (not part of "total")
         r0 = time.perf_counter()
-        ids = sorted((await store.pool_ids()) | (await store.admitted_tool_ids()))
-        sessions = await store.sessions(ids)
+        assert valuator.reader is not None
+        sessions, residency = await valuator.reader.index("pool")  # the service's read path
         views = await store.node_views()
-        residency = await store.residency(ids)
         history = await store.history()
         r1 = time.perf_counter()
         value_snapshot(sessions, views, residency, history, time.time(), params=valuator.params)

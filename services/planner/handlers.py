@@ -167,12 +167,13 @@ class Planner:
             shown = replace(decision, admits=forced.admitted + decision.admits)
         r = decision.result
         tao_family = self.policy.name.startswith("tao")  # only the DP has a fallback
-        await self.store.record_solve(
-            elapsed_ms, r.method, r.exact, fallback=tao_family and not r.exact
-        )
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
             applied = await self.store.apply(decision, self.clock())
             placed = await self._publish_placements(core.tick, applied)
+        # Bookkeeping after the placements are out: it is off the tool-end -> placement path.
+        await self.store.record_solve(
+            elapsed_ms, r.method, r.exact, fallback=tao_family and not r.exact
+        )
         if self.policy.name == "thunderagent":
             if applied.discarded:
                 self.thunder.discarded()

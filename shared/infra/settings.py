@@ -11,7 +11,7 @@ message names the variable, what is wrong and what was given
 | TAO_NAMESPACE             | ""        | prefix of every subject (`ns.`) and stream (`ns_`)      |
 | TAO_DOMAIN                | default   | scheduling domain; the Redis hash tag `{domain}`        |
 | TAO_TICK_S                | 1.0       | scheduling tick period, s (> 0)                         |
-| TAO_DEBOUNCE_S            | 0.002     | early-tick debounce after a wake-up event, s (>= 0)     |
+| TAO_DEBOUNCE_S            | 0.0005    | early-tick debounce after a wake-up event, s (>= 0)     |
 | TAO_POLICY                | tao       | placement policy, one of `tao policies`                 |
 | TAO_HALF_LIFE_S           | 10        | residency credit half-life, s (> 0)                     |
 | TAO_CREDIT_UNIT           | 256       | tokens per credit unit (> 0)                            |
@@ -77,7 +77,7 @@ class Settings:
     namespace: str = ""
     domain: str = "default"
     tick_s: float = 1.0
-    debounce_s: float = 0.002
+    debounce_s: float = 0.0005
     policy: str = "tao"
     half_life_s: float = 10.0
     credit_unit: int = 256

@@ -14,7 +14,7 @@ class TestDefaults:
         s = Settings.from_env({})
         assert s == Settings()
         assert s.nats_url is None and s.redis_url is None
-        assert (s.domain, s.tick_s, s.debounce_s, s.policy) == ("default", 1.0, 0.002, "tao")
+        assert (s.domain, s.tick_s, s.debounce_s, s.policy) == ("default", 1.0, 0.0005, "tao")
         assert (s.gateway_id, s.gateway_host, s.gateway_port) == ("gw0", "127.0.0.1", 8000)
         assert (s.max_deliver, s.log_format, s.nodes) == (5, "json", ())
 

@@ -26,8 +26,16 @@ async def bus(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[M
         await fake.drain()
         return
     url = request.getfixturevalue("nats_url")
+    # Messages the server handed to a consumer that then stopped (in flight on the wire when it
+    # unsubscribed) come back after the ack wait; 2 s keeps that inside the tests' timeouts
+    # (services use TAO_ACK_WAIT_S, 30 s by default: a restart delays them, never loses them).
     real = await Bus.connect(
-        url, name="test", namespace=namespace, max_deliver=MAX_DELIVER, retry_backoff_s=BACKOFF_S
+        url,
+        name="test",
+        namespace=namespace,
+        max_deliver=MAX_DELIVER,
+        retry_backoff_s=BACKOFF_S,
+        ack_wait_s=2.0,
     )
     await real.ensure_streams()
     try:

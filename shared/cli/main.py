@@ -1,4 +1,5 @@
-"""The ``tao`` command line: ``plan``, ``compare``, ``policies``, ``version``.
+"""The ``tao`` command line: ``plan``, ``compare``, ``policies``, ``version``, ``sim``,
+``service``, ``up``, ``status`` and ``demo``.
 
 Exit codes: 0 success; 2 bad usage or bad input, with exactly one line on stderr of the form
 ``tao plan: error: <field>: <reason>``; 1 an unexpected internal error (also one line);
@@ -19,7 +20,10 @@ from typing import NoReturn, TextIO, cast
 import orjson
 
 from shared.cli.compare import compare_documents, compare_table, run_all
+from shared.cli.demo import add_demo_parser
+from shared.cli.ops import OpsError, add_ops_parsers
 from shared.cli.plan import plan_document, run_policy
+from shared.cli.sim import add_sim_parser
 from shared.cli.snapshot import parse_snapshot
 from shared.core.generate import CreditMode, generate
 from shared.core.policies import DEFAULT_BUDGET, POLICY_NAMES, UnknownPolicyError
@@ -137,6 +141,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     ver = sub.add_parser("version", help="print the version")
     ver.set_defaults(run=_cmd_version)
+
+    add_sim_parser(sub)
+    add_ops_parsers(sub)
+    add_demo_parser(sub)
     return parser
 
 
@@ -304,6 +312,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(prog, f"{exc.field_path}: {exc.reason}", EXIT_USAGE)
     except UnknownPolicyError as exc:
         return _fail(prog, f"--policy: {exc}", EXIT_USAGE)
+    except OpsError as exc:
+        return _fail(prog, str(exc), EXIT_USAGE)
     except BrokenPipeError:
         _silence_stdout()
         return EXIT_BROKEN_PIPE

@@ -1,0 +1,255 @@
+"""Aggregation, the comparison table, and the files ``tao sim --out DIR`` writes.
+
+Files: ``report.md`` (the tables and the figures), ``runs.csv`` (one row per run, every
+metric), ``summary.csv`` (mean and sd over seeds per workers × policy), ``timeseries.csv``
+(running / waiting / held / admitted over time per run), ``ticks.csv`` (one row per scheduling
+round of pooled policies), ``snapshots.csv`` (the DP vs short-first study, when captured) and the
+PNG plots of :mod:`shared.sim.plots`.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+
+from shared.sim.metrics import METRICS, improvement
+from shared.sim.runner import LOWER_BOUND, Run
+from shared.sim.snapshots import SnapshotStudy
+
+__all__ = [
+    "BASELINE_NAMES",
+    "TABLE_METRICS",
+    "aggregate",
+    "comparison_table",
+    "write_csvs",
+    "write_report",
+]
+
+BASELINE_NAMES = ("rr", "cache-aware", "kv-aware", "thunderagent", "short-first")
+"""Policies a TAO variant is compared against (the paper's baselines plus short-first)."""
+
+TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
+    ("latency_mean", "latency s", "{:.1f}"),
+    ("latency_p99", "lat p99 s", "{:.1f}"),
+    ("ttft_mean", "TTFT s", "{:.3f}"),
+    ("ttft_p99", "TTFT p99 s", "{:.2f}"),
+    ("decode_tps", "decode tok/s", "{:.1f}"),
+    ("prefix_hit_rate", "hit rate", "{:.3f}"),
+    ("tool_to_first_mean", "tool→1st s", "{:.3f}"),
+    ("pause_wait_mean", "pause s", "{:.3f}"),
+    ("makespan", "makespan s", "{:.0f}"),
+)
+"""(metric, column title, format) of the comparison table."""
+
+Agg = dict[str, tuple[float | None, float | None, int]]
+
+
+def _key(w: int | None) -> int:
+    return -1 if w is None else w
+
+
+def aggregate(runs: Iterable[Run]) -> dict[tuple[int | None, str], Agg]:
+    """(workers, policy) → metric → (mean, sd, n) over seeds; sd is None for one seed."""
+    groups: dict[tuple[int | None, str], list[Run]] = {}
+    for r in runs:
+        groups.setdefault((r.workers, r.policy), []).append(r)
+    out: dict[tuple[int | None, str], Agg] = {}
+    for key, rs in groups.items():
+        agg: Agg = {}
+        for m in METRICS:
+            vals = [float(v) for r in rs if (v := r.metrics.get(m)) is not None]
+            if not vals:
+                agg[m] = (None, None, 0)
+                continue
+            sd = float(np.std(vals, ddof=1)) if len(vals) > 1 else None
+            agg[m] = (float(np.mean(vals)), sd, len(vals))
+        out[key] = agg
+    return out
+
+
+def _cell(mean: float | None, sd: float | None, fmt: str) -> str:
+    if mean is None or math.isnan(mean):
+        return "–"
+    text = fmt.format(mean)
+    return text if sd is None else f"{text} ± {fmt.format(sd)}"
+
+
+def _best_baseline(
+    agg: dict[tuple[int | None, str], Agg], w: int | None, policies: Sequence[str], metric: str
+) -> tuple[str, float] | None:
+    best: tuple[str, float] | None = None
+    for p in policies:
+        if p not in BASELINE_NAMES:
+            continue
+        mean = agg[(w, p)][metric][0]
+        if mean is None:
+            continue
+        if best is None or (improvement(metric, mean, best[1]) or 0.0) > 0:
+            best = (p, mean)
+    return best
+
+
+def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
+    """One table per workers value: policies × metrics (mean ± sd), then each non-baseline
+    policy's improvement over the best baseline per metric (positive = better; the paper's
+    Table 1 'Rel. Imprv.')."""
+    agg = aggregate(runs)
+    workers = sorted({r.workers for r in runs}, key=_key)
+    policies = list(dict.fromkeys(r.policy for r in runs))
+    blocks: list[str] = []
+    for w in workers:
+        header = ["policy", *(t for _, t, _ in TABLE_METRICS)]
+        rows: list[list[str]] = []
+        for p in policies:
+            if (w, p) not in agg:
+                continue
+            a = agg[(w, p)]
+            rows.append([p, *(_cell(a[m][0], a[m][1], f) for m, _, f in TABLE_METRICS)])
+        for p in policies:
+            if p in BASELINE_NAMES or p == LOWER_BOUND or (w, p) not in agg:
+                continue
+            cells = [f"{p} vs best baseline"]
+            for m, _, _ in TABLE_METRICS:
+                best = _best_baseline(agg, w, policies, m)
+                imp = None if best is None else improvement(m, agg[(w, p)][m][0], best[1])
+                cells.append("–" if imp is None else f"{imp:+.1f}% ({best[0] if best else ''})")
+            rows.append(cells)
+        n = max((a[METRICS[0]][2] for (ww, _), a in agg.items() if ww == w), default=0)
+        title = f"workers={w if w is not None else 'open-loop'} (seeds: {n})"
+        blocks.append(title + "\n" + _render(header, rows, markdown))
+    return "\n\n".join(blocks)
+
+
+def _render(header: list[str], rows: list[list[str]], markdown: bool) -> str:
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        return "\n".join(lines)
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{wd}}}" if i == 0 else f"{{:>{wd}}}" for i, wd in enumerate(widths))
+    return "\n".join(fmt.format(*r) for r in [header, *rows])
+
+
+def write_csvs(runs: Sequence[Run], out: str, study: SnapshotStudy | None = None) -> list[str]:
+    """runs.csv, summary.csv, timeseries.csv, ticks.csv (and snapshots.csv); returns paths."""
+    paths: list[str] = []
+
+    def open_csv(name: str, header: Sequence[str]) -> tuple[object, csv.DictWriter[str]]:
+        path = os.path.join(out, name)
+        paths.append(path)
+        fh = open(path, "w", newline="", encoding="utf-8")  # noqa: SIM115 - closed below
+        wr = csv.DictWriter(fh, fieldnames=list(header))
+        wr.writeheader()
+        return fh, wr
+
+    fh, wr = open_csv("runs.csv", ["policy", "seed", "workers", "nodes", *METRICS])
+    for r in runs:
+        wr.writerow({"policy": r.policy, "seed": r.seed, "workers": r.workers, "nodes": r.nodes,
+                     **r.metrics})  # fmt: skip
+    fh.close()  # type: ignore[attr-defined]
+    agg = aggregate(runs)
+    cols = ["workers", "policy", "seeds"] + [f"{m}_{s}" for m in METRICS for s in ("mean", "sd")]
+    fh, wr = open_csv("summary.csv", cols)
+    for (w, p), a in sorted(agg.items(), key=lambda kv: (_key(kv[0][0]), kv[0][1])):
+        row: dict[str, object] = {"workers": w, "policy": p, "seeds": a[METRICS[0]][2]}
+        for m in METRICS:
+            row[f"{m}_mean"], row[f"{m}_sd"] = a[m][0], a[m][1]
+        wr.writerow(row)
+    fh.close()  # type: ignore[attr-defined]
+    fh, wr = open_csv(
+        "timeseries.csv", ["policy", "seed", "workers", "t", "running", "waiting", "held",
+                           "admitted"]
+    )  # fmt: skip
+    for r in runs:
+        if r.result is None:
+            continue
+        for s in r.result.samples:
+            wr.writerow({"policy": r.policy, "seed": r.seed, "workers": r.workers, "t": s.t,
+                         "running": s.running, "waiting": s.waiting, "held": s.held,
+                         "admitted": s.admitted})  # fmt: skip
+    fh.close()  # type: ignore[attr-defined]
+    tick_cols = ["policy", "seed", "workers", "t", "pool", "demand", "free", "capacity", "exact",
+                 "method", "solve_s", "interrupts", "admits", "truncated"]  # fmt: skip
+    fh, wr = open_csv("ticks.csv", tick_cols)
+    for r in runs:
+        if r.result is None:
+            continue
+        for t in r.result.ticks:
+            wr.writerow({"policy": r.policy, "seed": r.seed, "workers": r.workers, "t": t.t,
+                         "pool": t.pool, "demand": t.demand, "free": t.free,
+                         "capacity": t.capacity, "exact": t.exact, "method": t.method,
+                         "solve_s": t.solve_s, "interrupts": t.interrupts, "admits": t.admits,
+                         "truncated": t.truncated})  # fmt: skip
+    fh.close()  # type: ignore[attr-defined]
+    if study is not None:
+        fh, wr = open_csv(
+            "snapshots.csv",
+            ["t", "candidates", "verdict", "dp_credit", "dp_ready", "dp_tokens", "dp_admitted",
+             "sf_credit", "sf_ready", "sf_tokens", "sf_admitted"],
+        )  # fmt: skip
+        for c in study.comparisons:
+            o1, o2 = c.dp.objective, c.greedy.objective
+            wr.writerow({"t": c.t, "candidates": c.candidates, "verdict": c.verdict,
+                         "dp_credit": o1.credit, "dp_ready": o1.ready, "dp_tokens": o1.tokens,
+                         "dp_admitted": o1.admitted, "sf_credit": o2.credit,
+                         "sf_ready": o2.ready, "sf_tokens": o2.tokens,
+                         "sf_admitted": o2.admitted})  # fmt: skip
+        fh.close()  # type: ignore[attr-defined]
+    return paths
+
+
+def study_text(study: SnapshotStudy) -> str:
+    """One paragraph on the DP vs short-first snapshot study."""
+    n = len(study.comparisons)
+    if n == 0:
+        return "No contended snapshot (a round with more than one candidate) was captured."
+    gains = study.credit_gains()
+    text = (
+        f"{n} contended snapshots: the DP's lexicographic objective was better on "
+        f"{study.improved} ({study.improved / n:.1%}), equal on {study.equal}, worse on "
+        f"{study.worse}."
+    )
+    if gains:
+        rel = [(a - b) / b * 100 for a, b in gains if b > 0]
+        text += (
+            f" Where better, cache credit kept: mean {np.mean([a for a, _ in gains]):.0f} vs "
+            f"{np.mean([b for _, b in gains]):.0f} tokens"
+            + (f" ({np.mean(rel):+.1f}% on average where the greedy kept some)." if rel else ".")
+        )
+    return text
+
+
+def write_report(
+    runs: Sequence[Run],
+    out: str,
+    *,
+    title: str,
+    command: str,
+    study: SnapshotStudy | None = None,
+    images: Sequence[str] = (),
+) -> str:
+    """report.md in ``out``; returns its path."""
+    lines = [
+        f"# {title}",
+        "",
+        f"Command: `{command}`",
+        "",
+        "Mean ± sd over seeds. Improvement rows: relative to the best baseline "
+        f"({', '.join(BASELINE_NAMES)}) per metric; positive = better, negative = a loss.",
+        "",
+        comparison_table(runs, markdown=True),
+        "",
+    ]
+    if study is not None:
+        lines += ["## DP vs short-first on contended snapshots", "", study_text(study), ""]
+    for img in images:
+        name = os.path.basename(img)
+        lines += [f"![{name}]({name})", ""]
+    path = os.path.join(out, "report.md")
+    with open(path, "w", encoding="utf-8") as fh:
+        fh.write("\n".join(lines))
+    return path

@@ -1,0 +1,76 @@
+"""`tao service`, `tao up`, `tao status` and `tao demo`: bad usage is one line and exit 2."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.cli.main import main
+from shared.cli.ops import status_table
+
+
+def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(autouse=True)
+def no_running_stack(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No `tao up` is found and no servers are configured, whatever the machine runs."""
+    monkeypatch.setenv("TAO_RUN_FILE", str(tmp_path / "absent.json"))
+    for name in ("TAO_REDIS_URL", "TAO_NATS_URL", "TAO_DOMAIN"):
+        monkeypatch.delenv(name, raising=False)
+
+
+class TestUsageErrors:
+    """Each bad invocation exits 2 with exactly one line naming the problem."""
+
+    @pytest.mark.parametrize(
+        ("argv", "fragment"),
+        [
+            (("service", "nope"), "invalid choice: 'nope'"),
+            (("up", "--time-scale", "0"), "--time-scale: must be > 0"),
+            (("up", "--port", "70000"), "--port: must be in 0..65535"),
+            (("up", "--sim-nodes", "-1"), "--sim-nodes: must be >= 0"),
+            (("demo", "--policies", "tao,nope"), "unknown policy 'nope'"),
+            (("demo", "--sessions", "0"), "--sessions: must be >= 1"),
+            (("status",), "no Redis: pass --redis URL"),
+            (("status", "--redis", "redis://127.0.0.1:1/0"), "cannot read redis://127.0.0.1:1/0"),
+        ],
+    )
+    def test_one_line_exit_2(
+        self, capsys: pytest.CaptureFixture[str], argv: tuple[str, ...], fragment: str
+    ) -> None:
+        """The message names what was wrong; nothing goes to stdout; no traceback."""
+        code, out, err = run(capsys, *argv)
+        assert code == 2 and out == ""
+        assert err.count("\n") == 1 and fragment in err, err
+        assert "Traceback" not in err
+
+
+class TestStatusTable:
+    """The plain `tao status` form lists nodes, live sessions and planner counters."""
+
+    def test_table_rows(self) -> None:
+        """Ended sessions are left out; solve percentiles print '-' without samples."""
+        text = status_table(
+            {
+                "domain": "d",
+                "nodes": [
+                    {"id": "n1", "healthy": True, "capacity_tokens": 1000, "reserved": 10,
+                     "free": 890}
+                ],
+                "sessions": [
+                    {"id": "a", "activity": "tool", "node": "n1", "tokens": 5, "version": 3,
+                     "ended": False},
+                    {"id": "b", "activity": "idle", "node": None, "tokens": 1, "version": 9,
+                     "ended": True},
+                ],
+                "planner": {"ticks": 4, "plans_applied": 2, "solve_ms": None},
+            }
+        )  # fmt: skip
+        assert "n1          yes" in text and "sessions 1 live" in text
+        assert "a " in text and "\nb " not in text
+        assert "ticks 4  applied 2" in text and "p50 -" in text

@@ -38,7 +38,8 @@ class TestDurableAcrossConnections:
     async def test_new_connection_resumes_the_durable(self, nats_url: str, namespace: str) -> None:
         """A consumer that stops after 40 and closes its connection leaves the other 60 to a
         consumer on a new connection with the same durable, each exactly once."""
-        first_bus = await Bus.connect(nats_url, name="first", namespace=namespace)
+        # ack wait 2 s: messages in flight when the first consumer stops come back in time
+        first_bus = await Bus.connect(nats_url, name="first", namespace=namespace, ack_wait_s=2.0)
         await first_bus.ensure_streams()
         for i in range(100):
             await first_bus.publish_msg(
@@ -61,7 +62,7 @@ class TestDurableAcrossConnections:
             await stopped.wait()
         await first_bus.drain()
 
-        second_bus = await Bus.connect(nats_url, name="second", namespace=namespace)
+        second_bus = await Bus.connect(nats_url, name="second", namespace=namespace, ack_wait_s=2.0)
         rest: list[str] = []
         done = asyncio.Event()
 

@@ -12,6 +12,8 @@ from collections.abc import AsyncIterator
 import pytest
 
 from shared.infra import Bus, FakeBus, MessageBus
+from shared.infra.store_types import StateStore
+from tests.integration.stores import STORE_KINDS, open_store
 
 MAX_DELIVER = 3
 BACKOFF_S = 0.01
@@ -45,3 +47,15 @@ async def bus(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[M
         admin = await Bus.connect(url, name="test-cleanup", namespace=namespace)
         await admin.delete_streams()
         await admin.drain()
+
+
+@pytest.fixture(params=STORE_KINDS)
+async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
+    """A store on a fresh uuid domain: in memory, or Redis with byte or text replies (the
+    Redis ones delete their keys afterwards)."""
+    url = request.getfixturevalue("redis_url") if request.param != "fake" else ""
+    opened, close = await open_store(request.param, url)
+    try:
+        yield opened
+    finally:
+        await close()

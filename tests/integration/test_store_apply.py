@@ -3,57 +3,22 @@
 from __future__ import annotations
 
 import asyncio
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
-import redis.asyncio as aioredis
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from shared.core.problem import ZERO, PlanResult
 from shared.core.session import Activity, Session, admit, on_request, on_response
 from shared.core.tick import Applied, Decision, Move, apply_decision, live_free
-from shared.infra.fake_store import FakeStore
-from shared.infra.store import Store
 from shared.infra.store_types import StateStore
+from tests.integration.stores import open_store
 
 _RESULT = PlanResult(assignments=(), objective=ZERO, exact=True, method="test")
 
 
 def _decision(interrupts: tuple[Move, ...] = (), admits: tuple[Move, ...] = ()) -> Decision:
     return Decision(tick=1, interrupts=interrupts, admits=admits, result=_RESULT)
-
-
-async def _open(kind: str, redis_url: str) -> tuple[StateStore, Callable[[], Awaitable[None]]]:
-    domain = "t" + uuid.uuid4().hex[:12]
-    if kind == "fake":
-        fake = FakeStore(domain)
-
-        async def nothing() -> None:
-            return None
-
-        return fake, nothing
-    client = aioredis.Redis.from_url(redis_url, decode_responses=kind == "redis-text")
-    real = Store(client, domain)
-
-    async def close() -> None:
-        await real.clear()
-        await client.aclose()
-
-    return real, close
-
-
-@pytest.fixture(params=["fake", "redis", "redis-text"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    """A store on a fresh uuid domain; the Redis ones (bytes and decoded-text replies) delete
-    their keys afterwards."""
-    url = request.getfixturevalue("redis_url") if request.param != "fake" else ""
-    opened, close = await _open(request.param, url)
-    try:
-        yield opened
-    finally:
-        await close()
 
 
 async def _pool(store: StateStore, sid: str, tokens: int = 500) -> Session:
@@ -256,7 +221,7 @@ class TestApplyMatchesReference:
         """apply() returns and writes exactly what shared.core.tick.apply_decision does."""
 
         async def run() -> None:
-            store, close = await _open(kind, redis_url)
+            store, close = await open_store(kind, redis_url)
             try:
                 await _equivalence(store, world)
             finally:

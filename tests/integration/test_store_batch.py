@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import pytest
-import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -26,43 +24,12 @@ from shared.core.session import (
     on_tool_start,
     release,
 )
-from shared.infra.fake_store import FakeStore
 from shared.infra.store import Store
 from shared.infra.store_types import SessionFnWith, StateStore, StoreError
+from tests.integration.stores import open_store
 
 Step = SessionFnWith[object]
 _NODES = ("n0", "n1", "n2")
-
-
-async def _open(kind: str, redis_url: str) -> tuple[StateStore, Callable[[], Awaitable[None]]]:
-    """A store on a fresh uuid domain and the coroutine that deletes its keys."""
-    domain = "t" + uuid.uuid4().hex[:12]
-    if kind == "fake":
-        fake = FakeStore(domain)
-
-        async def nothing() -> None:
-            return None
-
-        return fake, nothing
-    client = aioredis.Redis.from_url(redis_url, decode_responses=kind == "redis-text")
-    real = Store(client, domain)
-
-    async def close() -> None:
-        await real.clear()
-        await client.aclose()
-
-    return real, close
-
-
-@pytest.fixture(params=["fake", "redis", "redis-text"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    """A store on a fresh uuid domain; the Redis ones delete their keys afterwards."""
-    url = request.getfixturevalue("redis_url") if request.param != "fake" else ""
-    opened, close = await _open(request.param, url)
-    try:
-        yield opened
-    finally:
-        await close()
 
 
 def _waiting(sid: str, tokens: int = 1000, at: float = 1.0) -> Session:
@@ -183,7 +150,7 @@ class TestRealStoreScripts:
     async def test_lost_script_is_reloaded(self, redis_url: str) -> None:
         """A write script unknown to the server (restart, SCRIPT FLUSH) is loaded again and
         the batch lands."""
-        real, close = await _open("redis", redis_url)
+        real, close = await open_store("redis", redis_url)
         try:
             assert isinstance(real, Store)
             real._batch_write.sha = "0" * 40
@@ -298,8 +265,8 @@ class TestBatchEqualsSingles:
         what the single updates in order do, reserved totals included."""
 
         async def run() -> None:
-            batched, close_b = await _open(kind, redis_url)
-            single, close_s = await _open(kind, redis_url)
+            batched, close_b = await open_store(kind, redis_url)
+            single, close_s = await open_store(kind, redis_url)
             try:
                 await _batch_equals_singles(batched, single, script)
             finally:
@@ -331,8 +298,8 @@ class TestRecordTools:
         """record_tools stores exactly what record_tool per sample, in order, does."""
 
         async def run() -> None:
-            batched, close_b = await _open(kind, redis_url)
-            single, close_s = await _open(kind, redis_url)
+            batched, close_b = await open_store(kind, redis_url)
+            single, close_s = await open_store(kind, redis_url)
             try:
                 await batched.record_tool("bash", 2.0)
                 await single.record_tool("bash", 2.0)

@@ -3,34 +3,12 @@ they return exactly what the plain protocol reads return, and reuse decoded reco
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import AsyncIterator, Callable
-
-import pytest
-import redis.asyncio as aioredis
+from collections.abc import Callable
 
 from shared.core.session import Session, ToolCall, admit, on_end, on_request, on_response
-from shared.infra.fake_store import FakeStore
 from shared.infra.store import Store
 from shared.infra.store_reads import SessionReader, idle_candidates
 from shared.infra.store_types import StateStore
-
-
-@pytest.fixture(params=["fake", "redis", "redis-text"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    """A store on a fresh uuid domain; the Redis ones delete their keys afterwards."""
-    domain = "t" + uuid.uuid4().hex[:12]
-    if request.param == "fake":
-        yield FakeStore(domain)
-        return
-    url = request.getfixturevalue("redis_url")
-    client = aioredis.Redis.from_url(url, decode_responses=request.param == "redis-text")
-    real = Store(client, domain)
-    try:
-        yield real
-    finally:
-        await real.clear()
-        await client.aclose()
 
 
 def _put(s: Session) -> Callable[[Session | None], Session]:

@@ -5,12 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
-import redis.asyncio as aioredis
 
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, record, update
@@ -24,29 +21,8 @@ from shared.core.session import (
     on_tool_start,
     release,
 )
-from shared.infra.fake_store import FakeStore
 from shared.infra.keys import KeyNameError
-from shared.infra.store import Store
 from shared.infra.store_types import StateStore, StoreError
-
-
-@pytest.fixture(params=["fake", "redis", "redis-text"])
-async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    """A store on a fresh uuid domain; the Redis ones (bytes and decoded-text replies) delete
-    their keys afterwards."""
-    domain = "t" + uuid.uuid4().hex[:12]
-    if request.param == "fake":
-        yield FakeStore(domain)
-        return
-    client = aioredis.Redis.from_url(
-        request.getfixturevalue("redis_url"), decode_responses=request.param == "redis-text"
-    )
-    real = Store(client, domain)
-    try:
-        yield real
-    finally:
-        await real.clear()
-        await client.aclose()
 
 
 def _waiting(sid: str, tokens: int = 1000, at: float = 1.0) -> Session:

@@ -34,6 +34,7 @@ from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_r
 __all__ = ["add_ops_parsers", "status_table"]
 
 KNOWN_SERVICES: tuple[str, ...] = (*SERVICES, "simnode")
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 class OpsError(Exception):
@@ -112,7 +113,9 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         log_dir=args.log_dir,
     )
     stop = threading.Event()
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # Both signals only set the event; the loop below then stops everything in order. SIGINT
+    # gets a handler of its own too, because a shell starts background jobs with it ignored.
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in _STOP_SIGNALS}
     stack = Stack(config)
     try:
         try:
@@ -142,12 +145,13 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
             if dead:
                 name, code = dead[0]
                 raise OpsError(f"{name} exited with code {code} (log: {stack.log_dir})")
-    except KeyboardInterrupt:
-        out.write("tao up: stopping\n")
     finally:
+        out.write("tao up: stopping\n")
+        out.flush()
         stack.stop()
         remove_run_file(pid=os.getpid())
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     return 0
 
 

@@ -91,6 +91,9 @@ class Agent:
     tool_time: float = 0.0
     served: dict[str, float] = field(default_factory=dict)
     pending: bool = False
+    resident: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """Per node: (engine's ``evicted_blocks`` then, leading blocks of the session's chain
+    known resident then): a lower bound while nothing has been evicted since."""
 
     @property
     def prompt_len(self) -> int:
@@ -375,13 +378,11 @@ class Simulator:
         if agent is None or not agent.served:
             return {}
         out: dict[str, tuple[int, float]] = {}
-        toks: list[int] | None = None
+        nblocks = agent.ctx // self.profile.block_size
         for node, t_obs in sorted(agent.served.items()):
             if only is not None and node != only:
                 continue
-            if toks is None:
-                toks = agent.tokens.take(0, agent.ctx)
-            k0 = self.engines[node].resident_prefix(toks, sid)
+            k0 = self._resident_blocks(agent, node, nblocks) * self.profile.block_size
             if k0 > 0:
                 out[node] = (k0, t_obs)
         return out
@@ -389,13 +390,39 @@ class Simulator:
     def resident_now(self, sid: str) -> dict[str, int]:
         """``{node: tokens}`` of the session's next prompt resident on each node (routers)."""
         agent = self.agents[sid]
-        toks = agent.tokens.take(0, agent.prompt_len)
+        nblocks = agent.prompt_len // self.profile.block_size
         out: dict[str, int] = {}
         for node in self.node_ids:
-            k = self.engines[node].resident_prefix(toks, sid)
+            k = self._resident_blocks(agent, node, nblocks) * self.profile.block_size
             if k > 0:
                 out[node] = k
         return out
+
+    def _resident_blocks(self, agent: Agent, node: str, nblocks: int) -> int:
+        """Leading blocks of the session's first ``nblocks`` resident on ``node`` now (the
+        engine's ground truth). Blocks leave the cache only by eviction, so the blocks known
+        resident at the last query before the first of them evicted since are still resident:
+        the walk starts there (a query costs the evictions and cachings since, not the whole
+        chain); a full walk when that log is longer than the known run or no longer kept."""
+        eng = self.engines[node]
+        ev = eng.evicted_blocks
+        hashes = agent.tokens.block_hashes(nblocks, self.profile.block_size)
+        known = agent.resident.get(node)
+        start = 0
+        if known is not None:
+            mark, start = known
+            if mark != ev:  # blocks before the first one evicted since are still resident
+                gone = eng.evicted_since(mark) if ev - mark < start else None
+                if gone is None:
+                    start = 0
+                else:
+                    index = agent.tokens.index
+                    common = index.keys() & gone
+                    if common:
+                        start = min(start, min(index[h] for h in common))
+        n = eng.resident_blocks(hashes, nblocks, start)
+        agent.resident[node] = (ev, max(n, start))
+        return n
 
     def bump(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

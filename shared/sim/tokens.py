@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import zlib
 
+from shared.core.engine import ROOT_HASH, chain_hash
+
 _FAMILY_SPACE = 1 << 24
 _SESSION_BASE = 1 << 40
 _SESSION_SPACE = 1 << 24
@@ -27,19 +29,44 @@ def family_base(family: str) -> int:
 class SessionTokens:
     """Token ids of one session's context; :meth:`take` returns a list slice."""
 
-    __slots__ = ("_cache", "base", "shared", "shared_base")
+    __slots__ = ("_cache", "_hashes", "_index", "base", "shared", "shared_base")
 
     def __init__(self, family: str, shared_prefix: int, index: int) -> None:
         self.shared = shared_prefix
         self.shared_base = family_base(family)
         self.base = _SESSION_BASE + index * _SESSION_SPACE
         self._cache: list[int] = []
+        self._hashes: list[int] = []
+        self._index: dict[int, int] = {}
 
     def take(self, start: int, stop: int) -> list[int]:
         """Ids at positions ``[start, stop)``."""
         if stop > len(self._cache):
             self._grow(stop)
         return self._cache[start:stop]
+
+    def block_hashes(self, nblocks: int, block_size: int) -> list[int]:
+        """The engine's chain hashes (:func:`~shared.core.engine.chain_hash` from ``ROOT_HASH``)
+        of the first ``nblocks`` full blocks, extended incrementally; the returned list may be
+        longer than ``nblocks`` (one ``block_size`` per session)."""
+        hs = self._hashes
+        if len(hs) < nblocks:
+            if nblocks * block_size > len(self._cache):
+                self._grow(nblocks * block_size)
+            toks = self._cache
+            index = self._index
+            parent = hs[-1] if hs else ROOT_HASH
+            for j in range(len(hs), nblocks):
+                parent = chain_hash(parent, toks[j * block_size : j * block_size + block_size])
+                hs.append(parent)
+                index.setdefault(parent, j)
+        return hs
+
+    @property
+    def index(self) -> dict[int, int]:
+        """``{block hash: first position}`` of the hashes :meth:`block_hashes` computed so far
+        (read-only use)."""
+        return self._index
 
     def _grow(self, n: int) -> None:
         have = len(self._cache)

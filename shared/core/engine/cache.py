@@ -24,8 +24,9 @@ ref 0 or out of it with ref > 0; the hash map and the blocks' hashes agree.
 
 from __future__ import annotations
 
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
+from itertools import islice
 from typing import Final
 
 from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
@@ -36,6 +37,9 @@ ROOT_HASH: Final = 0x9E37_79B9_7F4A_7C15
 """The parent hash of a sequence's first block."""
 
 _MASK64: Final = (1 << 64) - 1
+
+_LOG_KEEP: Final = 1 << 16
+"""Evicted hashes the pool keeps for :meth:`BlockPool.evicted_since` (trimmed past twice this)."""
 
 
 def chain_hash(parent: int, tokens: Sequence[int]) -> int:
@@ -50,10 +54,14 @@ class BlockPool:
         "_cached",
         "_emit",
         "_events",
+        "_evict_log",
         "_free",
         "_hash",
+        "_log_base",
         "_ref",
         "block_size",
+        "evicted",
+        "generation",
         "num_blocks",
     )
 
@@ -68,6 +76,13 @@ class BlockPool:
         self._cached: dict[int, int] = {}
         self._emit = emit_kv_events
         self._events: list[KVEvent] = []
+        self.evicted = 0
+        """Blocks un-cached so far (monotone): a hash leaves the map only through eviction."""
+        self._evict_log: list[int] = []
+        self._log_base = 0
+        self.generation = 0
+        """Bumped by every mutation (touch, allocate, release, cache): equal generations mean
+        an identical pool (callers cache derived answers on it)."""
 
     # -- queries ---------------------------------------------------------------------------------
 
@@ -98,21 +113,44 @@ class BlockPool:
         """Free block ids from LRU head (next evicted) to tail."""
         return list(self._free)
 
-    def longest_hit(self, hashes: Sequence[int], limit: int) -> list[int]:
-        """Block ids of the longest cached run of ``hashes[:limit]`` from the start."""
-        out: list[int] = []
+    def longest_hit(
+        self, hashes: Sequence[int], limit: int, known: list[int] | None = None
+    ) -> list[int]:
+        """Block ids of the longest cached run of ``hashes[:limit]`` from the start. ``known``:
+        an earlier answer for the same hashes with nothing evicted since (a hash leaves the
+        map, and its block changes, only by eviction), so still valid; the walk resumes after
+        it."""
         cached = self._cached
-        for h in hashes[:limit]:
-            block = cached.get(h)
-            if block is None:
-                break
-            out.append(block)
-        return out
+        stop = min(limit, len(hashes))
+        j = 0 if known is None else min(len(known), stop)
+        start = j
+        while j < stop and hashes[j] in cached:
+            j += 1
+        if known is None:
+            return [cached[h] for h in hashes[:j]]
+        return known[:start] + [cached[h] for h in hashes[start:j]]
+
+    def evicted_since(self, mark: int) -> list[int] | None:
+        """Hashes un-cached since :attr:`evicted` was ``mark``, oldest first; ``None`` when the
+        log no longer reaches back that far (it keeps the last ``_LOG_KEEP`` or more)."""
+        if mark < self._log_base:
+            return None
+        return self._evict_log[mark - self._log_base :]
+
+    def resident_run(self, hashes: Sequence[int], start: int, stop: int) -> int:
+        """Smallest ``j`` in ``[start, stop]`` with ``hashes[j]`` not cached (``stop`` if all
+        are): with ``hashes[:start]`` known cached, the length of the cached run."""
+        cached = self._cached
+        j = start
+        while j < stop and hashes[j] in cached:
+            j += 1
+        return j
 
     # -- mutations -------------------------------------------------------------------------------
 
     def touch(self, blocks: Iterable[int]) -> None:
         """Take hit ``blocks`` into use: ref++ and out of the free queue when they were free."""
+        self.generation += 1
         ref = self._ref
         free = self._free
         for b in blocks:
@@ -125,30 +163,38 @@ class BlockPool:
         free = self._free
         if n > len(free):
             raise ValueError(f"cannot allocate {n} blocks, {len(free)} free")
-        out: list[int] = []
+        self.generation += 1
+        out = list(islice(free, n))
         ref = self._ref
         hashes = self._hash
         cached = self._cached
-        pop = free.popitem
-        for _ in range(n):
-            b = pop(last=False)[0]
-            h = hashes[b]
-            if h is not None:
-                del cached[h]
-                hashes[b] = None
-                if self._emit:
-                    self._events.append(BlockRemoved(block_hashes=[h], medium="GPU"))
+        log = self._evict_log
+        deque(map(free.__delitem__, out), maxlen=0)  # C-level loop: pop them off the head
+        gone = [h for h in map(hashes.__getitem__, out) if h is not None]
+        for b in out:
             ref[b] = 1
-            out.append(b)
+            hashes[b] = None
+        if gone:
+            deque(map(cached.__delitem__, gone), maxlen=0)
+            log.extend(gone)
+            if self._emit:
+                self._events.extend(BlockRemoved(block_hashes=[h], medium="GPU") for h in gone)
+            self.evicted = self._log_base + len(log)
+            if len(log) > 2 * _LOG_KEEP:
+                drop = len(log) - _LOG_KEEP
+                del log[:drop]
+                self._log_base += drop
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference to each of ``blocks``, freeing them tail first."""
+        self.generation += 1
         ref = self._ref
         free = self._free
         for b in reversed(blocks):
-            ref[b] -= 1
-            if ref[b] == 0:
+            c = ref[b] - 1
+            ref[b] = c
+            if not c:
                 free[b] = None
 
     def cache(self, block: int, block_hash: int, parent: int, tokens: Sequence[int]) -> None:
@@ -166,8 +212,15 @@ class BlockPool:
     ) -> None:
         """Cache ``blocks[j]`` under ``hashes[j]`` for ``start <= j < stop``; ``parent`` is the
         hash before ``hashes[start]`` and ``tokens[j*block_size:]`` block ``j``'s tokens."""
+        self.generation += 1
         cached = self._cached
         block_hash = self._hash
+        if not self._emit:
+            for h, b in zip(hashes[start:stop], blocks[start:stop], strict=True):
+                if h not in cached and block_hash[b] is None:
+                    cached[h] = b
+                    block_hash[b] = h
+            return
         bs = self.block_size
         for j in range(start, stop):
             h = hashes[j]

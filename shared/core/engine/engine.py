@@ -73,6 +73,7 @@ class Engine:
         self._by_id: dict[str, ReqState] = {}
         self._done: list[Completion] = []
         self._memo: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
+        self._hit_memo: tuple[ReqState, int, int, list[int], int, int] | None = None
         self._clock = 0.0
         self._now = -math.inf
         self.prefix_cache_queries = 0
@@ -104,6 +105,18 @@ class Engine:
     def kv_cached_blocks(self) -> int:
         """Blocks resident in the prefix cache (held by requests or free but not yet evicted)."""
         return self._pool.num_cached
+
+    @property
+    def evicted_blocks(self) -> int:
+        """Blocks un-cached (evicted) so far; monotone. While it stays the same, every block
+        that was resident is still resident, so a caller's resident-prefix answers stay lower
+        bounds (see :meth:`resident_blocks`)."""
+        return self._pool.evicted
+
+    def evicted_since(self, mark: int) -> list[int] | None:
+        """Block hashes evicted since :attr:`evicted_blocks` was ``mark``, oldest first, or
+        ``None`` if that is too far back (the engine keeps the recent ones only)."""
+        return self._pool.evicted_since(mark)
 
     @property
     def pool(self) -> BlockPool:
@@ -212,6 +225,13 @@ class Engine:
             n += 1
         return n * bs
 
+    def resident_blocks(self, hashes: Sequence[int], stop: int, start: int = 0) -> int:
+        """Leading blocks of the chain ``hashes[:stop]`` (block hashes as :func:`chain_hash`
+        chains them from ``ROOT_HASH``) resident now. ``start``: blocks the caller knows are
+        resident (an earlier answer with :attr:`evicted_blocks` unchanged since); the walk
+        begins there."""
+        return self._pool.resident_run(hashes, min(start, stop), stop)
+
     def drain_kv_events(self) -> list[KVEvent]:
         """``BlockStored``/``BlockRemoved`` events since the last drain (with emit_kv_events)."""
         return self._pool.drain_events()
@@ -271,19 +291,32 @@ class Engine:
 
     # -- scheduling --------------------------------------------------------------------------------
 
-    def _hits(self, r: ReqState) -> list[int]:
-        """Cached blocks of ``r``'s longest prefix hit, never covering its last known token."""
+    def _hits(self, r: ReqState) -> tuple[list[int], int]:
+        """Cached blocks of ``r``'s longest prefix hit, never covering its last known token,
+        and how many of them are free (evictable). Remembered for the last request asked
+        until the pool changes (its generation) or the request's length does: the waiting
+        head is asked again by every step and every decode-run check while it is blocked."""
         limit = (r.num_tokens - 1) // self.block_size
+        pool = self._pool
+        memo = self._hit_memo
+        known: list[int] | None = None
+        if memo is not None and memo[0] is r and memo[2] == limit:
+            if memo[1] == pool.generation:
+                return memo[3], memo[4]
+            if memo[5] == pool.evicted:  # nothing un-cached since: the old hit still holds
+                known = memo[3]
         self._hash_upto(r, limit)
-        return self._pool.longest_hit(r.hashes, limit)
+        hit = pool.longest_hit(r.hashes, limit, known)
+        evictable = pool.count_free(hit)
+        self._hit_memo = (r, pool.generation, limit, hit, evictable, pool.evicted)
+        return hit, evictable
 
     def _admit_plan(self, r: ReqState, budget: int) -> tuple[list[int], int, int] | None:
         """(hit blocks, new tokens, new blocks) if ``r`` can be admitted now, else ``None``."""
-        hit = self._hits(r)
+        hit, evictable = self._hits(r)
         hit_tokens = len(hit) * self.block_size
         n = min(r.num_tokens - hit_tokens, budget)
         need = -(-(hit_tokens + n) // self.block_size) - len(hit)
-        evictable = self._pool.count_free(hit)
         if need + evictable > self._pool.num_free:
             return None
         return hit, n, need
@@ -461,7 +494,7 @@ class Engine:
             return n
         head = self._waiting[0]
         bs = self.block_size
-        hit = len(self._hits(head))
+        hit = len(self._hits(head)[0])
         if hit >= (head.num_tokens - 1) // bs:
             return n
         missing = head.hashes[hit]

@@ -24,10 +24,12 @@ ref 0 or out of it with ref > 0; the hash map and the blocks' hashes agree.
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Sequence
-from itertools import islice
-from typing import Final
+from functools import partial
+from itertools import islice, takewhile
+from operator import is_not
+from typing import Final, cast
 
 from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
 
@@ -37,6 +39,11 @@ ROOT_HASH: Final = 0x9E37_79B9_7F4A_7C15
 """The parent hash of a sequence's first block."""
 
 _MASK64: Final = (1 << 64) - 1
+
+_NOT_NONE: Final = partial(is_not, None)
+
+_MAX_HOLES: Final = 8192
+"""Deletions from the free queue between compactions (bounds the head search's hole skipping)."""
 
 _LOG_KEEP: Final = 1 << 16
 """Evicted hashes the pool keeps for :meth:`BlockPool.evicted_since` (trimmed past twice this)."""
@@ -57,6 +64,7 @@ class BlockPool:
         "_evict_log",
         "_free",
         "_hash",
+        "_holes",
         "_log_base",
         "_ref",
         "block_size",
@@ -72,7 +80,11 @@ class BlockPool:
         self.num_blocks = num_blocks
         self._ref = [0] * num_blocks
         self._hash: list[int | None] = [None] * num_blocks
-        self._free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._free: dict[int, None] = dict.fromkeys(range(num_blocks))
+        """The LRU free queue (a dict keeps insertion order): head = next evicted."""
+        self._holes = 0
+        """Deletions from ``_free`` since it was last compacted: a dict leaves a hole per deleted
+        entry, and finding its head skips the holes before it (see :meth:`allocate`)."""
         self._cached: dict[int, int] = {}
         self._emit = emit_kv_events
         self._events: list[KVEvent] = []
@@ -106,8 +118,7 @@ class BlockPool:
 
     def count_free(self, blocks: Sequence[int]) -> int:
         """How many of ``blocks`` have ref count 0."""
-        ref = self._ref
-        return [ref[b] for b in blocks].count(0)
+        return list(map(self._ref.__getitem__, blocks)).count(0)
 
     def free_order(self) -> list[int]:
         """Free block ids from LRU head (next evicted) to tail."""
@@ -120,15 +131,15 @@ class BlockPool:
         an earlier answer for the same hashes with nothing evicted since (a hash leaves the
         map, and its block changes, only by eviction), so still valid; the walk resumes after
         it."""
-        cached = self._cached
         stop = min(limit, len(hashes))
-        j = 0 if known is None else min(len(known), stop)
-        start = j
-        while j < stop and hashes[j] in cached:
-            j += 1
+        start = 0 if known is None else min(len(known), stop)
+        # C-level walk: block ids of hashes[start:stop] up to the first one not cached
+        # (block ids are ints >= 0, so "not None" is the test, not truthiness).
+        walk = takewhile(_NOT_NONE, map(self._cached.get, islice(hashes, start, stop)))
+        run = cast("list[int]", list(walk))
         if known is None:
-            return [cached[h] for h in hashes[:j]]
-        return known[:start] + [cached[h] for h in hashes[start:j]]
+            return run
+        return known[:start] + run
 
     def evicted_since(self, mark: int) -> list[int] | None:
         """Hashes un-cached since :attr:`evicted` was ``mark``, oldest first; ``None`` when the
@@ -156,6 +167,7 @@ class BlockPool:
         for b in blocks:
             if ref[b] == 0:
                 del free[b]
+                self._holes += 1
             ref[b] += 1
 
     def allocate(self, n: int) -> list[int]:
@@ -164,11 +176,25 @@ class BlockPool:
         if n > len(free):
             raise ValueError(f"cannot allocate {n} blocks, {len(free)} free")
         self.generation += 1
+        self._holes += n
+        if self._holes > _MAX_HOLES:  # compact: a copy re-inserts the entries without holes
+            self._free = free = dict(free)
+            self._holes = n
+        if n == 1:  # the decode path: one block at a time
+            b = next(iter(free))
+            del free[b]
+            self._ref[b] = 1
+            h = self._hash[b]
+            if h is None:
+                return [b]
+            self._hash[b] = None
+            del self._cached[h]
+            self._log_evicted([h])
+            return [b]
         out = list(islice(free, n))
         ref = self._ref
         hashes = self._hash
         cached = self._cached
-        log = self._evict_log
         deque(map(free.__delitem__, out), maxlen=0)  # C-level loop: pop them off the head
         gone = [h for h in map(hashes.__getitem__, out) if h is not None]
         for b in out:
@@ -176,15 +202,20 @@ class BlockPool:
             hashes[b] = None
         if gone:
             deque(map(cached.__delitem__, gone), maxlen=0)
-            log.extend(gone)
-            if self._emit:
-                self._events.extend(BlockRemoved(block_hashes=[h], medium="GPU") for h in gone)
-            self.evicted = self._log_base + len(log)
-            if len(log) > 2 * _LOG_KEEP:
-                drop = len(log) - _LOG_KEEP
-                del log[:drop]
-                self._log_base += drop
+            self._log_evicted(gone)
         return out
+
+    def _log_evicted(self, gone: list[int]) -> None:
+        """Record the un-cached hashes ``gone`` (already out of the hash map)."""
+        log = self._evict_log
+        log.extend(gone)
+        if self._emit:
+            self._events.extend(BlockRemoved(block_hashes=[h], medium="GPU") for h in gone)
+        self.evicted = self._log_base + len(log)
+        if len(log) > 2 * _LOG_KEEP:
+            drop = len(log) - _LOG_KEEP
+            del log[:drop]
+            self._log_base += drop
 
     def release(self, blocks: Sequence[int]) -> None:
         """Drop one reference to each of ``blocks``, freeing them tail first."""
@@ -216,6 +247,13 @@ class BlockPool:
         cached = self._cached
         block_hash = self._hash
         if not self._emit:
+            if stop - start == 1:  # the decode path: one block at a time
+                h = hashes[start]
+                b = blocks[start]
+                if h not in cached and block_hash[b] is None:
+                    cached[h] = b
+                    block_hash[b] = h
+                return
             for h, b in zip(hashes[start:stop], blocks[start:stop], strict=True):
                 if h not in cached and block_hash[b] is None:
                     cached[h] = b

@@ -246,12 +246,15 @@ class Engine:
         mt, mh = memo
         bs = self.block_size
         n = min(len(mh), len(tokens) // bs)
-        if list(tokens[: n * bs]) == mt[: n * bs]:
+        head = tokens[: n * bs]
+        if not isinstance(head, list):
+            head = list(head)
+        if head == mt[: n * bs]:
             return mh[:n]
         lo, hi = 0, n  # largest j with equal first j blocks
         while lo < hi:
             mid = (lo + hi + 1) // 2
-            if list(tokens[: mid * bs]) == mt[: mid * bs]:
+            if head[: mid * bs] == mt[: mid * bs]:
                 lo = mid
             else:
                 hi = mid - 1

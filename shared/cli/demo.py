@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import random
 import statistics
 import time
@@ -383,8 +384,6 @@ def _check(args: argparse.Namespace) -> list[str]:
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
-    import os
-
     policies = _check(args)
     if args.against:
         return _demo_against(args, out)

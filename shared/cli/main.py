@@ -10,10 +10,9 @@ No traceback is ever printed.
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from importlib import metadata
 from typing import NoReturn, TextIO, cast
 
@@ -23,7 +22,7 @@ from shared.cli.compare import compare_documents, compare_table, run_all
 from shared.cli.demo import add_demo_parser
 from shared.cli.ops import OpsError, add_ops_parsers
 from shared.cli.plan import plan_document, run_policy
-from shared.cli.sim import add_sim_parser
+from shared.cli.sim import add_sim_parser, int_at_least, positive_number
 from shared.cli.snapshot import parse_snapshot
 from shared.core.generate import CreditMode, generate
 from shared.core.policies import DEFAULT_BUDGET, POLICY_NAMES, UnknownPolicyError
@@ -56,29 +55,6 @@ class _Parser(argparse.ArgumentParser):
 # -- argument types (their messages follow "<option>: ") ------------------------------------------
 
 
-def _int_at_least(minimum: int) -> Callable[[str], int]:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
-        return value
-
-    return parse
-
-
-def _positive_number(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
-    return value
-
-
 def _policy_name(text: str) -> str:
     if text not in POLICY_NAMES:
         raise argparse.ArgumentTypeError(
@@ -103,7 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_policy_options(plan, with_policy=True)
     plan.add_argument(
         "--time-limit-ms",
-        type=_positive_number,
+        type=positive_number,
         metavar="MS",
         help="stop searching after MS milliseconds and fall back (tao policies)",
     )
@@ -115,17 +91,17 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run every policy on a generated snapshot (or --snapshot FILE).",
     )
     compare.add_argument("--snapshot", metavar="FILE", help="compare on this snapshot ('-': stdin)")
-    compare.add_argument("--nodes", type=_int_at_least(1), help="generated nodes (default 4)")
+    compare.add_argument("--nodes", type=int_at_least(1), help="generated nodes (default 4)")
     compare.add_argument(
-        "--candidates", type=_int_at_least(0), help="generated candidates (default 64)"
+        "--candidates", type=int_at_least(0), help="generated candidates (default 64)"
     )
     compare.add_argument(
-        "--load", type=_positive_number, help="demand / free capacity (default 2.0)"
+        "--load", type=positive_number, help="demand / free capacity (default 2.0)"
     )
     compare.add_argument(
         "--credit", choices=("one", "several", "none"), help="credit spread (default one)"
     )
-    compare.add_argument("--seed", type=_int_at_least(0), help="generator seed (default 0)")
+    compare.add_argument("--seed", type=int_at_least(0), help="generator seed (default 0)")
     compare.add_argument(
         "--interchangeable",
         action="store_true",
@@ -159,7 +135,7 @@ def _add_policy_options(parser: argparse.ArgumentParser, *, with_policy: bool) -
         )
     parser.add_argument(
         "--budget",
-        type=_int_at_least(1),
+        type=int_at_least(1),
         default=DEFAULT_BUDGET,
         metavar="STATES",
         help=f"DP state budget per solve (default {DEFAULT_BUDGET})",

@@ -8,6 +8,7 @@ to stderr: a redrawn bar on a terminal, one line per finished run otherwise.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -24,7 +25,7 @@ from shared.sim.runner import SIM_POLICIES, Run, run_grid, simulate
 from shared.sim.snapshots import SnapshotStudy, compare_snapshots
 from shared.sim.workloads import BUILTIN, Task, generate_tasks, load_workload
 
-__all__ = ["DEFAULT_POLICIES", "add_sim_parser", "cmd_sim"]
+__all__ = ["DEFAULT_POLICIES", "add_sim_parser", "cmd_sim", "int_at_least", "positive_number"]
 
 DEFAULT_POLICIES = ("tao", "rr", "cache-aware", "kv-aware", "thunderagent")
 
@@ -44,24 +45,33 @@ def _int_list(text: str) -> list[int]:
     return out
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """An argparse type: an integer ``>= minimum`` (also used by :mod:`shared.cli.main`)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be an integer >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 
-def _positive_float(text: str) -> float:
+def positive_number(text: str) -> float:
+    """An argparse type: a finite number ``> 0`` (also used by :mod:`shared.cli.main`)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not value > 0 or value == float("inf"):
+    if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text!r}")
     return value
+
+
+_positive_int = int_at_least(1)
 
 
 def _policies(text: str) -> list[str]:
@@ -117,7 +127,7 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "replays open-loop without it)",
     )  # fmt: skip
     p.add_argument(
-        "--arrival-rate", type=_positive_float, metavar="PER_S",
+        "--arrival-rate", type=positive_number, metavar="PER_S",
         help="open loop: Poisson task arrivals per second instead of workers",
     )  # fmt: skip
     p.add_argument(

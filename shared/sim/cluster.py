@@ -25,7 +25,9 @@ Three families, all calling the real core code (never a re-implementation):
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import Literal
 
 from shared.core.policies import PlanOptions, Policy, get_policy
 from shared.core.policies.thunderagent import (
@@ -37,7 +39,16 @@ from shared.core.policies.thunderagent import (
 )
 from shared.core.problem import Candidate, Node, PlanResult, Problem
 from shared.core.session import admit, release, set_probe_mark
-from shared.core.tick import apply_decision, decide, live_free, usable_capacity, value_snapshot
+from shared.core.tick import (
+    Applied,
+    Decision,
+    TickSnapshot,
+    apply_decision,
+    decide,
+    live_free,
+    usable_capacity,
+    value_snapshot,
+)
 from shared.core.valuation import NodeView, session_weight
 from shared.sim.des import Simulator
 from shared.sim.records import TickRecord
@@ -71,6 +82,33 @@ class _Base:
             )
             for n in sim.node_ids
         ]
+
+    def record_tick(
+        self,
+        t: float,
+        snap: TickSnapshot,
+        decision: Decision,
+        applied: Applied,
+        nodes: Sequence[NodeView],
+        solve_s: float,
+        interrupts: int,
+    ) -> None:
+        """Append the :class:`TickRecord` of one planning round."""
+        self.sim.result.ticks.append(
+            TickRecord(
+                t=t,
+                pool=len(snap.candidates),
+                demand=decision.demand,
+                free=decision.free,
+                capacity=sum(usable_capacity(nv) for nv in nodes),
+                exact=decision.result.exact,
+                method=decision.result.method,
+                solve_s=solve_s,
+                interrupts=interrupts,
+                admits=len(applied.admitted),
+                truncated=applied.truncated,
+            )
+        )
 
     def on_timer(self, name: str, t: float) -> None:
         return None
@@ -169,17 +207,16 @@ class PooledScheduler(_Base):
     def round(self, t: float) -> None:
         sim = self.sim
         live = sim.sessions
-        if not any(
-            s.pooled or (s.node is not None and s.activity == "tool") for s in live.values()
-        ):
+        involved = [
+            (sid, s.node)
+            for sid, s in live.items()
+            if s.pooled or (s.node is not None and s.activity == "tool")
+        ]
+        if not involved:
             return  # nothing to admit and nobody to release
         nodes = self.node_views()
         started = time.perf_counter()
-        residency = {
-            sid: sim.residency(sid, s.node)
-            for sid, s in live.items()
-            if s.pooled or (s.node is not None and s.activity == "tool")
-        }
+        residency = {sid: sim.residency(sid, node) for sid, node in involved}
         snap = value_snapshot(
             live.values(),
             nodes,
@@ -210,21 +247,7 @@ class PooledScheduler(_Base):
         live.update(applied.sessions)
         sim.bump("interrupts", len(applied.interrupted))
         sim.bump("admits", len(applied.admitted))
-        sim.result.ticks.append(
-            TickRecord(
-                t=t,
-                pool=len(snap.candidates),
-                demand=decision.demand,
-                free=decision.free,
-                capacity=sum(usable_capacity(nv) for nv in nodes),
-                exact=decision.result.exact,
-                method=decision.result.method,
-                solve_s=solve_s,
-                interrupts=len(applied.interrupted),
-                admits=len(applied.admitted),
-                truncated=applied.truncated,
-            )
-        )
+        self.record_tick(t, snap, decision, applied, nodes, solve_s, len(applied.interrupted))
         for m in applied.admitted:
             if sim.agents[m.session].pending:
                 sim.submit(m.session, m.node)
@@ -287,24 +310,15 @@ class ThunderAgentScheduler(PooledScheduler):
 
     def pause(self, t: float) -> None:
         sim = self.sim
-        backends = []
-        for n in sim.node_ids:
-            progs = []
-            for sid, s in sim.sessions.items():
-                if s.node != n:
-                    continue
-                acting = s.activity == "tool"
-                since = s.tool.started_at if acting and s.tool is not None else None
-                progs.append(
-                    TAProgram(
-                        sid,
-                        "acting" if acting else "reasoning",
-                        s.tokens,
-                        since,
-                        sid in self.marked,
-                    )
-                )
-            backends.append(TABackend(sim.profile.kv_tokens, progs))
+        progs: dict[str, list[TAProgram]] = {n: [] for n in sim.node_ids}
+        for sid, s in sim.sessions.items():
+            if s.node is None:
+                continue
+            acting = s.activity == "tool"
+            since = s.tool.started_at if acting and s.tool is not None else None
+            state: Literal["acting", "reasoning"] = "acting" if acting else "reasoning"
+            progs[s.node].append(TAProgram(sid, state, s.tokens, since, sid in self.marked))
+        backends = [TABackend(sim.profile.kv_tokens, progs[n]) for n in sim.node_ids]
         for sid in thunderagent_pause(backends, t):
             s = sim.sessions[sid]
             if s.activity == "tool":
@@ -314,8 +328,7 @@ class ThunderAgentScheduler(PooledScheduler):
 
     def force_resume(self, t: float) -> None:
         sim = self.sim
-        waiting = [(sid, since) for sid, since in sorted(self.waiting_since.items())]
-        for sid in thunderagent_overdue(waiting, t):
+        for sid in thunderagent_overdue(sorted(self.waiting_since.items()), t):
             s = sim.sessions.get(sid)
             if s is None or not s.pooled:
                 continue
@@ -346,21 +359,7 @@ class ThunderAgentScheduler(PooledScheduler):
             return
         live.update(applied.sessions)
         sim.bump("admits", len(applied.admitted))
-        sim.result.ticks.append(
-            TickRecord(
-                t=t,
-                pool=len(snap.candidates),
-                demand=decision.demand,
-                free=decision.free,
-                capacity=sum(usable_capacity(nv) for nv in nodes),
-                exact=decision.result.exact,
-                method=decision.result.method,
-                solve_s=solve_s,
-                interrupts=0,
-                admits=len(applied.admitted),
-                truncated=applied.truncated,
-            )
-        )
+        self.record_tick(t, snap, decision, applied, nodes, solve_s, 0)
         for m in applied.admitted:
             self.waiting_since.pop(m.session, None)
             if sim.agents[m.session].pending:

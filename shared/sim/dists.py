@@ -55,16 +55,6 @@ class Dist:
             x = self.values[idx]
         return min(max(x, self.lo), self.hi)
 
-    def mean_hint(self) -> float:
-        """The unclipped mean (for documentation tables and sanity checks)."""
-        if self.kind == "constant":
-            return self.a
-        if self.kind == "uniform":
-            return (self.a + self.b) / 2
-        if self.kind == "lognormal":
-            return math.exp(self.a + self.b * self.b / 2)
-        return float(sum(v * w for v, w in zip(self.values, self.weights, strict=True)))
-
 
 def _num(spec: Mapping[str, object], key: str, where: str) -> float:
     if key not in spec:

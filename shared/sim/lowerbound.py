@@ -26,11 +26,9 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 
-import numpy as np
-
 from shared.core.engine import PROFILES, Profile, decode_step_time, prefill_time
 from shared.sim.des import SimConfig
-from shared.sim.metrics import METRICS, pct
+from shared.sim.metrics import METRICS, mean, pct
 from shared.sim.workloads import Task
 
 __all__ = ["lower_bound_metrics", "request_bound", "task_bound"]
@@ -109,14 +107,14 @@ def lower_bound_metrics(tasks: Sequence[Task], config: SimConfig) -> dict[str, f
     out_metrics: dict[str, float | int | None] = dict.fromkeys(METRICS)
     out_metrics.update(
         {
-            "latency_mean": float(np.mean(lats)) if lats else None,
+            "latency_mean": mean(lats),
             "latency_p50": pct(lats, 50),
             "latency_p99": pct(lats, 99),
-            "ttft_mean": float(np.mean(ttft)) if ttft else None,
+            "ttft_mean": mean(ttft),
             "ttft_p99": pct(ttft, 99),
             "decode_tps": out / makespan if makespan > 0 else None,
             "prefix_hit_rate": cached / prompt if prompt else None,
-            "tool_to_first_mean": float(np.mean(after)) if after else None,
+            "tool_to_first_mean": mean(after),
             "tool_to_first_p99": pct(after, 99),
             "pause_wait_mean": 0.0,
             "pause_wait_total": 0.0,

@@ -32,7 +32,7 @@ import numpy as np
 
 from shared.sim.records import SimResult
 
-__all__ = ["LOWER_IS_BETTER", "METRICS", "compute_metrics", "pct"]
+__all__ = ["LOWER_IS_BETTER", "METRICS", "compute_metrics", "mean", "pct"]
 
 METRICS: tuple[str, ...] = (
     "latency_mean",
@@ -84,7 +84,8 @@ def pct(values: Sequence[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def _mean(values: Sequence[float]) -> float | None:
+def mean(values: Sequence[float]) -> float | None:
+    """The mean, None for no values."""
     return float(np.mean(np.asarray(values, dtype=float))) if values else None
 
 
@@ -104,28 +105,28 @@ def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | 
     solve = [t.solve_s * 1000.0 for t in res.ticks]
     ratios = [t.demand / t.capacity for t in res.ticks if t.pool > 0 and t.capacity > 0]
     return {
-        "latency_mean": _mean(lat),
+        "latency_mean": mean(lat),
         "latency_p50": pct(lat, 50),
         "latency_p99": pct(lat, 99),
-        "ttft_mean": _mean(ttft),
+        "ttft_mean": mean(ttft),
         "ttft_p99": pct(ttft, 99),
         "decode_tps": out_tokens / makespan if makespan > 0 else None,
         "prefix_hit_rate": cached / prompt if prompt else None,
-        "tool_to_first_mean": _mean(after_tool),
+        "tool_to_first_mean": mean(after_tool),
         "tool_to_first_p99": pct(after_tool, 99),
-        "pause_wait_mean": _mean(holds),
+        "pause_wait_mean": mean(holds),
         "pause_wait_total": float(sum(holds)),
         "makespan": makespan,
-        "running_mean": _mean(running),
+        "running_mean": mean(running),
         "running_max": max(running) if running else None,
         "fallback_rate": (
             sum(1 for t in dp_rounds if not t.exact) / len(dp_rounds)
             if dp_policy and dp_rounds
             else (0.0 if dp_policy else None)
         ),
-        "solve_ms_mean": _mean(solve),
+        "solve_ms_mean": mean(solve),
         "solve_ms_p99": pct(solve, 99),
-        "demand_capacity_mean": _mean(ratios),
+        "demand_capacity_mean": mean(ratios),
         "interrupts": res.counters.get("interrupts", 0),
         "requests": len(reqs),
         "tasks": len(res.tasks),

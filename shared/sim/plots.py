@@ -13,6 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import numpy as np
 from matplotlib.axes import Axes
+from matplotlib.figure import Figure
 
 from shared.core.problem import PlanResult, Problem
 from shared.sim.report import aggregate
@@ -31,6 +32,21 @@ def _top_workers(runs: Sequence[Run]) -> int | None:
     return max(known) if known else None
 
 
+def _save(fig: Figure, path: str) -> str:
+    """Lay out, write and close ``fig``; returns ``path``."""
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _save_lines(fig: Figure, ax: Axes, path: str) -> str:
+    """Grid and legend on a one-panel line plot, then :func:`_save`."""
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
 def plot_latency_cdf(runs: Sequence[Run], path: str) -> str:
     """Task-latency CDF per policy (all seeds pooled) at the largest worker count."""
     w = _top_workers(runs)
@@ -47,12 +63,7 @@ def plot_latency_cdf(runs: Sequence[Run], path: str) -> str:
     ax.set_xlabel("task latency (s)")
     ax.set_ylabel("CDF")
     ax.set_title(f"Task latency CDF (workers={w})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_lines(fig, ax, path)
 
 
 def plot_running(runs: Sequence[Run], path: str) -> str:
@@ -68,12 +79,7 @@ def plot_running(runs: Sequence[Run], path: str) -> str:
     ax.set_xlabel("time (min)")
     ax.set_ylabel("running requests (all nodes)")
     ax.set_title(f"Running requests over time (workers={w}, seed={seed})")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save_lines(fig, ax, path)
 
 
 def plot_ablation(runs: Sequence[Run], path: str) -> str | None:
@@ -94,10 +100,7 @@ def plot_ablation(runs: Sequence[Run], path: str) -> str | None:
         ax.set_title(label)
         ax.grid(axis="y", alpha=0.3)
     fig.suptitle(f"TAO ablations (workers={w})")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def _draw(ax: Axes, problem: Problem, res: PlanResult, title: str) -> None:
@@ -129,10 +132,7 @@ def plot_placement(comp: SnapshotComparison, path: str) -> str:
     _draw(axes[0], problem, comp.greedy, "(a) short-first affinity greedy")
     _draw(axes[1], problem, comp.dp, "(b) TAO dynamic program")
     fig.suptitle(f"Same snapshot (t={comp.t:.0f} s, {comp.candidates} candidates)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    return _save(fig, path)
 
 
 def plot_all(runs: Sequence[Run], out: str) -> list[str]:

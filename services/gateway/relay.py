@@ -176,26 +176,28 @@ class Relay:
         self._ended_holds.update(ended)
         now = self.clock()
         msgs: list[Message] = [
-            SessionCancel(
-                session_id=session_id,
-                request_id=request_id,
-                cancelled_at=now,
-                reason=CANCEL_SESSION_ENDED,
-                gateway_id=self.settings.gateway_id,
-            )
+            self._cancel_msg(session_id, request_id, CANCEL_SESSION_ENDED, now)
             for request_id in ended
         ]
-        msgs.append(
-            SessionEnd(
-                session_id=session_id,
-                ended_at=now,
-                reason=reason,
-                gateway_id=self.settings.gateway_id,
-            )
-        )
-        self.placements.forget(session_id)
+        msgs.append(self._end_msg(session_id, reason, now))
         await asyncio.shield(self.report(session_id, *msgs))
         return len(ended)
+
+    def _cancel_msg(self, session_id: str, request_id: str, reason: str, at: float) -> Message:
+        return SessionCancel(
+            session_id=session_id,
+            request_id=request_id,
+            cancelled_at=at,
+            reason=reason,
+            gateway_id=self.settings.gateway_id,
+        )
+
+    def _end_msg(self, session_id: str, reason: str, at: float) -> Message:
+        """The session's :class:`SessionEnd`; its placement is forgotten with it."""
+        self.placements.forget(session_id)
+        return SessionEnd(
+            session_id=session_id, ended_at=at, reason=reason, gateway_id=self.settings.gateway_id
+        )
 
     # --- one request -------------------------------------------------------------------------
 
@@ -205,17 +207,13 @@ class Relay:
         try:
             body = parse_body(await request.json())
             info = describe_request(body, chat=chat)
+            harness = harness_of(request.headers)
         except BadRequest as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
             return openai_error(400, exc.message, "invalid_request_error")
         except ValueError as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
             return openai_error(400, f"request body is not JSON: {exc}", "invalid_request_error")
-        try:
-            harness = harness_of(request.headers)
-        except BadRequest as exc:
-            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return openai_error(400, exc.message, "invalid_request_error")
         served = self.nodes.models()
         if served and info.model and info.model not in served:
             # As vLLM answers an unknown model: 404 at once, never a hold that cannot end.
@@ -282,24 +280,9 @@ class Relay:
         return openai_error(503, message, "service_unavailable", headers={"Retry-After": retry})
 
     def _cancel(self, session_id: str, request_id: str, reason: str, one_turn: bool) -> None:
-        cancel = SessionCancel(
-            session_id=session_id,
-            request_id=request_id,
-            cancelled_at=self.clock(),
-            reason=reason,
-            gateway_id=self.settings.gateway_id,
-        )
-        msgs: list[Message] = [cancel]
+        msgs = [self._cancel_msg(session_id, request_id, reason, self.clock())]
         if one_turn:
-            msgs.append(
-                SessionEnd(
-                    session_id=session_id,
-                    ended_at=self.clock(),
-                    reason=reason,
-                    gateway_id=self.settings.gateway_id,
-                )
-            )
-            self.placements.forget(session_id)
+            msgs.append(self._end_msg(session_id, reason, self.clock()))
         self.report(session_id, *msgs)
 
     async def _hold(
@@ -456,13 +439,5 @@ class Relay:
                 reason = END_CLIENT_CLOSED
             elif done.error is not None:
                 reason = END_ERROR
-            msgs.append(
-                SessionEnd(
-                    session_id=session_id,
-                    ended_at=self.clock(),
-                    reason=reason,
-                    gateway_id=self.settings.gateway_id,
-                )
-            )
-            self.placements.forget(session_id)
+            msgs.append(self._end_msg(session_id, reason, self.clock()))
         return self.report(session_id, *msgs)

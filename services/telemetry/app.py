@@ -24,14 +24,9 @@ from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
 from shared.infra.store_types import StateStore
 
-__all__ = ["NAME", "main", "run", "scrape_period"]
+__all__ = ["NAME", "main", "run"]
 
 NAME = "telemetry"
-
-
-def scrape_period(settings: Settings) -> float:
-    """``TAO_SCRAPE_S``: the scrape period, s (default 1)."""
-    return settings.scrape_s
 
 
 async def run(
@@ -56,7 +51,7 @@ async def run(
         target_utilisation=settings.target_utilisation,
         clock=time.time,
     )
-    period = scrape_period(settings)
+    period = settings.scrape_s
     while True:
         started = anyio.current_time()
         try:
@@ -68,7 +63,7 @@ async def run(
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:
     """Service entry point for the runner."""
-    fetch = HttpFetch(timeout_s=max(0.2, min(5.0, scrape_period(settings))))
+    fetch = HttpFetch(timeout_s=max(0.2, min(5.0, settings.scrape_s)))
     try:
         await run(settings, store_from(settings, ctx), ctx.require_bus(), fetch, name=ctx.name)
     finally:

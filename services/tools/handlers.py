@@ -73,10 +73,6 @@ class ToolsHandlers:
             subjects.wake(), encode(Wake(reason=reason, ts=time.time(), session_id=sid))
         )
 
-    async def on_session_event(self, ev: SessionEvent, d: Delivery) -> None:
-        """One session event (the per-message consumer form of :meth:`on_session_batch`)."""
-        await self.on_session_batch([(ev, d)])
-
     async def on_session_batch(self, items: list[tuple[SessionEvent, Delivery]]) -> None:
         """SessionRequest / Response / Cancel → each record's transition, batched into one
         store transaction per run of events; a SessionEnd ends the run (``on_end``, then the
@@ -149,10 +145,6 @@ class ToolsHandlers:
             deleted=deleted or None,
             redelivered=sum(d.num_delivered > 1 for _, d in items) or None,
         )
-
-    async def on_tool_event(self, ev: ToolEvent, d: Delivery) -> None:
-        """One tool event (the per-message consumer form of :meth:`on_tool_batch`)."""
-        await self.on_tool_batch([(ev, d)])
 
     async def on_tool_batch(self, items: list[tuple[ToolEvent, Delivery]]) -> None:
         """ToolStart / ToolEnd / ToolProgress → each record's transition, in stream order;

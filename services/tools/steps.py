@@ -85,15 +85,20 @@ def request_step(ev: SessionRequest, out: Outcome) -> SessionFn:
     return step
 
 
-def _current(s: Session | None, request_id: str, out: Outcome) -> Session | None:
+def _live(s: Session | None, out: Outcome) -> Session | None:
     if s is None or s.ended:
         out.skipped = "unknown session" if s is None else "ended"
         return None
-    if s.request_id != request_id:
-        out.skipped = "stale request"
-        return None
     out.skipped = None
     return s
+
+
+def _current(s: Session | None, request_id: str, out: Outcome) -> Session | None:
+    cur = _live(s, out)
+    if cur is not None and cur.request_id != request_id:
+        out.skipped = "stale request"
+        return None
+    return cur
 
 
 def response_step(ev: SessionResponse, out: Outcome, reserve: int | None = None) -> SessionFn:
@@ -129,14 +134,6 @@ def cancel_step(ev: SessionCancel, out: Outcome) -> SessionFn:
         return None if cur is None else on_cancel(cur, ev.cancelled_at, ev.request_id)
 
     return step
-
-
-def _live(s: Session | None, out: Outcome) -> Session | None:
-    if s is None or s.ended:
-        out.skipped = "unknown session" if s is None else "ended"
-        return None
-    out.skipped = None
-    return s
 
 
 def tool_start_step(ev: ToolStart, out: Outcome) -> SessionFn:

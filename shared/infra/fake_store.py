@@ -36,6 +36,7 @@ from shared.infra.store_types import (
     fold_updates,
     merge_node,
     no_value,
+    node_status_fields,
 )
 
 __all__ = ["FakeStore"]
@@ -95,7 +96,7 @@ class FakeStore:
             self._sessions[sid] = new
 
     async def update_session(self, sid: str, fn: SessionFn) -> Session | None:
-        stored, _ = await self.update_session_with(sid, lambda s: (fn(s), None))
+        stored, _ = await self.update_session_with(sid, no_value(fn))
         return stored
 
     async def update_session_with(
@@ -183,21 +184,7 @@ class FakeStore:
         self, status: NodeStatus, *, target_utilisation: float, failures: int = 0
     ) -> NodeRecord:
         return await self.put_node_status(
-            status.node_id,
-            url=status.url if status.url is not None else KEEP,
-            capacity_tokens=status.capacity_tokens,
-            target_utilisation=target_utilisation,
-            healthy=status.healthy,
-            models=frozenset(status.models) if status.models else None,
-            block_size=status.block_size,
-            used_tokens=status.used_tokens,
-            usage=status.usage,
-            running=status.running,
-            waiting=status.waiting,
-            prefix_cache_queries=status.prefix_cache_queries,
-            prefix_cache_hits=status.prefix_cache_hits,
-            updated_at=status.ts,
-            failures=failures,
+            status.node_id, **node_status_fields(status, target_utilisation, failures)
         )
 
     def _with_reserved(self, rec: NodeRecord) -> NodeRecord:

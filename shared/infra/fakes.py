@@ -63,7 +63,6 @@ class _ConsumerState:
     next_seq: int
     delivered: dict[int, int] = field(default_factory=dict)
     redeliver: list[tuple[float, int]] = field(default_factory=list)  # heap of (due, seq)
-    in_flight: set[int] = field(default_factory=set)
 
 
 class FakeBus:
@@ -347,11 +346,7 @@ class _FakeReceiver(Generic[T]):
             if not seqs:
                 await self._wait(wait_s)
                 continue
-            st.in_flight.update(seqs)
-            try:
-                await self._deliver(st, seqs)
-            finally:
-                st.in_flight.difference_update(seqs)
+            await self._deliver(st, seqs)
         self.idle.set()
 
     async def _wait(self, timeout: float | None) -> None:

@@ -137,7 +137,7 @@ async def run_service_async(
         code = EXIT_CRASH
     finally:
         with anyio.CancelScope(shield=True):
-            code = await _close(bus, redis, log, code)
+            await _close(bus, redis, log)
     log.info("service_stopped", exit_code=code)
     return code
 
@@ -171,7 +171,7 @@ async def _run_until_signal(
     return code
 
 
-async def _close(bus: MessageBus | None, redis: Any, log: FilteringBoundLogger, code: int) -> int:
+async def _close(bus: MessageBus | None, redis: Any, log: FilteringBoundLogger) -> None:
     if bus is not None:
         try:
             await bus.drain()
@@ -182,4 +182,3 @@ async def _close(bus: MessageBus | None, redis: Any, log: FilteringBoundLogger, 
             await redis.aclose()
         except Exception as exc:
             log.warning("redis_close_failed", error=f"{type(exc).__name__}: {exc}")
-    return code

@@ -74,6 +74,7 @@ from shared.infra.store_types import (
     fold_updates,
     merge_node,
     no_value,
+    node_status_fields,
 )
 
 __all__ = ["Store", "load_script"]
@@ -140,7 +141,7 @@ class Store:
         """Read, transform with the pure ``fn``, write back unless the record moved meanwhile
         (then retry on the fresh record). ``fn`` returning None or an equal record writes
         nothing. Index sets and ``reserved`` totals change in the same transaction."""
-        stored, _ = await self.update_session_with(sid, lambda s: (fn(s), None))
+        stored, _ = await self.update_session_with(sid, no_value(fn))
         return stored
 
     async def update_session_with(
@@ -298,21 +299,7 @@ class Store:
         """:meth:`put_node_status` from a telemetry ``NodeStatus`` message (empty model list =
         serves any model); ``url`` is kept when the message has none."""
         return await self.put_node_status(
-            status.node_id,
-            url=status.url if status.url is not None else KEEP,
-            capacity_tokens=status.capacity_tokens,
-            target_utilisation=target_utilisation,
-            healthy=status.healthy,
-            models=frozenset(status.models) if status.models else None,
-            block_size=status.block_size,
-            used_tokens=status.used_tokens,
-            usage=status.usage,
-            running=status.running,
-            waiting=status.waiting,
-            prefix_cache_queries=status.prefix_cache_queries,
-            prefix_cache_hits=status.prefix_cache_hits,
-            updated_at=status.ts,
-            failures=failures,
+            status.node_id, **node_status_fields(status, target_utilisation, failures)
         )
 
     async def get_node(self, node: str) -> NodeRecord | None:
@@ -545,6 +532,12 @@ class Store:
     async def clear(self) -> int:
         """Delete every key of this domain (tests, ``tao reset``); returns how many."""
         n = 0
+        batch: list[Any] = []
         async for key in self._r.scan_iter(match=self.keys.pattern(), count=500):
-            n += int(await self._r.delete(key))
+            batch.append(key)
+            if len(batch) == 500:  # one DEL per scan page, not one per key
+                n += int(await self._r.delete(*batch))
+                batch.clear()
+        if batch:
+            n += int(await self._r.delete(*batch))
         return n

@@ -15,25 +15,27 @@ with its prefix swapped, built in Lua like ``apply.lua`` builds node keys): redi
 per-argument encoding is the main client cost left.
 
 :func:`idle_candidates` reads only ``node``, ``activity``, ``ended`` and ``updated_at`` of
-every stored session (``lua/read_fields.lua``, no JSON decode) and returns the ids the idle
-rule may end; the caller re-checks each on the full record in its consistent update.
+every stored session (the store's ``lua/batch_read.lua``, no JSON decode) and returns the ids
+the idle rule may end; the caller re-checks each on the full record in its consistent update.
 
 On any other :class:`~shared.infra.store_types.StateStore` (the in-memory ``FakeStore``) the
 same functions use the protocol's ``sessions`` / ``residency`` reads, with the same results.
 
 To merge into :class:`Store` later: ``SessionReader`` needs the store's Redis client (read
-here as ``store._r``) and key builder; the scripts are loaded with :func:`store.load_script`.
+here as ``store._r``) and key builder; its script is loaded with :func:`store.load_script`, and
+:func:`idle_candidates` runs the store's own ``batch_read`` script.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from shared.core.session import Session
 from shared.infra.store import Store, load_script
 from shared.infra.store_codec import decode_session_values
+from shared.infra.store_ops import texts
 from shared.infra.store_types import StateStore, StoreError
 
 __all__ = [
@@ -43,7 +45,6 @@ __all__ = [
     "SessionReader",
     "idle_candidates",
     "is_idle",
-    "sessions_by_id",
 ]
 
 CHUNK: Final = 1000
@@ -54,7 +55,6 @@ Index = Literal["pool", "admitted_tool"]
 ResidencyMap = dict[str, dict[str, tuple[int, float]]]
 
 _READ: Final = load_script("read_sessions")
-_FIELDS: Final = load_script("read_fields")
 
 
 def _text(x: Any) -> str:
@@ -168,11 +168,9 @@ class SessionReader:
                 s = replace(held.session, probe_mark=_opt_float(probe))
                 return _Held(held.v, held.updated_at, probe, s)
             return held
-        *small, data = raw
-        if data is None:  # no ``data``: no record
+        values = texts(raw)
+        if values is None:  # no ``data``: no record
             return None
-        values: list[Any] = [_text(x) for x in small]
-        values.append(data)
         self.decoded += 1
         s = decode_session_values(values)
         return _Held(values[0], values[6], values[5], s)
@@ -192,11 +190,11 @@ async def idle_candidates(
             if is_idle(s.node, s.activity, s.ended, s.updated_at, now, timeout_s)
         ]
     ids = sorted(await store.session_ids())
-    script = store._r.register_script(_FIELDS)
     out: list[str] = []
     for lo in range(0, len(ids), chunk):
         part = ids[lo : lo + chunk]
-        reply = await script(keys=[store.keys.session(sid) for sid in part], args=IDLE_FIELDS)
+        keys = [store.keys.session(sid) for sid in part]
+        reply = await store._batch_read(keys=keys, args=IDLE_FIELDS)
         for sid, raw in zip(part, reply, strict=True):
             node, activity, ended, updated_at = (_text(x) for x in raw)
             if updated_at == "":  # absent (deleted meanwhile)
@@ -208,12 +206,3 @@ async def idle_candidates(
             if is_idle(node or None, activity, ended == "1", at, now, timeout_s):
                 out.append(sid)
     return out
-
-
-def sessions_by_id(*groups: Iterable[Session]) -> list[Session]:
-    """The sessions of ``groups`` sorted by id, one per id (the first seen wins)."""
-    seen: dict[str, Session] = {}
-    for g in groups:
-        for s in g:
-            seen.setdefault(s.id, s)
-    return [seen[k] for k in sorted(seen)]

@@ -32,7 +32,6 @@ from shared.infra.keys import KeyNameError, StoreError, check_node_id
 
 __all__ = [
     "KEEP",
-    "NODE_STATUS_FIELDS",
     "Folded",
     "Keep",
     "KeyNameError",
@@ -47,6 +46,7 @@ __all__ = [
     "fold_updates",
     "merge_node",
     "no_value",
+    "node_status_fields",
 ]
 
 
@@ -114,25 +114,6 @@ class NodeRecord:
             healthy=self.healthy,
             models=self.models,
         )
-
-
-NODE_STATUS_FIELDS: Final = (
-    "url",
-    "capacity_tokens",
-    "target_utilisation",
-    "healthy",
-    "models",
-    "block_size",
-    "used_tokens",
-    "usage",
-    "running",
-    "waiting",
-    "prefix_cache_queries",
-    "prefix_cache_hits",
-    "updated_at",
-    "failures",
-)
-"""The NodeRecord fields telemetry writes (everything but ``id`` and ``reserved``)."""
 
 
 _INTS: Final = (
@@ -237,6 +218,29 @@ def fold_tools(
         out[tool] = step(out[tool], duration)
         overall = step(overall, duration)
     return out, overall
+
+
+def node_status_fields(
+    status: NodeStatus, target_utilisation: float, failures: int
+) -> dict[str, Any]:
+    """The :meth:`StateStore.put_node_status` fields of a telemetry ``NodeStatus`` (empty model
+    list = serves any model; ``url`` is kept when the message has none)."""
+    return {
+        "url": status.url if status.url is not None else KEEP,
+        "capacity_tokens": status.capacity_tokens,
+        "target_utilisation": target_utilisation,
+        "healthy": status.healthy,
+        "models": frozenset(status.models) if status.models else None,
+        "block_size": status.block_size,
+        "used_tokens": status.used_tokens,
+        "usage": status.usage,
+        "running": status.running,
+        "waiting": status.waiting,
+        "prefix_cache_queries": status.prefix_cache_queries,
+        "prefix_cache_hits": status.prefix_cache_hits,
+        "updated_at": status.ts,
+        "failures": failures,
+    }
 
 
 def merge_node(old: NodeRecord, given: Mapping[str, object]) -> NodeRecord:

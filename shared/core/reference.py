@@ -311,17 +311,6 @@ def choice_value(choice: Sequence[int], k: Array, r: Array, t: Array) -> Value:
     return total
 
 
-def choice_feasible(choice: Sequence[int], w: Array, cap: Array, elig: Array) -> bool:
-    """Only eligible pairs, and no node's capacity exceeded."""
-    used = [0] * len(cap)
-    for i, b in enumerate(choice):
-        if b >= 0:
-            if not bool(elig[i, b]):
-                return False
-            used[b] += int(w[i])
-    return all(u <= int(c) for u, c in zip(used, cap, strict=True))
-
-
 def _room(choice: Sequence[int], w: Array, cap: Array, b: int) -> int:
     return int(cap[b]) - sum(int(w[i]) for i, x in enumerate(choice) if x == b)
 

@@ -5,11 +5,11 @@ The live services split a round across processes — the valuation service calls
 Redis apply script does what :func:`apply_decision` does — and the offline simulator calls the
 three in a row on in-memory records. Either way the same code values, interrupts and plans.
 
-Eligibility in the snapshot is health and model only (:attr:`TickCandidate.eligible`): whether
-the weight fits is decided against the free capacity the planner actually has, which the
-interrupt rule may have raised. The signature digest is over that health-and-model set, so a
-node going unhealthy or changing models invalidates plans about the session, while capacity
-moving is handled by the apply step's longest-prefix rule instead.
+Eligibility in the snapshot is health, model and the node's usable capacity (capacity × target,
+empty) only (:attr:`TickCandidate.eligible`): whether the weight fits now is decided against the
+free capacity the planner actually has, which the interrupt rule may have raised. The signature
+digest is over that set, so a node going unhealthy or changing models invalidates plans about
+the session, while capacity moving is handled by the apply step's longest-prefix rule instead.
 
 Pure: ``now`` / ``at`` are arguments.
 """
@@ -30,6 +30,7 @@ from shared.core.signature import eligibility_digest
 from shared.core.valuation import (
     NodeView,
     ValuationParams,
+    build_nodes,
     free_capacity,
     ineligibility,
     session_weight,
@@ -58,7 +59,8 @@ Residency = Mapping[str, Mapping[str, tuple[int, float]]]
 
 @dataclass(frozen=True, slots=True)
 class TickCandidate:
-    """A pooled session valued for this tick; ``eligible`` = healthy nodes serving its model."""
+    """A pooled session valued for this tick; ``eligible`` = healthy nodes serving its model
+    whose usable capacity could hold its weight."""
 
     id: str
     version: int
@@ -134,12 +136,6 @@ class Applied:
     sessions: Mapping[str, Session] = field(default_factory=dict)
 
 
-def _free(nv: NodeView) -> int:
-    if not nv.healthy:
-        return 0
-    return free_capacity(nv.capacity_tokens, nv.target_utilisation, (nv.reserved,))
-
-
 def live_free(nodes: Sequence[NodeView]) -> dict[str, int]:
     """Room per healthy node for the apply step: ``usable - reserved``, negative while grown
     reservations over-commit the node, so that the room an interrupt frees there first pays
@@ -158,13 +154,12 @@ def value_snapshot(
     params: ValuationParams = _PARAMS,
 ) -> TickSnapshot:
     """Value the pool and the interrupt candidates at ``now`` (DESIGN 3.1–3.3)."""
-    planned = tuple(Node(id=nv.id, free=_free(nv), load=nv.reserved) for nv in nodes)
-    by_id = {nv.id: nv for nv in nodes}
-    overflow = {
-        nv.id: nv.reserved - usable_capacity(nv)
-        for nv in nodes
-        if nv.healthy and nv.reserved > usable_capacity(nv)
-    }
+    planned = tuple(
+        nd if nv.healthy else replace(nd, free=0)
+        for nv, nd in zip(nodes, build_nodes(nodes), strict=True)
+    )
+    usable = {nv.id: usable_capacity(nv) for nv in nodes}
+    overflow = {b: -room for b, room in live_free(nodes).items() if room < 0}
     cands: list[TickCandidate] = []
     inter: list[InterruptCandidate] = []
     versions: dict[str, int] = {}
@@ -206,8 +201,7 @@ def value_snapshot(
         ok = frozenset(
             nv.id
             for nv in nodes
-            if ineligibility(nv.healthy, nv.models, s.model, 0, 0) is None
-            and weight <= usable_capacity(by_id[nv.id])
+            if ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) is None
         )
         cands.append(
             TickCandidate(

@@ -62,10 +62,28 @@ _NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_-]{0,64}")
 
 @dataclass(frozen=True, slots=True)
 class NodeSpec:
-    """A statically configured inference node: its id and base URL."""
+    """A configured inference node (one ``[[node]]`` of the nodes file, or ``TAO_NODES``).
+
+    ``url`` is the server root (an OpenAI base URL's trailing ``/v1`` is removed when read);
+    ``metrics_url`` defaults to ``url + "/metrics"``. ``kv_events`` is the engine's ZMQ PUB
+    endpoint (``tcp://host:5557``) and ``kv_replay`` its ROUTER replay endpoint; without
+    ``kv_events`` residency falls back to usage-based observations. ``model`` is the served
+    model name (scraped from ``/v1/models`` when absent); ``capacity_tokens`` overrides the
+    capacity read from ``vllm:cache_config_info``.
+    """
 
     id: str
     url: str
+    metrics_url: str | None = None
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    model: str | None = None
+    capacity_tokens: int | None = None
+
+    @property
+    def metrics(self) -> str:
+        """Where to scrape Prometheus metrics."""
+        return self.metrics_url or f"{self.url}/metrics"
 
 
 @dataclass(frozen=True, slots=True)

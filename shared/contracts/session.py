@@ -80,6 +80,12 @@ class SessionResponse(Message, tag="SessionResponse", frozen=True, kw_only=True)
     ``finish_reason`` is OpenAI's (``stop``, ``length``, ``tool_calls``, …) or ``None`` when the
     stream broke off; ``error`` is set when the request failed. ``ttft_s`` and ``duration_s``
     are measured by the gateway from forwarding to first token and to the last byte.
+
+    ``block_keys`` are TAO's own keys (:func:`shared.core.blockkeys.chain_keys`) of the full
+    ``block_size``-token blocks of the request's prompt + completion token ids, when the node
+    returned them (vLLM ``return_token_ids``); telemetry walks them against the node's KV
+    events to find the session's resident prefix. ``None``: no token ids, so residency falls
+    back to the usage-based observation.
     """
 
     session_id: str
@@ -93,6 +99,8 @@ class SessionResponse(Message, tag="SessionResponse", frozen=True, kw_only=True)
     ttft_s: float | None = None
     duration_s: float | None = None
     error: str | None = None
+    block_size: int | None = None
+    block_keys: list[int] | None = None
 
 
 class SessionEnd(Message, tag="SessionEnd", frozen=True, kw_only=True):

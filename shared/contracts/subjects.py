@@ -6,6 +6,8 @@ All subjects start with the versioned prefix ``tao.v1``; a breaking wire change 
     tao.v1.session.<kind>.<session>        request | response | cancel | end  (TAO_V1_SESSION)
     tao.v1.node.status.<node>              NodeStatus                          (core NATS)
     tao.v1.kv.<node>                       vLLM KV-event payload bytes, as sent (stream TAO_V1_KV)
+    tao.v1.hook.<harness>                  harness hook payload bytes, as sent (stream TAO_V1_HOOK)
+    tao.v1.inspect.<what>                  request/reply to telemetry (`tao inspect`) (core NATS)
     tao.v1.valuation.snapshot              ValuationSnapshot                   (core NATS)
     tao.v1.plan                            Plan                                (core NATS)
     tao.v1.wake                            Wake                                (core NATS)
@@ -48,6 +50,7 @@ __all__ = [
     "ALL_STREAMS",
     "PREFIX",
     "STREAM_DLQ",
+    "STREAM_HOOK",
     "STREAM_KV",
     "STREAM_PLACEMENT",
     "STREAM_SESSION",
@@ -59,6 +62,9 @@ __all__ = [
     "dead_letters",
     "durable_name",
     "escape_token",
+    "hook_events",
+    "hook_events_all",
+    "inspect",
     "kv_events",
     "kv_events_all",
     "node_status",
@@ -179,6 +185,26 @@ def kv_events_all() -> str:
     return f"{PREFIX}.kv.*"
 
 
+def hook_events(harness: str) -> str:
+    """``tao.v1.hook.<harness>``: a harness's hook payload, bytes as the harness wrote them.
+
+    The hook process or the gateway's ``POST /hooks/<harness>`` forwards the body unparsed (with
+    the receive time in the ``Tao-Received-At`` header); the tools service maps it to tool and
+    session events and dead-letters what it cannot read.
+    """
+    return f"{PREFIX}.hook.{check_name(harness, 'harness')}"
+
+
+def hook_events_all() -> str:
+    """Wildcard for every harness's hook payloads."""
+    return f"{PREFIX}.hook.*"
+
+
+def inspect(what: str) -> str:
+    """``tao.v1.inspect.<what>``: a request answered by the telemetry service (core NATS)."""
+    return f"{PREFIX}.inspect.{check_name(what, 'inspect target')}"
+
+
 def valuation_snapshot() -> str:
     """``tao.v1.valuation.snapshot``."""
     return f"{PREFIX}.valuation.snapshot"
@@ -257,9 +283,17 @@ class Stream(NamedTuple):
 STREAM_TOOL: Final = Stream("TAO_V1_TOOL", (tool_events(),))
 STREAM_SESSION: Final = Stream("TAO_V1_SESSION", (session_events(),))
 STREAM_KV: Final = Stream("TAO_V1_KV", (kv_events_all(),))
+STREAM_HOOK: Final = Stream("TAO_V1_HOOK", (hook_events_all(),))
 STREAM_PLACEMENT: Final = Stream("TAO_V1_PLACEMENT", (placements(),))
 STREAM_DLQ: Final = Stream("TAO_V1_DLQ", (dead_letters(),))
-ALL_STREAMS: Final = (STREAM_TOOL, STREAM_SESSION, STREAM_KV, STREAM_PLACEMENT, STREAM_DLQ)
+ALL_STREAMS: Final = (
+    STREAM_TOOL,
+    STREAM_SESSION,
+    STREAM_KV,
+    STREAM_HOOK,
+    STREAM_PLACEMENT,
+    STREAM_DLQ,
+)
 
 
 def durable_name(service: str, stream: Stream) -> str:

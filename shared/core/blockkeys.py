@@ -1,0 +1,74 @@
+"""TAO's own block keys: a hash chain over token ids, one key per full KV block.
+
+vLLM names each cached block by an engine hash that usually cannot be reproduced off-engine
+(it is seeded per process and, in newer vLLM, a sha256 over pickled or CBOR-encoded tuples; see
+``vllm/v1/core/kv_cache_utils.py``). TAO therefore keys blocks its own way, from what both sides
+can see: the block's token ids and its parent's key. The telemetry service computes the key of
+every ``BlockStored`` block from the event's ``token_ids`` (mapping the engine hash to it, so a
+later ``BlockRemoved`` resolves), and the gateway computes the keys of a session's prompt and
+completion token ids. A session's resident prefix on a node is then the number of leading keys
+of its chain that the node holds.
+
+Key of block ``j``: the first 8 bytes (little-endian unsigned) of
+``blake2b(key[j-1].to_bytes(8, "little") + tokens[j*B:(j+1)*B] as little-endian uint32)``,
+with ``key[-1] = root``. Only full blocks get a key (vLLM caches only full blocks). ``root`` is
+:data:`ROOT` for the base model; :func:`root_for` gives a distinct root per LoRA adapter, so an
+adapter's blocks never match a base-model prompt.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from hashlib import blake2b
+from typing import Final
+
+__all__ = ["ROOT", "block_key", "chain_keys", "root_for"]
+
+ROOT: Final = 0
+"""The parent key of a chain's first block (base model, no LoRA)."""
+
+_TOKEN_MAX: Final = 2**32 - 1
+
+
+def root_for(lora: int | str | None) -> int:
+    """The root key for blocks computed under LoRA adapter ``lora`` (``None``: :data:`ROOT`)."""
+    if lora is None:
+        return ROOT
+    digest = blake2b(f"lora:{lora}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")
+
+
+def _tokens_bytes(tokens: Sequence[int]) -> bytes:
+    try:
+        return array("I", tokens).tobytes()
+    except OverflowError:
+        bad = next(t for t in tokens if not 0 <= t <= _TOKEN_MAX)
+        raise ValueError(f"token id {bad} is outside 0..{_TOKEN_MAX}") from None
+
+
+def block_key(parent: int, tokens: Sequence[int]) -> int:
+    """The key of one block of ``tokens`` whose parent block has key ``parent``."""
+    h = blake2b(parent.to_bytes(8, "little"), digest_size=8)
+    h.update(_tokens_bytes(tokens))
+    return int.from_bytes(h.digest(), "little")
+
+
+def chain_keys(tokens: Sequence[int], block_size: int, root: int = ROOT) -> list[int]:
+    """Keys of the full blocks of ``tokens`` in order (a trailing partial block has none).
+
+    Raises :class:`ValueError` for a block size below 1 or a token id outside uint32.
+    """
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    raw = _tokens_bytes(tokens)
+    step = 4 * block_size
+    full = len(tokens) // block_size
+    keys: list[int] = []
+    parent = root
+    for j in range(full):
+        h = blake2b(parent.to_bytes(8, "little"), digest_size=8)
+        h.update(raw[j * step : (j + 1) * step])
+        parent = int.from_bytes(h.digest(), "little")
+        keys.append(parent)
+    return keys

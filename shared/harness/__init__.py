@@ -1,0 +1,1 @@
+"""Harness integrations: pure payload mappers (``base.HookMapper``) per agent harness."""

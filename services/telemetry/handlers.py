@@ -73,7 +73,12 @@ class NodeScrapers:
         error: str | None = None
         bad_lines = 0
         try:
-            res = await scrape_node(self.fetch, spec.url)
+            res = await scrape_node(
+                self.fetch,
+                spec.url,
+                spec.metrics_url,
+                capacity_known=spec.capacity_tokens is not None,
+            )
         except ScrapeError as exc:
             health.failed()
             error = str(exc)
@@ -88,15 +93,17 @@ class NodeScrapers:
             health.ok()
             m = res.metrics
             bad_lines = res.bad_lines
+            models = res.models if res.models is not None else (spec.model,) if spec.model else None
+            capacity = spec.capacity_tokens or m.capacity_tokens  # the nodes file overrides
             rec = await self.store.put_node_status(
                 spec.id,
                 url=spec.url,
-                capacity_tokens=m.capacity_tokens,
+                capacity_tokens=capacity,
                 target_utilisation=self.target_utilisation,
                 healthy=True,
-                models=None if res.models is None else frozenset(res.models),
+                models=None if models is None else frozenset(models),
                 block_size=m.block_size,
-                used_tokens=m.used_tokens,
+                used_tokens=round(m.usage * capacity),
                 usage=m.usage,
                 running=m.running,
                 waiting=m.waiting,

@@ -73,19 +73,24 @@ class ScrapeResult:
     bad_lines: int = 0
 
 
-async def scrape_node(fetch: Fetch, base_url: str) -> ScrapeResult:
-    """Scrape ``base_url``; raise :class:`ScrapeError` when the node cannot be used."""
+async def scrape_node(
+    fetch: Fetch, base_url: str, metrics_url: str | None = None, *, capacity_known: bool = False
+) -> ScrapeResult:
+    """Scrape ``base_url`` (metrics from ``metrics_url``, default ``<base>/metrics``); raise
+    :class:`ScrapeError` when the node cannot be used. ``capacity_known``: the nodes file
+    overrides the capacity, so a page without ``vllm:cache_config_info`` is still usable."""
     base = base_url.rstrip("/")
+    page = metrics_url or f"{base}/metrics"
     try:
-        body = await fetch(f"{base}/metrics")
+        body = await fetch(page)
     except Exception as exc:
-        raise ScrapeError(f"{base}/metrics", f"{type(exc).__name__}: {exc}") from exc
+        raise ScrapeError(page, f"{type(exc).__name__}: {exc}") from exc
     samples, errors = parse_lenient(body.decode("utf-8", errors="replace"))
     if not samples:
-        raise ScrapeError(f"{base}/metrics", "no metric samples in the page")
+        raise ScrapeError(page, "no metric samples in the page")
     metrics = from_samples(samples)
-    if metrics.capacity_tokens <= 0:
-        raise ScrapeError(f"{base}/metrics", "no KV capacity (vllm:cache_config_info)")
+    if metrics.capacity_tokens <= 0 and not capacity_known:
+        raise ScrapeError(page, "no KV capacity (vllm:cache_config_info)")
     models: tuple[str, ...] | None
     try:
         models = parse_models(await fetch(f"{base}/v1/models"))

@@ -122,6 +122,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
             stack.start()
         except StackError as exc:
             raise OpsError(str(exc)) from None
+        nodes_file = str(stack.nodes_file or "") or os.environ.get("TAO_NODES_FILE") or None
         write_run_file(
             RunInfo(
                 pid=os.getpid(),
@@ -130,6 +131,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
                 gateway_url=stack.gateway_url,
                 started_at=time.time(),
                 services=(*SERVICES, *stack.node_urls),
+                nodes_file=nodes_file,
             )
         )
         kind = "embedded" if stack.embedded else "configured"
@@ -137,6 +139,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
             f"tao up: gateway {stack.gateway_url}/v1\n"
             f"  nats  {stack.nats_url} ({kind})\n  redis {stack.redis_url} ({kind})\n"
             + "".join(f"  node  {k} {v}\n" for k, v in stack.node_urls.items())
+            + (f"  nodes file {nodes_file}\n" if nodes_file else "")
             + f"  logs  {stack.log_dir}\nCtrl-C stops everything.\n"
         )
         out.flush()

@@ -8,8 +8,8 @@
    runs here is what runs in production, with no Docker and no system packages);
 2. ``--sim-nodes N`` simulated vLLM nodes (``python -m services.simnode``), each on a free port;
 3. the five services (``python -m services.<name>``): telemetry, tools, valuation, planner and
-   the gateway, all with the same environment (URLs, ``TAO_NODES`` for the simnodes, policy,
-   namespace and domain).
+   the gateway, all with the same environment (URLs, ``TAO_NODES_FILE`` naming the generated
+   ``<log dir>/nodes.toml`` of the simnodes, policy, namespace and domain).
 
 Each child logs to ``<log dir>/<name>.log``. The stack waits until every simnode and the gateway
 answer ``/healthz`` and fails with :class:`StackError` (naming the child and its log) when one
@@ -32,11 +32,16 @@ from pathlib import Path
 from typing import IO
 
 from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
+from shared.infra.nodesfile import render_nodes_file
+from shared.infra.settings import NodeSpec
 
 __all__ = ["SERVICES", "Stack", "StackConfig", "StackError"]
 
 SERVICES: tuple[str, ...] = ("telemetry", "tools", "valuation", "planner", "gateway")
 """The services ``tao up`` starts, in start order (the gateway last: it serves clients)."""
+
+SIM_MODEL = "tao-sim"
+"""The model name the simnodes serve (their default)."""
 
 _READY_TIMEOUT_S = 60.0
 
@@ -76,6 +81,10 @@ class Stack:
         self.redis_url = ""
         self.gateway_url = ""
         self.node_urls: dict[str, str] = {}
+        self.nodes: list[NodeSpec] = []
+        self.env: dict[str, str] = {}
+        """The environment the services were started with (after :meth:`start`)."""
+        self.nodes_file: Path | None = None
         self.embedded = False
 
     # -- lifecycle --------------------------------------------------------------------------
@@ -85,7 +94,7 @@ class Stack:
         try:
             self._start_servers()
             self._start_simnodes()
-            env = self.service_env()
+            env = self.env = self.service_env()
             for name in SERVICES:
                 self._spawn(name, [sys.executable, "-m", f"services.{name}"], env)
             for node_id, url in self.node_urls.items():
@@ -142,7 +151,14 @@ class Stack:
             if cfg.profile is not None:
                 cmd += ["--profile", cfg.profile]
             self._spawn(node_id, cmd, self._base)
-            self.node_urls[node_id] = f"http://127.0.0.1:{port}"
+            url = f"http://127.0.0.1:{port}"
+            self.node_urls[node_id] = url
+            self.nodes.append(NodeSpec(node_id, url, model=SIM_MODEL))
+        if self.nodes:
+            self.nodes_file = self.log_dir / "nodes.toml"
+            self.nodes_file.write_text(
+                render_nodes_file(self.nodes, header="nodes of `tao up --sim-nodes` (generated)")
+            )
 
     def service_env(self) -> dict[str, str]:
         """The environment every service gets."""
@@ -158,8 +174,9 @@ class Stack:
                 "TAO_NAMESPACE": cfg.namespace,
             }
         )
-        if self.node_urls:
-            env["TAO_NODES"] = ",".join(f"{k}={v}" for k, v in self.node_urls.items())
+        if self.nodes_file is not None:
+            env.pop("TAO_NODES", None)
+            env["TAO_NODES_FILE"] = str(self.nodes_file)
         if cfg.policy is not None:
             env["TAO_POLICY"] = cfg.policy
         if cfg.domain is not None:

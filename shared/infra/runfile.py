@@ -37,6 +37,7 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     started_at: float = 0.0
     namespace: str = ""
     services: tuple[str, ...] = ()
+    nodes_file: str | None = None
 
 
 def run_file_path(env: Mapping[str, str] | None = None) -> Path:

@@ -32,7 +32,8 @@ message names the variable, what is wrong and what was given
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
 | TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
-| TAO_NODES                 | (empty)   | static nodes without telemetry: `id=url,id=url`         |
+| TAO_NODES_FILE            | (unset)   | node inventory, TOML `[[node]]` tables (nodesfile.py)   |
+| TAO_NODES                 | (empty)   | short form without KV events: `id=url,id=url`           |
 | TAO_MAX_DELIVER           | 5         | deliveries of a failing message before dead-lettering   |
 | TAO_ACK_WAIT_S            | 30        | JetStream redelivery after an unacked delivery, s (> 0) |
 | TAO_RETRY_BACKOFF_S       | 0.5       | first nak delay after a handler error (doubles, <=10 s) |
@@ -117,6 +118,7 @@ class Settings:
     log_level: str = "info"
     log_format: str = "json"
     nodes: tuple[NodeSpec, ...] = field(default_factory=tuple)
+    nodes_file: str | None = None
     max_deliver: int = 5
     ack_wait_s: float = 30.0
     retry_backoff_s: float = 0.5
@@ -130,6 +132,8 @@ class Settings:
             raw = env.get(variable, "").strip()
             if raw:
                 values[attr] = parse(variable, raw)
+        if "nodes_file" in values:
+            values["nodes"] = _nodes_file(values["nodes_file"], "nodes" in values)
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -239,6 +243,17 @@ def _nodes(variable: str, raw: str) -> tuple[NodeSpec, ...]:
     return tuple(nodes)
 
 
+def _nodes_file(path: str, also_inline: bool) -> tuple[NodeSpec, ...]:
+    from .nodesfile import NodesFileError, load_nodes_file  # it imports NodeSpec from here
+
+    if also_inline:
+        raise SettingsError("TAO_NODES_FILE", path, "set either TAO_NODES or TAO_NODES_FILE")
+    try:
+        return load_nodes_file(path)
+    except NodesFileError as exc:
+        raise SettingsError("TAO_NODES_FILE", path, exc.reason) from None
+
+
 _POSITIVE: Final = _number(lo=0.0, lo_open=True)
 
 _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
@@ -269,6 +284,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),
     "log_format": ("TAO_LOG_FORMAT", _choice(LOG_FORMATS)),
     "nodes": ("TAO_NODES", _nodes),
+    "nodes_file": ("TAO_NODES_FILE", _text),
     "max_deliver": ("TAO_MAX_DELIVER", _integer(lo=1)),
     "ack_wait_s": ("TAO_ACK_WAIT_S", _POSITIVE),
     "retry_backoff_s": ("TAO_RETRY_BACKOFF_S", _number(lo=0.0, lo_open=False)),

@@ -380,26 +380,6 @@ async def _streamed(client: Any, common: dict[str, Any]) -> Turn:
     )
 
 
-def _service_env(stack: Stack, base: Mapping[str, str], config: StackConfig) -> dict[str, str]:
-    """What :meth:`Stack.service_env` gave the services (rebuilt: calling it again would pick a
-    new gateway port and change ``stack.gateway_url``)."""
-    env = dict(base)
-    env.update(
-        {
-            "TAO_NATS_URL": stack.nats_url,
-            "TAO_REDIS_URL": stack.redis_url,
-            "TAO_GATEWAY_HOST": "127.0.0.1",
-            "TAO_GATEWAY_PORT": stack.gateway_url.rsplit(":", 1)[1],
-            "TAO_NAMESPACE": config.namespace,
-            "TAO_NODES": ",".join(f"{k}={v}" for k, v in stack.node_urls.items()),
-        }
-    )
-    if config.domain is not None:
-        env["TAO_DOMAIN"] = config.domain
-    env.update(config.extra_env)
-    return env
-
-
 async def _ready(stack: Stack, domain: str, nodes: int) -> None:
     """Wait until telemetry has reported every node (capacity and models) to the store and the
     gateway lists a model: before that no session can be admitted."""
@@ -460,7 +440,7 @@ def e2e_factory(nats_url: str, redis_url: str) -> Iterator[StartStack]:
         e2e = E2E(stack, config.namespace, "d" + tag, {})
         started.append(e2e)
         stack.start()
-        e2e.env = _service_env(stack, base, config)
+        e2e.env = dict(stack.env)
         asyncio.run(_ready(stack, e2e.domain, sim_nodes))
         return e2e
 

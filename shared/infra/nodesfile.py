@@ -1,0 +1,155 @@
+"""The node inventory: a TOML file (path in ``TAO_NODES_FILE``) that every service reads.
+
+One ``[[node]]`` table per inference node::
+
+    [[node]]
+    id = "gpu-a"                                  # [A-Za-z0-9_-]{1,128}, unique
+    url = "http://10.0.0.5:8000/v1"               # OpenAI base URL (a trailing /v1 is optional)
+    metrics_url = "http://10.0.0.5:8000/metrics"  # optional; default <url root>/metrics
+    kv_events = "tcp://10.0.0.5:5557"             # optional; vLLM KV-event PUB endpoint
+    kv_replay = "tcp://10.0.0.5:5558"             # optional; vLLM KV-event replay ROUTER
+    model = "Qwen/Qwen3-32B"                      # optional; served model name
+    capacity_tokens = 524288                      # optional; overrides vllm:cache_config_info
+
+``kv_events`` / ``kv_replay`` are the ``endpoint`` / ``replay_endpoint`` of vLLM's
+``--kv-events-config`` as seen from the scheduler (``tcp://*:5557`` on the engine becomes
+``tcp://<engine host>:5557`` here). A node without ``kv_events`` gets usage-based residency.
+Unknown keys are errors (a typo must not silently drop a setting); every error names the file,
+the node and the key.
+"""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+from .settings import NodeSpec
+
+__all__ = ["NodesFileError", "load_nodes_file", "parse_nodes", "render_nodes_file"]
+
+_ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
+_HTTP: Final = ("http", "https")
+_ZMQ: Final = ("tcp", "ipc", "inproc")
+_KEYS: Final = (
+    "id",
+    "url",
+    "metrics_url",
+    "kv_events",
+    "kv_replay",
+    "model",
+    "capacity_tokens",
+)
+
+
+class NodesFileError(ValueError):
+    """The nodes file at ``path`` is unreadable or invalid, for ``reason``."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")
+
+
+def _url(value: object, where: str, key: str, schemes: tuple[str, ...]) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where}: {key} must be a string, got {type(value).__name__}")
+    scheme, sep, rest = value.partition("://")
+    if not sep or scheme.lower() not in schemes or not rest:
+        raise ValueError(f"{where}: {key} must be a {'/'.join(schemes)} URL, got {value!r}")
+    return value.rstrip("/")
+
+
+def _root(url: str) -> str:
+    """The server root of an OpenAI base URL (``…/v1`` → ``…``)."""
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _node(raw: object, index: int) -> NodeSpec:
+    where = f"node {index + 1}"
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{where}: must be a table, got {type(raw).__name__}")
+    unknown = sorted(set(raw) - set(_KEYS))
+    node_id = raw.get("id")
+    if not isinstance(node_id, str) or not _ID_RE.fullmatch(node_id):
+        raise ValueError(f"{where}: id must match [A-Za-z0-9_-]{{1,128}}, got {node_id!r}")
+    where = f"node {node_id!r}"
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}")
+    if "url" not in raw:
+        raise ValueError(f"{where}: url is required")
+    values: dict[str, Any] = {"id": node_id, "url": _root(_url(raw["url"], where, "url", _HTTP))}
+    if "metrics_url" in raw:
+        values["metrics_url"] = _url(raw["metrics_url"], where, "metrics_url", _HTTP)
+    for key in ("kv_events", "kv_replay"):
+        if key in raw:
+            values[key] = _url(raw[key], where, key, _ZMQ)
+    if "kv_replay" in values and "kv_events" not in values:
+        raise ValueError(f"{where}: kv_replay needs kv_events")
+    if "model" in raw:
+        model = raw["model"]
+        if not isinstance(model, str) or not model:
+            raise ValueError(f"{where}: model must be a non-empty string, got {model!r}")
+        values["model"] = model
+    if "capacity_tokens" in raw:
+        cap = raw["capacity_tokens"]
+        if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
+            raise ValueError(f"{where}: capacity_tokens must be an integer >= 1, got {cap!r}")
+        values["capacity_tokens"] = cap
+    return NodeSpec(**values)
+
+
+def parse_nodes(doc: Mapping[str, Any]) -> tuple[NodeSpec, ...]:
+    """The nodes of a parsed TOML document; :class:`ValueError` names the node and key."""
+    extra = sorted(set(doc) - {"node"})
+    if extra:
+        raise ValueError(f"unknown top-level key(s) {', '.join(extra)}; expected [[node]] tables")
+    tables = doc.get("node", [])
+    if not isinstance(tables, list):
+        raise ValueError("node must be an array of tables ([[node]])")
+    nodes: list[NodeSpec] = []
+    for index, raw in enumerate(tables):
+        spec = _node(raw, index)
+        if any(n.id == spec.id for n in nodes):
+            raise ValueError(f"node id {spec.id!r} appears twice")
+        nodes.append(spec)
+    return tuple(nodes)
+
+
+def load_nodes_file(path: str | Path) -> tuple[NodeSpec, ...]:
+    """Read and check the nodes file; :class:`NodesFileError` says what is wrong and where."""
+    name = str(path)
+    try:
+        with open(Path(path).expanduser(), "rb") as fh:
+            doc = tomllib.load(fh)
+    except OSError as exc:
+        raise NodesFileError(name, f"cannot read: {exc.strerror or exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise NodesFileError(name, f"not valid TOML: {exc}") from None
+    try:
+        return parse_nodes(doc)
+    except ValueError as exc:
+        raise NodesFileError(name, str(exc)) from None
+
+
+def _toml_value(value: str | int) -> str:
+    if isinstance(value, int):
+        return str(value)
+    escaped = value.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{escaped}"'
+
+
+def render_nodes_file(nodes: Iterable[NodeSpec], header: str = "") -> str:
+    """TOML text for ``nodes`` that :func:`load_nodes_file` reads back unchanged."""
+    lines = [f"# {line}" for line in header.splitlines()]
+    for spec in nodes:
+        if lines:
+            lines.append("")
+        lines.append("[[node]]")
+        for key in _KEYS:
+            value = getattr(spec, key)
+            if value is not None:
+                lines.append(f"{key} = {_toml_value(value)}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,100 @@
+"""The TOML node inventory (shared/infra/nodesfile.py) and TAO_NODES_FILE."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shared.infra.errors import SettingsError
+from shared.infra.nodesfile import (
+    NodesFileError,
+    load_nodes_file,
+    render_nodes_file,
+)
+from shared.infra.settings import NodeSpec, Settings
+
+FULL = """
+[[node]]
+id = "gpu-a"
+url = "http://10.0.0.5:8000/v1"
+metrics_url = "http://10.0.0.5:8000/metrics"
+kv_events = "tcp://10.0.0.5:5557"
+kv_replay = "tcp://10.0.0.5:5558"
+model = "Qwen/Qwen3-32B"
+capacity_tokens = 524288
+
+[[node]]
+id = "gpu-b"
+url = "http://10.0.0.6:8000/"
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "nodes.toml"
+    path.write_text(text)
+    return path
+
+
+def test_full_file_reads_every_field(tmp_path: Path) -> None:
+    a, b = load_nodes_file(_write(tmp_path, FULL))
+    assert a == NodeSpec(
+        "gpu-a",
+        "http://10.0.0.5:8000",
+        metrics_url="http://10.0.0.5:8000/metrics",
+        kv_events="tcp://10.0.0.5:5557",
+        kv_replay="tcp://10.0.0.5:5558",
+        model="Qwen/Qwen3-32B",
+        capacity_tokens=524288,
+    )
+    assert b == NodeSpec("gpu-b", "http://10.0.0.6:8000")
+    assert b.metrics == "http://10.0.0.6:8000/metrics" and a.metrics == a.metrics_url
+
+
+def test_render_round_trips(tmp_path: Path) -> None:
+    nodes = load_nodes_file(_write(tmp_path, FULL))
+    text = render_nodes_file(nodes, header="generated")
+    assert text.startswith("# generated\n")
+    assert load_nodes_file(_write(tmp_path, text)) == nodes
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            '[[node]]\nid = "a"\nurl = "http://x"\nkv_event = "tcp://x:1"\n',
+            "unknown key(s) kv_event",
+        ),
+        ('[[node]]\nid = "a b"\nurl = "http://x"\n', "id must match"),
+        ('[[node]]\nid = "a"\n', "node 'a': url is required"),
+        ('[[node]]\nid = "a"\nurl = "ftp://x"\n', "url must be a http/https URL"),
+        ('[[node]]\nid = "a"\nurl = "http://x"\nkv_events = "http://x"\n', "kv_events must be"),
+        ('[[node]]\nid = "a"\nurl = "http://x"\nkv_replay = "tcp://x:2"\n', "needs kv_events"),
+        ('[[node]]\nid = "a"\nurl = "http://x"\ncapacity_tokens = 0\n', "capacity_tokens"),
+        ('[[node]]\nid = "a"\nurl = "http://x"\n[[node]]\nid = "a"\nurl = "http://y"\n', "twice"),
+        ("nodes = 1\n", "unknown top-level key(s) nodes"),
+        ("[[node]\nid=", "not valid TOML"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path: Path, text: str, needle: str) -> None:
+    path = _write(tmp_path, text)
+    with pytest.raises(NodesFileError) as info:
+        load_nodes_file(path)
+    assert needle in str(info.value) and str(path) in str(info.value)
+
+
+def test_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(NodesFileError, match="cannot read"):
+        load_nodes_file(tmp_path / "none.toml")
+
+
+def test_settings_reads_the_file(tmp_path: Path) -> None:
+    path = _write(tmp_path, FULL)
+    s = Settings.from_env({"TAO_NODES_FILE": str(path)})
+    assert [n.id for n in s.nodes] == ["gpu-a", "gpu-b"] and s.nodes_file == str(path)
+    with pytest.raises(SettingsError, match=r"TAO_NODES_FILE: .*unknown key"):
+        Settings.from_env(
+            {"TAO_NODES_FILE": str(_write(tmp_path, '[[node]]\nid="a"\nurl="http://x"\nx=1\n'))}
+        )
+    with pytest.raises(SettingsError, match="either TAO_NODES or TAO_NODES_FILE"):
+        Settings.from_env({"TAO_NODES_FILE": str(path), "TAO_NODES": "a=http://x"})

@@ -19,6 +19,7 @@ from services.telemetry.scrape import Fetch, NodeHealth, ScrapeError, scrape_nod
 from shared.contracts.node import NodeStatus
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import NodeSpec
+from shared.infra.store_stats import prefix_hit_rate
 from shared.infra.store_types import NodeRecord, StateStore
 
 __all__ = ["NodeScrapers"]
@@ -54,6 +55,18 @@ class NodeScrapers:
     target_utilisation: float
     clock: Callable[[], float]
     health: dict[str, NodeHealth] = field(default_factory=dict)
+    counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def window_hit_rate(self, node: str, queries: int | None, hits: int | None) -> float | None:
+        """Prefix-cache hit rate since the previous scrape of ``node`` (``None``: no queries in
+        between, no counters, or the counters went back because the engine restarted)."""
+        if queries is None or hits is None:
+            return None
+        prev = self.counters.get(node)
+        self.counters[node] = (queries, hits)
+        if prev is None or queries < prev[0] or hits < prev[1]:
+            return None
+        return prefix_hit_rate(queries - prev[0], hits - prev[1])
 
     async def scrape_all(self) -> None:
         """One round: every node, concurrently; one node's failure never stops the others."""
@@ -72,6 +85,7 @@ class NodeScrapers:
         health = self.health.setdefault(spec.id, NodeHealth())
         error: str | None = None
         bad_lines = 0
+        hit_rate: float | None = None
         try:
             res = await scrape_node(
                 self.fetch,
@@ -93,6 +107,7 @@ class NodeScrapers:
             health.ok()
             m = res.metrics
             bad_lines = res.bad_lines
+            hit_rate = self.window_hit_rate(spec.id, m.prefix_cache_queries, m.prefix_cache_hits)
             models = res.models if res.models is not None else (spec.model,) if spec.model else None
             capacity = spec.capacity_tokens or m.capacity_tokens  # the nodes file overrides
             rec = await self.store.put_node_status(
@@ -124,6 +139,7 @@ class NodeScrapers:
             reserved=rec.reserved,
             running=rec.running,
             waiting=rec.waiting,
+            prefix_hit_rate=None if hit_rate is None else round(hit_rate, 4),
             bad_lines=bad_lines or None,
             error=error,
         )

@@ -206,11 +206,16 @@ def _ms(v: object) -> str:
 
 def status_table(status: dict[str, Any]) -> str:
     """A human-readable form of ``Store.status()``."""
-    lines = [f"domain {status.get('domain')}", "", "node        healthy  capacity  reserved  free"]
+    lines = [
+        f"domain {status.get('domain')}",
+        "",
+        "node        healthy  capacity  reserved  free  prefix hit",
+    ]
     for n in status.get("nodes", []):
+        rate = n.get("prefix_hit_rate")
         lines.append(
             f"{n['id']:<11} {('yes' if n['healthy'] else 'no'):<8} {n['capacity_tokens']:>8}"
-            f"  {n['reserved']:>8}  {n['free']:>5}"
+            f"  {n['reserved']:>8}  {n['free']:>5}  {'-' if rate is None else f'{rate:.0%}':>10}"
         )
     sessions = [s for s in status.get("sessions", []) if not s.get("ended")]
     lines += [

@@ -29,7 +29,14 @@ from typing import Final
 from shared.core.session import Session
 from shared.infra.store_types import NodeRecord
 
-__all__ = ["BASE_COUNTERS", "node_status_dict", "percentile", "planner_stats_from", "status_dict"]
+__all__ = [
+    "BASE_COUNTERS",
+    "node_status_dict",
+    "percentile",
+    "planner_stats_from",
+    "prefix_hit_rate",
+    "status_dict",
+]
 
 BASE_COUNTERS: Final = (
     "ticks",
@@ -90,7 +97,18 @@ def node_status_dict(rec: NodeRecord) -> dict[str, object]:
         "waiting": rec.waiting,
         "updated_at": rec.updated_at,
         "failures": rec.failures,
+        "prefix_cache_queries": rec.prefix_cache_queries,
+        "prefix_cache_hits": rec.prefix_cache_hits,
+        "prefix_hit_rate": prefix_hit_rate(rec.prefix_cache_queries, rec.prefix_cache_hits),
     }
+
+
+def prefix_hit_rate(queries: int | None, hits: int | None) -> float | None:
+    """Hits / queries of vLLM's prefix-cache counters (tokens, since the engine started);
+    ``None`` when the node reports no counters or no query yet."""
+    if not queries or hits is None:
+        return None
+    return min(1.0, max(0.0, hits / queries))
 
 
 def session_status_dict(s: Session) -> dict[str, object]:

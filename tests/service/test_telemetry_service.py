@@ -217,3 +217,20 @@ class TestSimNode:
         assert rec.capacity_tokens == 32_768
         assert rec.models == frozenset({"tao-sim"})
         assert (rec.running, rec.waiting, rec.prefix_cache_queries) == (0, 0, 0)
+
+
+class TestPrefixHitRate:
+    def test_window_rate_uses_counter_deltas_and_survives_resets(self) -> None:
+        sc = scrapers(FakeStore(), FakeBus(), None)
+        assert sc.window_hit_rate("n1", 1000, 400) is None  # first scrape: no window yet
+        assert sc.window_hit_rate("n1", 2000, 1150) == 0.75  # 750 hits of 1000 new queries
+        assert sc.window_hit_rate("n1", 2000, 1150) is None  # no queries in between
+        assert sc.window_hit_rate("n1", 10, 5) is None  # counters went back: engine restarted
+        assert sc.window_hit_rate("n1", 20, 5) == 0.0
+        assert sc.window_hit_rate("n1", None, None) is None
+
+    def test_status_shows_lifetime_rate(self) -> None:
+        from shared.infra.store_stats import prefix_hit_rate
+
+        assert prefix_hit_rate(400, 100) == 0.25
+        assert prefix_hit_rate(0, 0) is None and prefix_hit_rate(None, 3) is None

@@ -1,5 +1,10 @@
 """``python -m services.simnode --port P --node-id ID [...]``: run one sim node.
 
+With ``--kv-events tcp://*:PORT`` (and ``--kv-replay tcp://*:PORT``) the node publishes its
+engine's KV-cache events in vLLM's ZMQ format (:mod:`services.simnode.kvpub`), in the
+``--kv-encoding`` (``legacy``, ``mapev`` or ``map``) with ``--kv-hash`` ``int`` or ``bytes``
+block hashes.
+
 Bad arguments exit 2 with one line on stderr.
 """
 
@@ -11,9 +16,12 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
+import zmq
 from aiohttp import web
 
 from services.simnode.app import SimNodeConfig, create_app
+from services.simnode.kvpub import DEFAULT_BUFFER_STEPS, KV_HASH_KINDS
+from shared.contracts.kv import KV_ENCODINGS
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
 
 
@@ -31,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--time-scale", type=float, default=1.0)
     p.add_argument("--model", default="tao-sim")
     p.add_argument("--kv-tokens", type=int, default=None)
+    p.add_argument("--kv-events", metavar="ENDPOINT", help="publish vLLM KV events (tcp://*:5557)")
+    p.add_argument("--kv-replay", metavar="ENDPOINT", help="KV-event replay ROUTER (tcp://*:5558)")
+    p.add_argument("--kv-encoding", choices=KV_ENCODINGS, default="mapev")
+    p.add_argument("--kv-hash", choices=KV_HASH_KINDS, default="int")
+    p.add_argument("--kv-buffer-steps", type=int, default=DEFAULT_BUFFER_STEPS, metavar="N")
+    p.add_argument("--kv-topic", default="", metavar="TOPIC")
     return p
 
 
@@ -44,12 +58,25 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[SimNodeConfig, str,
         parser.error(f"--time-scale: must be finite and > 0, got {args.time_scale}")
     if not args.node_id.strip():
         parser.error("--node-id: must not be empty")
+    if args.kv_replay is not None and args.kv_events is None:
+        parser.error("--kv-replay: needs --kv-events")
+    for flag, endpoint in (("--kv-events", args.kv_events), ("--kv-replay", args.kv_replay)):
+        if endpoint is not None and "://" not in endpoint:
+            parser.error(f"{flag}: must be a ZMQ endpoint like tcp://*:5557, got {endpoint!r}")
+    if args.kv_buffer_steps < 1:
+        parser.error(f"--kv-buffer-steps: must be >= 1, got {args.kv_buffer_steps}")
     config = SimNodeConfig(
         node_id=args.node_id,
         profile=args.profile,
         time_scale=args.time_scale,
         model=args.model,
         kv_tokens=args.kv_tokens,
+        kv_events=args.kv_events,
+        kv_replay=args.kv_replay,
+        kv_encoding=args.kv_encoding,
+        kv_hash=args.kv_hash,
+        kv_buffer_steps=args.kv_buffer_steps,
+        kv_topic=args.kv_topic,
     )
     try:
         config.engine_profile()
@@ -64,6 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         web.run_app(create_app(config), host=host, port=port, print=None)
     except OSError as exc:
         print(f"simnode: error: cannot listen on {host}:{port}: {exc}", file=sys.stderr)
+        return 1
+    except zmq.ZMQError as exc:
+        endpoints = f"{config.kv_events} / {config.kv_replay}"
+        print(f"simnode: error: cannot open KV-event sockets {endpoints}: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -63,6 +63,8 @@ class EngineRunner:
         self.requests_aborted = 0
         self.aborted = asyncio.Event()
         """Set on every abort (tests await it instead of sleeping)."""
+        self.after_tick: Callable[[], object] | None = None
+        """Called after every engine advance (the KV-event publisher drains the engine here)."""
 
     def vnow(self) -> float:
         """Current virtual engine time, seconds."""
@@ -119,6 +121,8 @@ class EngineRunner:
                 if n != w.tokens:
                     w.tokens = n
                     w.changed.set()
+        if self.after_tick is not None:
+            self.after_tick()
         nxt = self.engine.next_event_time()
         sleep = None if nxt is None else max(0.0, (nxt - now) / self.time_scale)
         if streaming and self._waiters:

@@ -3,9 +3,12 @@
 Every ``TAO_SCRAPE_S`` (default 1 s) it scrapes each node of ``TAO_NODES`` (``id=url,…``):
 capacity, usage, queue lengths and prefix-cache counters from ``/metrics``, models from
 ``/v1/models``; writes the node record and publishes ``NodeStatus`` on
-``tao.v1.node.status.<node>``. Residency comes from a :class:`ResidencySource` (now: response
-usage, durable consumer ``telemetry`` on ``TAO_V1_SESSION`` responses). Run:
-``python -m services.telemetry`` (needs NATS and Redis).
+``tao.v1.node.status.<node>``. Residency comes from a :class:`ResidencySource`: by default
+:class:`~services.telemetry.kvresidency.KvResidency` (vLLM KV events over ZMQ or bridged on
+NATS, walked against the sessions' block-key chains; usage-based observations where there are
+no KV events or no token ids). It also answers ``tao inspect node|prefix``
+(:mod:`services.telemetry.inspect`). Run: ``python -m services.telemetry`` (needs NATS and
+Redis).
 """
 
 from __future__ import annotations
@@ -13,10 +16,13 @@ from __future__ import annotations
 import time
 
 import anyio
+from structlog.typing import FilteringBoundLogger
 
 from services._common import store_from
 from services.telemetry.handlers import NodeScrapers
-from services.telemetry.residency import ResidencySource, UsageResidency
+from services.telemetry.inspect import Inspector
+from services.telemetry.kvresidency import KvResidency
+from services.telemetry.residency import ResidencySource
 from services.telemetry.scrape import Fetch, HttpFetch
 from shared.infra.busapi import MessageBus
 from shared.infra.logging import get_logger
@@ -38,10 +44,21 @@ async def run(
     name: str = NAME,
     residency: ResidencySource | None = None,
 ) -> None:
-    """Start the residency source, then scrape forever (until cancelled)."""
+    """Start the residency source and the inspection responder, then scrape forever (until
+    cancelled). A :class:`KvResidency` source also runs its ZMQ feeds and flusher here."""
     log = get_logger(name)
-    source = residency if residency is not None else UsageResidency(store, log)
-    await source.start(bus, name)
+    source = residency if residency is not None else KvResidency(store, log, settings.nodes)
+    async with anyio.create_task_group() as tg:
+        await source.start(bus, name)
+        if isinstance(source, KvResidency):
+            tg.start_soon(source.run)
+            await Inspector(source.index, store, settings.nodes).start(bus, name)
+        await _scrape_forever(settings, store, bus, fetch, log)
+
+
+async def _scrape_forever(
+    settings: Settings, store: StateStore, bus: MessageBus, fetch: Fetch, log: FilteringBoundLogger
+) -> None:
     scrapers = NodeScrapers(
         nodes=settings.nodes,
         fetch=fetch,

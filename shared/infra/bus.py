@@ -31,11 +31,12 @@ from .busapi import (
     Decoder,
     Deliver,
     Handler,
+    Responder,
     check_namespace,
     dead_letter_for,
     stream_for_subject,
 )
-from .errors import BusError
+from .errors import BusError, RequestError
 from .logging import get_logger
 from .receiver import Receiver
 from .settings import Settings
@@ -79,6 +80,7 @@ class Bus:
         self.retry_backoff_s = retry_backoff_s
         self.max_backoff_s = max_backoff_s
         self._receivers: list[Receiver[Any]] = []
+        self._responders: list[_Responder] = []
         self._tasks: set[asyncio.Task[None]] = set()
 
     # --- construction ---------------------------------------------------------------------
@@ -357,6 +359,29 @@ class Bus:
         self._receivers.append(receiver)
         return receiver
 
+    # --- request / reply (core NATS) -------------------------------------------------------
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        """Send a request and return the reply body (see :class:`MessageBus`)."""
+        try:
+            msg = await self._nc.request(self.wire_subject(subject), data, timeout=timeout)
+        except nats.errors.NoRespondersError:
+            raise RequestError(subject, "no responders") from None
+        except (TimeoutError, nats.errors.TimeoutError):
+            raise RequestError(subject, f"no reply within {timeout:g} s") from None
+        return bytes(msg.data)
+
+    async def serve(self, subject: str, service: str, respond: Responder) -> _Responder:
+        """Answer requests on ``subject`` in queue group ``service`` (see :class:`MessageBus`)."""
+        subjects.check_name(service, "service")
+        responder = _Responder(self, subject, service, respond)
+        responder.sub = await self._nc.subscribe(
+            self.wire_subject(subject), queue=service, cb=responder.on_msg
+        )
+        await self._nc.flush()  # the server knows the interest before we return
+        self._responders.append(responder)
+        return responder
+
     def _forget(self, receiver: Receiver[Any]) -> None:
         if receiver in self._receivers:
             self._receivers.remove(receiver)
@@ -370,6 +395,8 @@ class Bus:
         """Stop every subscription (in-flight handlers finish), flush publishes, close."""
         for receiver in list(self._receivers):
             await receiver.stop()
+        for responder in list(self._responders):
+            await responder.stop()
         if self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
         if not self._nc.is_closed:
@@ -377,6 +404,42 @@ class Bus:
                 await self._nc.drain()
             except nats.errors.Error:
                 await self._nc.close()
+
+
+class _Responder:
+    """One :meth:`Bus.serve` subscription: runs the responder, replies, never raises."""
+
+    def __init__(self, bus: Bus, subject: str, service: str, respond: Responder) -> None:
+        self.bus = bus
+        self.subject = subject
+        self.service = service
+        self.respond = respond
+        self.sub: Any = None
+
+    @property
+    def name(self) -> str:
+        return self.subject
+
+    async def on_msg(self, msg: Any) -> None:
+        try:
+            reply = await self.respond(bytes(msg.data))
+            if msg.reply:
+                await msg.respond(reply)
+        except Exception as exc:  # the requester times out; the responder goes on
+            _log.warning(
+                "responder_failed",
+                service=self.service,
+                subject=self.subject,
+                error=f"{type(exc).__name__}: {exc}",
+            )
+
+    async def stop(self) -> None:
+        if self in self.bus._responders:
+            self.bus._responders.remove(self)
+        if self.sub is not None:
+            sub, self.sub = self.sub, None
+            with contextlib.suppress(nats.errors.Error):
+                await sub.unsubscribe()
 
 
 async def _on_error(exc: Exception) -> None:

@@ -33,6 +33,7 @@ __all__ = [
     "Delivery",
     "Handler",
     "MessageBus",
+    "Responder",
     "Subscription",
     "backoff_delay",
     "check_namespace",
@@ -61,6 +62,9 @@ class Delivery:
     stream_seq: int | None
     received_at: float
 
+
+Responder = Callable[[bytes], Awaitable[bytes]]
+"""``async def respond(request_body) -> reply_body`` for :meth:`MessageBus.serve`."""
 
 Handler = Callable[[T, Delivery], Awaitable[None]]
 """``async def handler(value, delivery) -> None``; raise to have the message retried."""
@@ -150,6 +154,20 @@ class MessageBus(Protocol):
         queue: str | None = None,
     ) -> Subscription:
         """Subscribe to ``subject`` (wildcards allowed) over core NATS."""
+        ...
+
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        """Send ``data`` on ``subject`` (core NATS) and return the first reply's body.
+
+        Raises :class:`~shared.infra.errors.RequestError` when nobody serves ``subject`` or no
+        reply came within ``timeout`` seconds.
+        """
+        ...
+
+    async def serve(self, subject: str, service: str, respond: Responder) -> Subscription:
+        """Answer requests on ``subject`` with ``await respond(body)`` (queue group
+        ``service``, so one replica answers each). A ``respond`` that raises is logged and the
+        request gets no reply (the requester times out)."""
         ...
 
     async def drain(self) -> None:

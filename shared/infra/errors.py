@@ -3,6 +3,7 @@
     InfraError(Exception)
     ├── SettingsError(InfraError, ValueError)  a bad environment variable (named in the message)
     ├── BusError                               NATS connection or stream set-up failed
+    │   └── RequestError                       a request got no reply (no responder, timeout)
     ├── EmbeddedServerError                    a server binary is missing or did not answer
     └── RunFileError                           the ``tao up`` run file cannot be read
 
@@ -11,7 +12,14 @@ Each error keeps its data as attributes and builds its message from them.
 
 from __future__ import annotations
 
-__all__ = ["BusError", "EmbeddedServerError", "InfraError", "RunFileError", "SettingsError"]
+__all__ = [
+    "BusError",
+    "EmbeddedServerError",
+    "InfraError",
+    "RequestError",
+    "RunFileError",
+    "SettingsError",
+]
 
 
 class InfraError(Exception):
@@ -31,6 +39,15 @@ class SettingsError(InfraError, ValueError):
 
 class BusError(InfraError):
     """The message bus could not be reached or set up."""
+
+
+class RequestError(BusError):
+    """A request on ``subject`` got no reply, for ``reason`` (no responders, or a timeout)."""
+
+    def __init__(self, subject: str, reason: str) -> None:
+        self.subject = subject
+        self.reason = reason
+        super().__init__(f"request on {subject}: {reason}")
 
 
 class EmbeddedServerError(InfraError):

@@ -32,12 +32,14 @@ from .busapi import (
     Deliver,
     Delivery,
     Handler,
+    Responder,
     backoff_delay,
     check_namespace,
     dead_letter_for,
     stream_for_subject,
     subject_matches,
 )
+from .errors import RequestError
 from .logging import get_logger
 
 __all__ = ["FakeBus"]
@@ -81,6 +83,7 @@ class FakeBus:
         self._streams: dict[str, list[_Stored]] = {s.name: [] for s in subjects.ALL_STREAMS}
         self._durables: dict[str, _ConsumerState] = {}
         self._receivers: list[_FakeReceiver[Any]] = []
+        self._responders: list[_FakeResponder] = []
         self._closed = False
 
     @property
@@ -210,6 +213,35 @@ class FakeBus:
         receiver.start()
         return receiver
 
+    async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
+        """Ask the first responder serving ``subject`` (they take turns, as a queue group)."""
+        if self._closed:
+            raise RuntimeError("FakeBus is closed")
+        for responder in self._responders:
+            if subject_matches(responder.subject, subject):
+                self._responders.remove(responder)
+                self._responders.append(responder)
+                try:
+                    return await asyncio.wait_for(responder.respond(bytes(data)), timeout)
+                except TimeoutError:
+                    raise RequestError(subject, f"no reply within {timeout:g} s") from None
+                except Exception as exc:
+                    _log.warning(
+                        "responder_failed",
+                        service=responder.service,
+                        subject=subject,
+                        error=f"{type(exc).__name__}: {exc}",
+                    )
+                    raise RequestError(subject, f"no reply within {timeout:g} s") from None
+        raise RequestError(subject, "no responders")
+
+    async def serve(self, subject: str, service: str, respond: Responder) -> _FakeResponder:
+        """Answer requests on ``subject`` with ``respond``."""
+        subjects.check_name(service, "service")
+        responder = _FakeResponder(self, subject, service, respond)
+        self._responders.append(responder)
+        return responder
+
     async def dead_letter(
         self,
         service: str,
@@ -242,7 +274,26 @@ class FakeBus:
         """Stop every subscription and close."""
         for receiver in list(self._receivers):
             await receiver.stop()
+        self._responders.clear()
         self._closed = True
+
+
+@dataclass(slots=True, eq=False)
+class _FakeResponder:
+    """One :meth:`FakeBus.serve` registration."""
+
+    bus: FakeBus
+    subject: str
+    service: str
+    respond: Responder
+
+    @property
+    def name(self) -> str:
+        return self.subject
+
+    async def stop(self) -> None:
+        if self in self.bus._responders:
+            self.bus._responders.remove(self)
 
 
 class _FakeReceiver(Generic[T]):

@@ -31,7 +31,7 @@ from itertools import islice, takewhile
 from operator import is_not
 from typing import Final, cast
 
-from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
+from shared.contracts.kv import AllBlocksCleared, BlockRemoved, BlockStored, KVEvent
 
 __all__ = ["ROOT_HASH", "BlockPool", "chain_hash"]
 
@@ -278,6 +278,26 @@ class BlockPool:
                         )
                     )
             parent = h
+
+    def reset_cache(self) -> bool:
+        """Un-cache every block, as vLLM's ``BlockPool.reset_prefix_cache``: refused (``False``)
+        while any block is held by a request; else every hash is dropped, logged as evicted
+        (so :meth:`evicted_since` stays exact) and one ``AllBlocksCleared`` is emitted (vLLM
+        emits no ``BlockRemoved`` for them)."""
+        if len(self._free) != self.num_blocks:
+            return False
+        self.generation += 1
+        gone = list(self._cached)
+        self._cached.clear()
+        self._hash = [None] * self.num_blocks
+        emit, self._emit = self._emit, False
+        try:
+            self._log_evicted(gone)
+        finally:
+            self._emit = emit
+        if emit:
+            self._events.append(AllBlocksCleared())
+        return True
 
     def drain_events(self) -> list[KVEvent]:
         """The KV events since the last drain, oldest first."""

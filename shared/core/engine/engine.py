@@ -233,8 +233,18 @@ class Engine:
         return self._pool.resident_run(hashes, min(start, stop), stop)
 
     def drain_kv_events(self) -> list[KVEvent]:
-        """``BlockStored``/``BlockRemoved`` events since the last drain (with emit_kv_events)."""
+        """``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` events since the last drain
+        (with emit_kv_events); a ``BlockStored`` carries its block's ``token_ids``."""
         return self._pool.drain_events()
+
+    def reset_prefix_cache(self, now: float) -> bool:
+        """Drop the whole prefix cache at ``now`` (vLLM ``reset_prefix_cache``); ``False``, and
+        nothing changes, while a running request holds blocks."""
+        self._run_until(now)
+        if not self._pool.reset_cache():
+            return False
+        self._hit_memo = None
+        return True
 
     # -- hashing -----------------------------------------------------------------------------------
 

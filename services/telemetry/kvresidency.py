@@ -1,0 +1,382 @@
+"""Residency from vLLM KV events: the default :class:`ResidencySource` of the telemetry service.
+
+Inputs, per node (DESIGN §5; issue 4 "vLLM KV events"):
+
+* **ZMQ** (nodes whose nodes-file entry has ``kv_events``): one
+  :class:`~shared.infra.kvzmq.KvFeed` per node (live SUB + replay DEALER; it fills gaps itself
+  and, started with ``catch_up``, first replays the publisher's whole buffer so a telemetry
+  that starts late still learns the recent blocks). A feed that fails is opened again after
+  1 s; its catch-up replay then starts below the last applied ``seq``, which reads as a restart:
+  the node is rebuilt from the replay buffer and its incarnation goes up by one;
+* **NATS** (``tao kv-bridge``): the payloads on ``tao.v1.kv.<node>`` (stream ``TAO_V1_KV``),
+  with the engine's ``seq`` in the ``Tao-KV-Seq`` header and the bridge's receive time in
+  ``Tao-Received-At``. An ephemeral consumer reads the stream from its start (it keeps 1 h),
+  so a restarted telemetry rebuilds what the bridge saw.
+
+Either path may feed a node; both carry the engine's own ``seq``, so the first path heard
+claims the node and the other is ignored for it while the claim is live; a claimed path silent
+for ``path_idle_s`` (5 s) gives way to the other, which then continues the same sequence.
+
+Each batch goes through :class:`~shared.core.kvindex.KvIndex` with the sequence rule of
+:mod:`shared.core.kvseq`: a gap on the ZMQ path was already replayed by the feed (what it
+could not replay it logged); a gap on the NATS path cannot be replayed here and is logged and
+counted; ``seq`` going backwards (an engine restart) clears the node and bumps its incarnation,
+as ``AllBlocksCleared`` clears it. A NATS redelivery whose ``seq`` is not new is a duplicate,
+not a restart, and is dropped. A payload that does not decode is logged with the reason and
+counted; on the NATS path the bus dead-letters it (the decoder raises ``DecodeError``); on the
+ZMQ path its ``seq`` still advances, so it is not reported again as a gap.
+
+Sessions: the consumer of ``SessionResponse`` registers each response's ``block_keys`` (TAO's
+own keys of prompt + completion token ids, ``block_size`` tokens each) as the session's chain;
+the index then keeps every (session, node) resident prefix incrementally. A response without
+``block_keys``, or served by a node no KV events have come from, goes to
+:class:`UsageResidency` (the usage-based observation on the serving node). ``SessionEnd``
+forgets the chain.
+
+Writes: changed (session, node) prefixes are flushed to the store in batches, debounced by
+``flush_s`` (50 ms): ``put_residencies`` with ``(session, node, k0 tokens, t_obs)`` (``k0 = 0``
+deletes the pair); a cleared node first gets ``clear_node_residency``. **t_obs** is the batch's
+engine time ``ts`` when it lies within ``skew_s`` (5 s) of the receive time, else the receive
+time: ``ts`` is when the engine changed its cache, the better time for the half-life decay, but
+an engine clock that is off by more than a few seconds would make credit decay wrongly (or
+sit in the future), and the receive time is then the honest bound. A chain registered from a
+response is stamped with the response's ``finished_at`` (as the usage source does).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Final, Protocol
+
+import anyio
+from structlog.typing import FilteringBoundLogger
+
+from services.telemetry.residency import UsageResidency, decode_response
+from shared.contracts import subjects
+from shared.contracts.codec import decode
+from shared.contracts.errors import DecodeError
+from shared.contracts.kv import KVEventBatch, decode_kv_batch
+from shared.contracts.session import SessionEnd, SessionResponse
+from shared.core.kvindex import ApplyResult, KvIndex
+from shared.infra.busapi import Delivery, MessageBus, Subscription
+from shared.infra.settings import NodeSpec
+from shared.infra.store_types import StateStore
+
+__all__ = ["KV_RECEIVED_AT_HEADER", "KV_SEQ_HEADER", "FeedFactory", "KvResidency", "t_obs_for"]
+
+KV_SEQ_HEADER: Final = "Tao-KV-Seq"
+KV_RECEIVED_AT_HEADER: Final = "Tao-Received-At"
+"""The bridge's headers (same names as ``shared.infra.kvzmq``, which imports zmq)."""
+
+DEFAULT_FLUSH_S: Final = 0.05
+DEFAULT_SKEW_S: Final = 5.0
+DEFAULT_PATH_IDLE_S: Final = 5.0
+_RETRY_S: Final = 1.0
+
+
+class KvMessageLike(Protocol):
+    """What a feed yields (``shared.infra.kvzmq.KvMessage``)."""
+
+    @property
+    def node(self) -> str: ...
+    @property
+    def seq(self) -> int: ...
+    @property
+    def payload(self) -> bytes: ...
+    @property
+    def received_at(self) -> float: ...
+    @property
+    def replayed(self) -> bool: ...
+
+
+FeedFactory = Callable[[NodeSpec], AsyncIterator[KvMessageLike]]
+"""Opens the ordered ZMQ stream of a node (injected in tests)."""
+
+
+def zmq_feed(spec: NodeSpec) -> AsyncIterator[KvMessageLike]:
+    """The live feed: ``KvFeed(...).messages()`` with a catch-up replay at start."""
+    from shared.infra.kvzmq import KvFeed
+
+    assert spec.kv_events is not None
+    return KvFeed(spec.id, spec.kv_events, spec.kv_replay, catch_up=True).messages()
+
+
+def t_obs_for(ts: float, received_at: float, skew_s: float = DEFAULT_SKEW_S) -> float:
+    """The observation time of a batch: engine ``ts`` unless it is off by more than ``skew_s``."""
+    return ts if abs(ts - received_at) <= skew_s else received_at
+
+
+def decode_end(data: bytes) -> SessionEnd:
+    ev = decode(data, SessionEnd)
+    subjects.escape_token(ev.session_id)
+    return ev
+
+
+class KvResidency:
+    """Residency from KV events, with :class:`UsageResidency` for what they cannot cover."""
+
+    name = "kv-events"
+
+    def __init__(
+        self,
+        store: StateStore,
+        log: FilteringBoundLogger,
+        nodes: Sequence[NodeSpec],
+        *,
+        feeds: FeedFactory | None = zmq_feed,
+        flush_s: float = DEFAULT_FLUSH_S,
+        skew_s: float = DEFAULT_SKEW_S,
+        path_idle_s: float = DEFAULT_PATH_IDLE_S,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.log = log
+        self.nodes = list(nodes)
+        self.feeds = feeds
+        self.flush_s = flush_s
+        self.skew_s = skew_s
+        self.path_idle_s = path_idle_s
+        self.monotonic = monotonic
+        self.index = KvIndex()
+        self.usage = UsageResidency(store, log)
+        self.counts: Counter[str] = Counter()
+        self._paths: dict[str, tuple[str, float]] = {}
+        self._wake = asyncio.Event()
+        self._retry: list[tuple[str, str, int, float]] = []
+        self._retry_cleared: list[str] = []
+
+    # --- lifecycle --------------------------------------------------------------------------
+
+    async def start(self, bus: MessageBus, service: str) -> list[Subscription]:
+        """Consume responses, session ends and bridged KV events (the ZMQ feeds and the
+        flusher run in :meth:`run`)."""
+        responses = await bus.consume(
+            subjects.STREAM_SESSION,
+            service,
+            decode_response,
+            self.on_response,
+            filter_subject=subjects.session_events("response"),
+        )
+        ends = await bus.consume(
+            subjects.STREAM_SESSION,
+            service,
+            decode_end,
+            self.on_end,
+            filter_subject=subjects.session_events("end"),
+            durable=f"{service}-kv-ends",
+        )
+        bridged = await bus.consume_batch(
+            subjects.STREAM_KV,
+            service,
+            decode_kv_batch,
+            self.on_bridged,
+            ephemeral=True,
+            deliver="all",
+        )
+        return [responses, ends, bridged]
+
+    async def run(self) -> None:
+        """The ZMQ feed of every node with ``kv_events`` and the flusher, until cancelled."""
+        async with anyio.create_task_group() as tg:
+            if self.feeds is not None:
+                for spec in self.nodes:
+                    if spec.kv_events:
+                        tg.start_soon(self._follow, spec)
+            tg.start_soon(self._flusher)
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def is_kv_node(self, node: str) -> bool:
+        """Whether ``node``'s residency comes from KV events: some have arrived from it (a node
+        configured with ``kv_events`` whose stream is silent stays on usage-based residency)."""
+        return self.index.has_node(node)
+
+    async def on_response(self, ev: SessionResponse, d: Delivery) -> None:
+        """Register the response's chain; fall back to usage where KV events cannot tell."""
+        keys, bs = ev.block_keys, ev.block_size
+        if keys is not None and bs and ev.error is None:
+            self.index.register(ev.session_id, keys, bs, ev.finished_at)
+            self.counts["chains"] += 1
+            if self.is_kv_node(ev.node_id):
+                self.index.touch(ev.session_id, ev.node_id, ev.finished_at)
+                self._wake.set()
+                self.log.info(
+                    "residency",
+                    source=self.name,
+                    session=ev.session_id,
+                    node=ev.node_id,
+                    blocks=len(keys),
+                    resident_tokens=self.index.prefix_tokens(ev.session_id, ev.node_id),
+                )
+                return
+            self._wake.set()
+        self.counts["usage_fallbacks"] += 1
+        await self.usage.on_response(ev, d)
+
+    async def on_end(self, ev: SessionEnd, d: Delivery) -> None:
+        self.index.forget(ev.session_id)
+
+    # --- KV events --------------------------------------------------------------------------
+
+    def _claim(self, node: str, path: str) -> bool:
+        """Whether ``path`` feeds ``node`` now (see the module docstring)."""
+        now = self.monotonic()
+        current = self._paths.get(node)
+        if current is not None and current[0] != path:
+            if now - current[1] <= self.path_idle_s:
+                self.counts[f"ignored_{path}"] += 1
+                return False
+            self.log.warning("kv_path_switched", node=node, old=current[0], new=path)
+            self.counts["path_switches"] += 1
+        self._paths[node] = (path, now)
+        return True
+
+    async def _follow(self, spec: NodeSpec) -> None:
+        """Apply one node's ZMQ feed forever (a feed that fails is opened again)."""
+        assert self.feeds is not None
+        while True:
+            try:
+                async for msg in self.feeds(spec):
+                    self.on_zmq(msg)
+            except Exception as exc:
+                self.counts["feed_failures"] += 1
+                self.log.error("kv_feed_failed", node=spec.id, error=f"{type(exc).__name__}: {exc}")
+            await anyio.sleep(_RETRY_S)
+
+    def on_zmq(self, msg: KvMessageLike) -> None:
+        """One ordered message of a node's ZMQ feed."""
+        if not self._claim(msg.node, "zmq"):
+            return
+        try:
+            batch = decode_kv_batch(msg.payload)
+        except DecodeError as exc:
+            self.counts["bad_payloads"] += 1
+            self.log.warning(
+                "kv_bad_payload", node=msg.node, seq=msg.seq, path="zmq", reason=str(exc)
+            )
+            batch = KVEventBatch(ts=msg.received_at, events=[])  # still advance the sequence
+        self._apply("zmq", msg.node, msg.seq, batch, msg.received_at)
+
+    async def on_bridged(self, items: list[tuple[KVEventBatch, Delivery]]) -> None:
+        """Batches from ``tao.v1.kv.<node>``; never raises (a retry would break the order)."""
+        for batch, d in items:
+            try:
+                self._on_bridged_one(batch, d)
+            except Exception as exc:  # a bug here must not stall or reorder the stream
+                self.counts["errors"] += 1
+                self.log.error(
+                    "kv_apply_failed", subject=d.subject, error=f"{type(exc).__name__}: {exc}"
+                )
+
+    def _on_bridged_one(self, batch: KVEventBatch, d: Delivery) -> None:
+        node = d.subject.rsplit(".", 1)[-1]
+        try:
+            seq = int(d.headers[KV_SEQ_HEADER])
+        except (KeyError, ValueError):
+            self.counts["bad_seq"] += 1
+            self.log.warning(
+                "kv_bad_payload",
+                node=node,
+                path="nats",
+                reason=f"header {KV_SEQ_HEADER} missing or not an integer: "
+                f"{d.headers.get(KV_SEQ_HEADER)!r}",
+            )
+            return
+        try:
+            received_at = float(d.headers.get(KV_RECEIVED_AT_HEADER, d.received_at))
+        except ValueError:
+            received_at = d.received_at
+        if not self._claim(node, "nats"):
+            return
+        if d.num_delivered > 1 and self.index.classify(node, seq) == "restart":
+            self.counts["duplicates"] += 1  # a redelivery we already applied, not a restart
+            return
+        self._apply("nats", node, seq, batch, received_at)
+
+    def _apply(
+        self, path: str, node: str, seq: int, batch: KVEventBatch, received_at: float
+    ) -> ApplyResult:
+        last = self.index.last_seq(node)
+        res = self.index.apply(node, seq, batch, t_obs_for(batch.ts, received_at, self.skew_s))
+        counts = self.counts
+        counts["batches"] += 1
+        counts["blocks_stored"] += res.stored
+        counts["blocks_removed"] += res.removed
+        if res.action == "gap":
+            counts[f"gaps_{path}"] += 1
+            assert last is not None
+            self.log.warning(
+                "kv_gap",
+                node=node,
+                path=path,
+                missing_from=last + 1,
+                missing_to=seq - 1,
+                replayed=path == "zmq",
+            )
+        elif res.action == "restart":
+            counts["restarts"] += 1
+            stats = self.index.stats(node)
+            self.log.warning(
+                "kv_restart",
+                node=node,
+                path=path,
+                seq=seq,
+                last=last,
+                incarnation=None if stats is None else stats.incarnation,
+            )
+        if res.cleared:
+            counts["clears"] += 1
+        if res.bad_events or batch.unknown_events:
+            counts["bad_events"] += res.bad_events + batch.unknown_events
+        self.log.debug(
+            "kv_batch",
+            node=node,
+            path=path,
+            seq=seq,
+            stored=res.stored,
+            removed=res.removed,
+            filtered=res.filtered or None,
+            orphans=res.orphans or None,
+            unknown_removals=res.unknown_removals or None,
+            cleared=res.cleared or None,
+        )
+        if self.index.pending():
+            self._wake.set()
+        return res
+
+    # --- writes -----------------------------------------------------------------------------
+
+    async def _flusher(self) -> None:
+        while True:
+            await self._wake.wait()
+            await anyio.sleep(self.flush_s)  # debounce: gather what the next events change
+            self._wake.clear()
+            if not await self.flush():
+                await anyio.sleep(_RETRY_S)
+                self._wake.set()
+
+    async def flush(self) -> bool:
+        """Write the changed prefixes (clears first); False if the store failed (kept)."""
+        cleared = self._retry_cleared + self.index.take_cleared()
+        items = self._retry + [(r.session, r.node, r.tokens, r.stamp) for r in self.index.drain()]
+        self._retry, self._retry_cleared = [], []
+        if not cleared and not items:
+            return True
+        try:
+            for node in dict.fromkeys(cleared):
+                await self.store.clear_node_residency(node)
+            if items:
+                await self.store.put_residencies(items)
+        except Exception as exc:
+            self._retry, self._retry_cleared = items, cleared
+            self.counts["flush_failures"] += 1
+            self.log.error("residency_flush_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        self.counts["written"] += len(items)
+        self.log.info(
+            "residency_flush", source=self.name, pairs=len(items), cleared=cleared or None
+        )
+        return True

@@ -1,0 +1,559 @@
+"""Which blocks each vLLM node holds, and each session's resident prefix there (pure, no I/O).
+
+:class:`KvIndex` is fed decoded KV-event batches (``shared.contracts.kv``) per node and
+session chains (TAO's own block keys of a response's token ids, ``SessionResponse.block_keys``);
+it keeps, incrementally, the resident prefix of every (session, node) pair and reports the
+pairs that changed since the last :meth:`KvIndex.drain`.
+
+Bookkeeping per node (DESIGN §5, facts from vLLM's ``vllm/distributed/kv_events.py`` and
+``vllm/v1/core/block_pool.py``):
+
+* **Own keys.** Each stored block gets TAO's key (:mod:`shared.core.blockkeys`):
+  ``block_key(parent key, the block's token_ids slice)``; a run of blocks chains within the
+  event. The first block's parent key is the own key mapped from ``parent_block_hash``, or
+  ``root_for(lora)`` when the parent is ``None`` (``lora_name``, else the deprecated
+  ``lora_id``). A parent engine hash never seen (stored before we listened, or already
+  evicted) makes an *orphan*: its chain starts from a root derived from that engine hash, so
+  it is counted as resident but can never match a chain from a real root. A block whose
+  ``extra_keys`` entry is set (multimodal hashes, LoRA, ``cache_salt``) is keyed with that
+  entry mixed in, so token ids alone never match it (a session chain has no extra keys).
+* **Ref counts.** vLLM does not de-duplicate identical blocks (``BlockHashToBlockMap``: "we
+  don't de-duplicate the blocks in the cache"), so a key stays resident until every store
+  of it was removed: counts per (node, own key).
+* **Engine hash → own key.** ``BlockRemoved`` names engine hashes (``int`` or ``bytes``),
+  which usually cannot be reproduced off-engine; the map resolves them. A hash stored twice
+  maps to both keys (removed last-in first). A removal of a hash never stored is counted in
+  ``unknown_removals`` and otherwise ignored.
+* **Filters.** Only ``medium`` ``None`` (older vLLM) or ``"GPU"`` counts (``MEDIUM_GPU``;
+  offloaded ``"CPU"`` copies do not make a prefill free). For hybrid models only the
+  full-attention group counts: ``group_idx`` is the KV-cache group id of
+  ``BlockPool.cache_full_blocks(kv_cache_group_id)``, and ``kv_cache_spec_kind`` is
+  ``KVCacheSpecKind`` of ``vllm/v1/kv_cache_interface.py`` (``"full_attention"``,
+  ``"mla_attention"``, ``"sink_full_attention"``, ``"sliding_window"``,
+  ``"sliding_window_mla"``, ``"mamba"``, ``"chunked_local_attention"``,
+  ``"encoder_only_attention"``, ``"cross_attention"``, ``"unknown"``). The kinds in
+  :data:`FULL_ATTENTION_KINDS` are the specs that subclass ``FullAttentionSpec`` there (they
+  keep the KV of every token); ``None`` means an engine that does not say (one group). Only
+  stores carry the kind ("Remove events only need group_idx+hash"), so the index learns the
+  counted group from the first counted store and then filters stores and removals by
+  ``group_idx``; a second full-attention group of the same engine is ignored (its blocks
+  mirror the first group's).
+* **Clear.** ``AllBlocksCleared``, or a sequence that goes backwards (an engine restart, see
+  :mod:`shared.core.kvseq`; it also starts a new incarnation), drops everything of the node.
+
+Sessions: :meth:`KvIndex.register` sets a session's chain (replacing the previous one). A
+reverse map own key → {session: position} lets a key becoming resident (count 0 → 1) or
+evicted (1 → 0) touch only the sessions whose chain holds it: a resident key at a session's
+current prefix length extends the prefix (walking on while keys are resident); an evicted key
+inside the prefix cuts it there. Each change marks the (session, node) pair dirty with the
+caller's stamp (the observation time); :meth:`KvIndex.drain` returns the dirty pairs with their
+current prefix in tokens (blocks × the chain's block size).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from hashlib import blake2b
+from typing import Any, Final
+
+from shared.contracts.inspect import NodeInspect
+from shared.contracts.kv import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KVEventBatch,
+)
+from shared.core.blockkeys import ROOT, block_key, chain_keys, root_for
+from shared.core.kvseq import SeqAction, SeqTracker
+
+__all__ = [
+    "COUNTED_MEDIA",
+    "FULL_ATTENTION_KINDS",
+    "ApplyResult",
+    "KvIndex",
+    "NodeStats",
+    "Residency",
+]
+
+FULL_ATTENTION_KINDS: Final = frozenset({"full_attention", "mla_attention", "sink_full_attention"})
+"""``kv_cache_spec_kind`` values whose blocks count (``None`` counts too: an engine that does
+not report kinds has one group)."""
+
+COUNTED_MEDIA: Final = frozenset({None, "GPU"})
+"""``medium`` values whose blocks count (``None``: older vLLM, which only reported GPU)."""
+
+_UNSET: Final = object()
+
+
+@dataclass(frozen=True, slots=True)
+class NodeStats:
+    """What :meth:`KvIndex.stats` reports for one node."""
+
+    node: str
+    blocks: int
+    """Distinct own keys resident (a key stored twice counts once)."""
+    resident_tokens: int
+    """``blocks × block_size``."""
+    block_size: int | None
+    seq: int | None
+    """The last applied batch sequence number (``None``: none since the last restart)."""
+    incarnation: int
+    """Restarts seen (sequence going backwards)."""
+    last_ts: float | None
+    """Engine time ``ts`` of the last applied batch."""
+    last_t_obs: float | None
+    """The caller's stamp of the last applied batch."""
+    orphans: int
+    unknown_removals: int
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """What one :meth:`KvIndex.apply` did (the shell logs and counts it)."""
+
+    action: SeqAction
+    cleared: bool = False
+    """The node was cleared (restart or ``AllBlocksCleared``): drop its stored residency."""
+    stored: int = 0
+    """Blocks counted in (after filters)."""
+    removed: int = 0
+    """Blocks counted out."""
+    filtered: int = 0
+    """Events skipped by the medium / group filters."""
+    orphans: int = 0
+    """Stored blocks whose parent engine hash was unknown (first block of each such run)."""
+    unknown_removals: int = 0
+    bad_events: int = 0
+    """Stores whose token ids do not fill ``len(block_hashes) × block_size`` or are not uint32
+    (the whole blocks that are there are still indexed)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Residency:
+    """A dirty (session, node) pair: its resident prefix in tokens and the stamp of the change."""
+
+    session: str
+    node: str
+    tokens: int
+    stamp: float
+
+
+@dataclass(slots=True)
+class _Chain:
+    keys: list[int]
+    block_size: int
+
+
+@dataclass(slots=True)
+class _Node:
+    refs: dict[int, int] = field(default_factory=dict)
+    engine: dict[BlockHash, Any] = field(default_factory=dict)  # int key, or list[int] keys
+    prefix: dict[str, int] = field(default_factory=dict)  # session -> resident blocks (> 0)
+    group: object = _UNSET  # the counted group_idx (None: engine without groups)
+    block_size: int | None = None
+    tracker: SeqTracker = field(default_factory=SeqTracker)
+    last_ts: float | None = None
+    last_t_obs: float | None = None
+    orphans: int = 0
+    unknown_removals: int = 0
+
+    def reset(self) -> None:
+        self.refs = {}
+        self.engine = {}
+        self.group = _UNSET
+
+
+def _orphan_root(parent: BlockHash) -> int:
+    """A root no real chain starts from, derived from an unknown parent's engine hash."""
+    raw = (
+        b"b" + parent
+        if isinstance(parent, bytes)
+        else b"i" + parent.to_bytes(16, "little", signed=True)
+    )
+    return int.from_bytes(blake2b(b"tao-orphan:" + raw, digest_size=8).digest(), "little")
+
+
+def _salted(key: int, extra: object) -> int:
+    """``key`` with a block's ``extra_keys`` entry mixed in (never equal to a token-only key)."""
+    h = blake2b(key.to_bytes(8, "little"), digest_size=8)
+    h.update(b"tao-extra:" + repr(extra).encode())
+    return int.from_bytes(h.digest(), "little")
+
+
+def _lora_root(ev: BlockStored) -> int:
+    lora: int | str | None = ev.lora_name if ev.lora_name is not None else ev.lora_id
+    return ROOT if lora is None else root_for(lora)
+
+
+class KvIndex:
+    """Resident blocks per node and resident prefixes per (session, node); see the module."""
+
+    def __init__(self) -> None:
+        self._nodes: dict[str, _Node] = {}
+        self._chains: dict[str, _Chain] = {}
+        self._rev: dict[int, dict[str, int]] = {}  # own key -> {session: position in chain}
+        self._dirty: dict[tuple[str, str], float] = {}
+        self._cleared: list[str] = []
+
+    # --- nodes ------------------------------------------------------------------------------
+
+    def nodes(self) -> list[str]:
+        """Every node that has had a batch applied (or was cleared)."""
+        return list(self._nodes)
+
+    def has_node(self, node: str) -> bool:
+        return node in self._nodes
+
+    def _node(self, node: str) -> _Node:
+        state = self._nodes.get(node)
+        if state is None:
+            state = self._nodes[node] = _Node()
+        return state
+
+    def classify(self, node: str, seq: int) -> SeqAction:
+        """What :meth:`apply` would do with ``seq`` on ``node`` (next, gap or restart)."""
+        state = self._nodes.get(node)
+        return "next" if state is None else state.tracker.classify(seq)
+
+    def last_seq(self, node: str) -> int | None:
+        state = self._nodes.get(node)
+        return None if state is None else state.tracker.last
+
+    def apply(self, node: str, seq: int | None, batch: KVEventBatch, t_obs: float) -> ApplyResult:
+        """Apply one batch of ``node`` numbered ``seq``; changes are stamped ``t_obs``.
+
+        ``seq`` going backwards clears the node and starts a new incarnation first; a gap is
+        reported in the result (the caller replays or counts it) and the batch applied anyway.
+        ``seq=None`` applies without sequence checks.
+        """
+        state = self._node(node)
+        tracker = state.tracker
+        action: SeqAction = "next" if seq is None else tracker.classify(seq)
+        result = ApplyResult(action)
+        if action == "restart":
+            self._clear(node, state, t_obs)
+            tracker.restart()
+            result.cleared = True
+        if seq is not None:
+            tracker.accept(seq)
+        state.last_ts = batch.ts
+        state.last_t_obs = t_obs
+        for ev in batch.events:
+            if type(ev) is BlockStored:
+                self._store(node, state, ev, t_obs, result)
+            elif type(ev) is BlockRemoved:
+                self._remove(node, state, ev, t_obs, result)
+            elif type(ev) is AllBlocksCleared:
+                self._clear(node, state, t_obs)
+                result.cleared = True
+        state.orphans += result.orphans
+        state.unknown_removals += result.unknown_removals
+        return result
+
+    def clear(self, node: str, t_obs: float, *, restart: bool = False) -> None:
+        """Drop everything of ``node``; ``restart`` also starts a new incarnation."""
+        state = self._node(node)
+        self._clear(node, state, t_obs)
+        if restart:
+            state.tracker.restart()
+
+    def _clear(self, node: str, state: _Node, t_obs: float) -> None:
+        state.reset()
+        dirty = self._dirty
+        for sid in state.prefix:
+            dirty[(sid, node)] = t_obs
+        state.prefix = {}
+        self._cleared.append(node)
+
+    def _store(
+        self, node: str, state: _Node, ev: BlockStored, t_obs: float, result: ApplyResult
+    ) -> None:
+        kind = ev.kv_cache_spec_kind
+        if ev.medium not in COUNTED_MEDIA or (
+            kind is not None and kind not in FULL_ATTENTION_KINDS
+        ):
+            result.filtered += 1
+            return
+        group = ev.group_idx
+        counted = state.group
+        if counted is _UNSET or (counted is None and group is not None):
+            state.group = group  # learned from the first counted store that names a group
+        elif group is not None and group != counted:
+            result.filtered += 1
+            return
+        hashes = ev.block_hashes
+        bs = ev.block_size
+        tokens = ev.token_ids
+        n = len(hashes)
+        if bs < 1 or len(tokens) != n * bs:
+            result.bad_events += 1
+            if bs < 1:
+                return
+            n = min(n, len(tokens) // bs)
+            tokens = tokens[: n * bs]
+        state.block_size = bs
+        parent = ev.parent_block_hash
+        engine = state.engine
+        if parent is None:
+            pkey = _lora_root(ev)
+        else:
+            found = engine.get(parent)
+            if found is None:
+                pkey = _orphan_root(parent)
+                result.orphans += 1
+            else:
+                pkey = found if type(found) is int else found[-1]
+        try:
+            keys = chain_keys(tokens, bs, pkey)
+        except ValueError:  # a token id outside uint32: nothing here can match a session
+            result.bad_events += 1
+            return
+        extra = ev.extra_keys
+        if extra:
+            keys = _salt_chain(keys, tokens, bs, pkey, extra)
+        refs = state.refs
+        rev = self._rev
+        for j in range(n):
+            key = keys[j]
+            h = hashes[j]
+            old = engine.get(h)
+            if old is None:
+                engine[h] = key
+            elif type(old) is int:
+                engine[h] = [old, key]
+            else:
+                old.append(key)
+            count = refs.get(key, 0)
+            refs[key] = count + 1
+            if count == 0:
+                sessions = rev.get(key)
+                if sessions:
+                    self._resident(node, state, sessions, t_obs)
+        result.stored += n
+
+    def _remove(
+        self, node: str, state: _Node, ev: BlockRemoved, t_obs: float, result: ApplyResult
+    ) -> None:
+        if ev.medium not in COUNTED_MEDIA:
+            result.filtered += 1
+            return
+        group = ev.group_idx
+        if group is not None and type(state.group) is int and group != state.group:
+            result.filtered += 1
+            return
+        engine = state.engine
+        refs = state.refs
+        rev = self._rev
+        for h in ev.block_hashes:
+            found = engine.pop(h, None)
+            if found is None:
+                result.unknown_removals += 1
+                continue
+            if type(found) is int:
+                key: int = found
+            else:
+                key = found.pop()
+                engine[h] = found[0] if len(found) == 1 else found
+            count = refs[key]
+            if count > 1:
+                refs[key] = count - 1
+            else:
+                del refs[key]
+                sessions = rev.get(key)
+                if sessions:
+                    self._evicted(node, state, sessions, t_obs)
+            result.removed += 1
+
+    def _resident(self, node: str, state: _Node, sessions: dict[str, int], t_obs: float) -> None:
+        """A key became resident: extend the prefixes that end right before it."""
+        prefix = state.prefix
+        refs = state.refs
+        for sid, pos in sessions.items():
+            if prefix.get(sid, 0) != pos:
+                continue
+            keys = self._chains[sid].keys
+            end = pos + 1
+            while end < len(keys) and keys[end] in refs:
+                end += 1
+            prefix[sid] = end
+            self._dirty[(sid, node)] = t_obs
+
+    def _evicted(self, node: str, state: _Node, sessions: dict[str, int], t_obs: float) -> None:
+        """A key left: cut the prefixes that contain it."""
+        prefix = state.prefix
+        for sid, pos in sessions.items():
+            if pos < prefix.get(sid, 0):
+                if pos:
+                    prefix[sid] = pos
+                else:
+                    del prefix[sid]
+                self._dirty[(sid, node)] = t_obs
+
+    # --- sessions ---------------------------------------------------------------------------
+
+    def register(self, session: str, keys: Sequence[int], block_size: int, stamp: float) -> None:
+        """Set ``session``'s chain (own keys of its latest token ids, ``block_size`` tokens
+        each), replacing the previous one; pairs whose prefix changed are marked dirty."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self._unlink(session)
+        chain = _Chain(list(keys), block_size)
+        self._chains[session] = chain
+        rev = self._rev
+        for pos, key in enumerate(chain.keys):
+            rev.setdefault(key, {}).setdefault(session, pos)
+        for node, state in self._nodes.items():
+            blocks = self._walk(state.refs, chain.keys)
+            if blocks != state.prefix.get(session, 0):
+                if blocks:
+                    state.prefix[session] = blocks
+                else:
+                    del state.prefix[session]
+                self._dirty[(session, node)] = stamp
+
+    def touch(self, session: str, node: str, stamp: float) -> None:
+        """Mark (``session``, ``node``) dirty even if its prefix did not change (a response
+        served there: its stored observation, perhaps usage-based, is replaced)."""
+        if session in self._chains and node in self._nodes:
+            self._dirty[(session, node)] = stamp
+
+    def forget(self, session: str) -> None:
+        """Drop ``session`` (it ended); its dirty pairs are dropped too."""
+        self._unlink(session)
+        self._chains.pop(session, None)
+        for node, state in self._nodes.items():
+            state.prefix.pop(session, None)
+            self._dirty.pop((session, node), None)
+
+    def _unlink(self, session: str) -> None:
+        old = self._chains.get(session)
+        if old is None:
+            return
+        rev = self._rev
+        for key in old.keys:
+            holders = rev.get(key)
+            if holders is not None:
+                holders.pop(session, None)
+                if not holders:
+                    del rev[key]
+
+    def sessions(self) -> int:
+        """How many sessions have a chain."""
+        return len(self._chains)
+
+    def prefix_blocks(self, session: str, node: str) -> int:
+        """``session``'s resident prefix on ``node``, in blocks (kept incrementally)."""
+        state = self._nodes.get(node)
+        return 0 if state is None else state.prefix.get(session, 0)
+
+    def prefix_tokens(self, session: str, node: str) -> int:
+        chain = self._chains.get(session)
+        return 0 if chain is None else self.prefix_blocks(session, node) * chain.block_size
+
+    # --- queries ----------------------------------------------------------------------------
+
+    @staticmethod
+    def _walk(refs: dict[int, int], keys: Sequence[int]) -> int:
+        n = 0
+        for key in keys:
+            if key not in refs:
+                break
+            n += 1
+        return n
+
+    def walk(self, node: str, keys: Sequence[int]) -> int:
+        """How many leading ``keys`` are resident on ``node`` (blocks)."""
+        state = self._nodes.get(node)
+        return 0 if state is None else self._walk(state.refs, keys)
+
+    def walk_tokens(self, node: str, tokens: Sequence[int], block_size: int) -> int:
+        """Resident leading tokens of ``tokens`` on ``node``: their own keys (from the base
+        root) walked block by block, times ``block_size``. ValueError for a bad token id."""
+        return self.walk(node, chain_keys(tokens, block_size)) * block_size
+
+    def inspect_node(self, node: str, healthy: bool, capacity_tokens: int | None) -> NodeInspect:
+        """The ``tao inspect node`` reply for ``node`` (zeros for a node never heard from)."""
+        st = self.stats(node)
+        return NodeInspect(
+            node=node,
+            blocks=0 if st is None else st.blocks,
+            resident_tokens=0 if st is None else st.resident_tokens,
+            seq=None if st is None else st.seq,
+            incarnation=0 if st is None else st.incarnation,
+            healthy=healthy,
+            capacity_tokens=capacity_tokens,
+        )
+
+    def resident(self, node: str, key: int) -> int:
+        """The reference count of own ``key`` on ``node`` (0: not resident)."""
+        state = self._nodes.get(node)
+        return 0 if state is None else state.refs.get(key, 0)
+
+    def block_size(self, node: str) -> int | None:
+        """The block size of ``node``'s last counted store (``None``: none yet)."""
+        state = self._nodes.get(node)
+        return None if state is None else state.block_size
+
+    def stats(self, node: str) -> NodeStats | None:
+        """Counts for ``node``, or ``None`` if it never had a batch."""
+        state = self._nodes.get(node)
+        if state is None:
+            return None
+        blocks = len(state.refs)
+        return NodeStats(
+            node=node,
+            blocks=blocks,
+            resident_tokens=blocks * (state.block_size or 0),
+            block_size=state.block_size,
+            seq=state.tracker.last,
+            incarnation=state.tracker.incarnation,
+            last_ts=state.last_ts,
+            last_t_obs=state.last_t_obs,
+            orphans=state.orphans,
+            unknown_removals=state.unknown_removals,
+        )
+
+    # --- output -----------------------------------------------------------------------------
+
+    def pending(self) -> bool:
+        """Whether :meth:`drain` or :meth:`take_cleared` has something."""
+        return bool(self._dirty or self._cleared)
+
+    def take_cleared(self) -> list[str]:
+        """Nodes cleared since the last call, in order (drop their stored residency first)."""
+        cleared, self._cleared = self._cleared, []
+        return list(dict.fromkeys(cleared))
+
+    def drain(self) -> list[Residency]:
+        """The (session, node) pairs whose prefix changed since the last drain, with their
+        current prefix in tokens (0: nothing resident) and the stamp of the last change."""
+        dirty, self._dirty = self._dirty, {}
+        out: list[Residency] = []
+        for (sid, node), stamp in dirty.items():
+            chain = self._chains.get(sid)
+            if chain is None:
+                continue
+            blocks = self.prefix_blocks(sid, node)
+            out.append(Residency(sid, node, blocks * chain.block_size, stamp))
+        return out
+
+
+def _salt_chain(
+    keys: list[int], tokens: Sequence[int], bs: int, root: int, extra: list[Any]
+) -> list[int]:
+    """Re-key a run whose ``extra_keys`` are set: a block with an entry gets its token key
+    salted with it, and later blocks chain from the salted keys (rare: multimodal, cache_salt)."""
+    if not any(extra[: len(keys)]):
+        return keys
+    out: list[int] = []
+    parent = root
+    for j in range(len(keys)):
+        key = block_key(parent, tokens[j * bs : (j + 1) * bs])
+        entry = extra[j] if j < len(extra) else None
+        if entry:
+            key = _salted(key, entry)
+        out.append(key)
+        parent = key
+    return out

@@ -1,0 +1,306 @@
+"""Telemetry's KV-event residency (KvResidency) and inspection responder on FakeBus + FakeStore,
+fed vLLM payloads built with encode_kv_batch."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import anyio
+import orjson
+
+from services.telemetry.inspect import Inspector
+from services.telemetry.kvresidency import KV_RECEIVED_AT_HEADER, KV_SEQ_HEADER, KvResidency
+from shared.contracts import subjects
+from shared.contracts.codec import decode
+from shared.contracts.deadletter import DeadLetter
+from shared.contracts.kv import (
+    AllBlocksCleared,
+    BlockHash,
+    BlockRemoved,
+    BlockStored,
+    KVEncoding,
+    KVEvent,
+    KVEventBatch,
+    encode_kv_batch,
+)
+from shared.contracts.session import SessionEnd, SessionResponse, Usage
+from shared.core.blockkeys import chain_keys
+from shared.infra.busapi import Delivery
+from shared.infra.fake_store import FakeStore
+from shared.infra.fakes import FakeBus
+from shared.infra.logging import get_logger
+from shared.infra.settings import NodeSpec
+
+BS = 16
+TOKENS = list(range(1000, 1000 + 4 * BS))  # 4 blocks
+KEYS = chain_keys(TOKENS, BS)
+TS = 1_000.0
+
+
+def stored(hashes: list[BlockHash], parent: BlockHash | None, tokens: list[int]) -> BlockStored:
+    return BlockStored(hashes, parent, tokens, BS, None, "GPU", None)
+
+
+def payload(*events: KVEvent, ts: float = TS, encoding: KVEncoding = "mapev") -> bytes:
+    return encode_kv_batch(KVEventBatch(ts=ts, events=list(events), data_parallel_rank=0), encoding)
+
+
+def response(
+    sid: str, node: str, *, keys: list[int] | None, finished_at: float = TS
+) -> SessionResponse:
+    return SessionResponse(
+        session_id=sid,
+        request_id="r1",
+        node_id=node,
+        gateway_id="gw",
+        finished_at=finished_at,
+        usage=Usage(prompt_tokens=100, completion_tokens=20, total_tokens=120),
+        block_size=None if keys is None else BS,
+        block_keys=keys,
+    )
+
+
+class Rig:
+    """A started KvResidency on a FakeBus and FakeStore, with helpers to feed it."""
+
+    def __init__(self, nodes: list[NodeSpec] | None = None) -> None:
+        self.store = FakeStore()
+        self.bus = FakeBus()
+        self.kv = KvResidency(self.store, get_logger("test"), nodes or [], feeds=None)
+
+    async def start(self) -> Rig:
+        await self.kv.start(self.bus, "telemetry")
+        return self
+
+    async def bridged(self, node: str, seq: int, data: bytes, received_at: float = TS) -> None:
+        headers = {KV_SEQ_HEADER: str(seq), KV_RECEIVED_AT_HEADER: repr(received_at)}
+        await self.bus.publish(subjects.kv_events(node), data, headers)
+
+    async def settle(self) -> dict[str, dict[str, tuple[int, float]]]:
+        """Deliver everything, flush, and return the residency of sessions s1..s3."""
+        await self.bus.settle()
+        assert await self.kv.flush()
+        return await self.store.residency(["s1", "s2", "s3"])
+
+
+class TestBridgedPath:
+    async def test_stores_make_a_registered_chain_resident(self) -> None:
+        """Blocks stored on the bridged stream become the session's k0, stamped with ts."""
+        rig = await Rig().start()
+        await rig.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS])))
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        assert await rig.settle() == {"s1": {"n1": (2 * BS, TS)}, "s2": {}, "s3": {}}
+        await rig.bridged("n1", 1, payload(stored([3], 2, TOKENS[2 * BS : 3 * BS]), ts=TS + 1))
+        assert (await rig.settle())["s1"] == {"n1": (3 * BS, TS + 1)}
+        await rig.bus.drain()
+
+    async def test_gap_cannot_be_replayed_and_is_counted(self) -> None:
+        """A missing seq on the NATS path is logged and counted; later batches still apply."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS])))
+        await rig.bridged("n1", 2, payload(stored([2], 1, TOKENS[BS : 2 * BS])))
+        assert (await rig.settle())["s1"] == {"n1": (2 * BS, TS)}
+        assert rig.kv.counts["gaps_nats"] == 1
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and stats.seq == 2
+        await rig.bus.drain()
+
+    async def test_restart_clears_the_node_and_bumps_the_incarnation(self) -> None:
+        """seq going backwards: the node's residency is dropped and a new incarnation starts."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS])))
+        await rig.bridged("n2", 0, payload(stored([1], None, TOKENS[:BS])))
+        assert (await rig.settle())["s1"] == {"n1": (2 * BS, TS), "n2": (BS, TS)}
+        await rig.bridged("n1", 0, payload(stored([9], None, list(range(BS)))))
+        assert (await rig.settle())["s1"] == {"n2": (BS, TS)}
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and (stats.incarnation, stats.seq, stats.blocks) == (1, 0, 1)
+        assert rig.kv.counts["restarts"] == 1
+        await rig.bus.drain()
+
+    async def test_all_blocks_cleared_drops_the_node(self) -> None:
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS])))
+        assert (await rig.settle())["s1"] == {"n1": (2 * BS, TS)}
+        await rig.bridged("n1", 1, payload(AllBlocksCleared()))
+        assert (await rig.settle())["s1"] == {}
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and stats.blocks == 0 and stats.incarnation == 0
+        await rig.bus.drain()
+
+    async def test_bad_payload_is_dead_lettered_and_the_stream_goes_on(self) -> None:
+        """A payload that is not a KVEventBatch goes to the DLQ with the decoder's reason."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, b"\xc1not msgpack")
+        await rig.bridged("n1", 1, payload(stored([1], None, TOKENS[:BS])))
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS)}
+        letters = [
+            decode(d, DeadLetter)
+            for s, d, _ in rig.bus.stream_messages(subjects.STREAM_DLQ)
+            if s == subjects.dead_letter("telemetry")
+        ]
+        assert len(letters) == 1 and "vLLM KVEventBatch" in letters[0].reason
+        await rig.bus.drain()
+
+    async def test_missing_seq_header_is_counted_and_skipped(self) -> None:
+        rig = await Rig().start()
+        await rig.bus.publish(subjects.kv_events("n1"), payload(stored([1], None, TOKENS[:BS])))
+        await rig.settle()
+        assert rig.kv.counts["bad_seq"] == 1 and not rig.kv.index.has_node("n1")
+        await rig.bus.drain()
+
+    async def test_redelivered_old_seq_is_a_duplicate_not_a_restart(self) -> None:
+        rig = Rig()
+        batch = KVEventBatch(ts=TS, events=[stored([1], None, TOKENS[:BS])])
+        for seq, num in ((0, 1), (1, 1), (1, 2)):
+            d = Delivery(subjects.kv_events("n1"), {KV_SEQ_HEADER: str(seq)}, num, seq + 1, TS)
+            await rig.kv.on_bridged([(batch, d)])
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and stats.incarnation == 0 and stats.blocks == 1
+        assert rig.kv.counts["duplicates"] == 1
+
+    async def test_engine_clock_far_off_uses_the_receive_time(self) -> None:
+        """t_obs is the batch ts unless it is more than skew_s from the receive time."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS]), ts=TS - 3600), TS)
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS)}
+        await rig.bridged("n1", 1, payload(stored([2], 1, TOKENS[BS : 2 * BS]), ts=TS + 2), TS)
+        assert (await rig.settle())["s1"] == {"n1": (2 * BS, TS + 2)}
+        await rig.bus.drain()
+
+
+class TestUsageFallback:
+    async def test_response_without_block_keys_uses_usage(self) -> None:
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=None))
+        assert (await rig.settle())["s1"] == {"n1": (120, TS)}
+        await rig.bus.drain()
+
+    async def test_node_without_kv_events_uses_usage_and_other_nodes_use_the_chain(self) -> None:
+        """Served on n2 (no KV events): usage there; the chain still matches on n1."""
+        rig = await Rig().start()
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS])))
+        await rig.bus.publish_msg(response("s1", "n2", keys=KEYS))
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS), "n2": (120, TS)}
+        await rig.bus.drain()
+
+    async def test_session_end_forgets_the_chain(self) -> None:
+        """After SessionEnd the chain no longer follows the node's stores."""
+        rig = await Rig().start()
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS])))
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS)}
+        await rig.bus.publish_msg(SessionEnd(session_id="s1", ended_at=TS))
+        await rig.bridged("n1", 1, payload(stored([2], 1, TOKENS[BS : 2 * BS])))
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS)}
+        assert rig.kv.index.sessions() == 0
+        await rig.bus.drain()
+
+
+@dataclass(frozen=True)
+class Msg:
+    node: str
+    seq: int
+    payload: bytes
+    received_at: float
+    replayed: bool = False
+
+
+class TestZmqPath:
+    async def test_feed_messages_are_applied_and_a_bad_payload_advances_the_seq(self) -> None:
+        """The ZMQ feed path: a bad payload is counted (not a gap), the stream goes on."""
+        done = asyncio.Event()
+        msgs = [
+            Msg("n1", 0, payload(stored([1], None, TOKENS[:BS]), encoding="legacy"), TS),
+            Msg("n1", 1, b"\x92\x01", TS),  # an array, but not a batch
+            Msg("n1", 2, payload(stored([2], 1, TOKENS[BS : 2 * BS]), encoding="map"), TS),
+        ]
+
+        async def feed(spec: NodeSpec) -> AsyncIterator[Msg]:
+            for m in msgs:
+                yield m
+            done.set()
+            await anyio.sleep_forever()
+
+        store, bus = FakeStore(), FakeBus()
+        nodes = [NodeSpec("n1", "http://n1", kv_events="tcp://127.0.0.1:1")]
+        kv = KvResidency(store, get_logger("test"), nodes, feeds=feed)  # type: ignore[arg-type]
+        await kv.start(bus, "telemetry")
+        await bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await bus.settle()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(kv.run)
+            await done.wait()
+            tg.cancel_scope.cancel()
+        assert await kv.flush()
+        assert await store.residency(["s1"]) == {"s1": {"n1": (2 * BS, TS)}}
+        assert kv.counts["bad_payloads"] == 1 and kv.counts["gaps_zmq"] == 0
+        await bus.drain()
+
+    async def test_a_node_claimed_by_zmq_ignores_the_bridge(self) -> None:
+        """Both paths carry the same seq: while ZMQ is live, bridged copies are ignored."""
+        now = [0.0]
+        rig = Rig()
+        rig.kv.monotonic = lambda: now[0]
+        await rig.kv.start(rig.bus, "telemetry")
+        rig.kv.on_zmq(Msg("n1", 0, payload(stored([1], None, TOKENS[:BS])), TS))
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS])))
+        await rig.settle()
+        assert rig.kv.counts["ignored_nats"] == 1 and rig.kv.index.resident("n1", KEYS[0]) == 1
+        now[0] = 10.0  # ZMQ silent past path_idle_s: the bridge takes over, same sequence
+        await rig.bridged("n1", 1, payload(stored([2], 1, TOKENS[BS : 2 * BS])))
+        await rig.settle()
+        assert rig.kv.counts["path_switches"] == 1 and rig.kv.index.walk("n1", KEYS) == 2
+        await rig.bus.drain()
+
+
+class TestInspector:
+    async def test_node_and_prefix_replies(self) -> None:
+        """inspect.node has exactly the documented keys; inspect.prefix walks the tokens."""
+        rig = await Rig([NodeSpec("n1", "http://n1", capacity_tokens=4096)]).start()
+        await Inspector(
+            rig.kv.index, rig.store, [NodeSpec("n1", "http://n1", capacity_tokens=4096)]
+        ).start(rig.bus, "telemetry")
+        await rig.store.put_node_status("n1", healthy=True, capacity_tokens=16_000)
+        await rig.bridged("n1", 0, payload(stored([1, 2, 3], None, TOKENS[: 3 * BS])))
+        await rig.bridged("n1", 1, payload(BlockRemoved([3], "GPU")))
+        await rig.settle()
+        node = orjson.loads(await rig.bus.request(subjects.inspect("node"), b'{"node":"n1"}', 1.0))
+        assert node == {
+            "node": "n1",
+            "blocks": 2,
+            "resident_tokens": 2 * BS,
+            "seq": 1,
+            "incarnation": 0,
+            "healthy": True,
+            "capacity_tokens": 4096,
+        }
+        assert list(node) == [
+            "node",
+            "blocks",
+            "resident_tokens",
+            "seq",
+            "incarnation",
+            "healthy",
+            "capacity_tokens",
+        ]
+        ask = orjson.dumps({"node": "n1", "tokens": [*TOKENS, 1, 2, 3]})
+        prefix = orjson.loads(await rig.bus.request(subjects.inspect("prefix"), ask, 1.0))
+        assert prefix == {"resident_prefix_tokens": 2 * BS}
+        await rig.bus.drain()
+
+    async def test_unknown_node_and_bad_request_get_an_error_reply(self) -> None:
+        rig = await Rig().start()
+        await Inspector(rig.kv.index, rig.store, []).start(rig.bus, "telemetry")
+        reply = orjson.loads(await rig.bus.request(subjects.inspect("node"), b'{"node":"zz"}', 1.0))
+        assert reply == {"error": "unknown node 'zz'"}
+        bad = orjson.loads(await rig.bus.request(subjects.inspect("prefix"), b'{"node":1}', 1.0))
+        assert "error" in bad and "PrefixQuery" in bad["error"]
+        await rig.bus.drain()

@@ -4,6 +4,7 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
 
     POST   /v1/chat/completions   held until admitted, then forwarded (stream or not)
     POST   /v1/completions        same
+    POST   /v1/messages           same, Anthropic Messages API (Claude Code; :mod:`.anthropic`)
     GET    /v1/models             union of the nodes' models
     DELETE /v1/sessions/{id}      end a session now: its held requests are answered at once
                                   (409, error type "session_ended", each reported as
@@ -16,11 +17,13 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
 Request headers read by the model endpoints:
 
     X-Session-ID      the session id (else the body's ``user``, else ``program_id``; none: a
-                      one-turn session under a generated id)
+                      one-turn session under a generated id); on /v1/messages Claude Code's
+                      ``metadata.user_id`` and ``X-Claude-Code-Session-Id`` come first
     X-TAO-Harness     optional: the agent harness sending the request (set by harness hooks or
                       clients, e.g. ``claude-code``), at most 128 characters (else 400);
                       reported as SessionRequest.harness, not forwarded to the node
-    Authorization     forwarded to the node unchanged
+    Authorization     forwarded to the node unchanged (so are ``x-api-key``,
+                      ``anthropic-version`` and ``anthropic-beta``)
 
 Bus: placements for this gateway (JetStream), node statuses (core NATS; URL and models of each
 node), session ends (core NATS; forget the session's admission).
@@ -38,6 +41,7 @@ from aiohttp import web
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
 from shared.infra import Delivery, get_logger
 
+from .apis import CHAT, COMPLETIONS, MESSAGES
 from .relay import Relay
 
 __all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
@@ -61,10 +65,13 @@ class HttpHandlers:
         self.relay = relay
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.relay.handle(request, "/v1/chat/completions", chat=True)
+        return await self.relay.handle(request, CHAT)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
-        return await self.relay.handle(request, "/v1/completions", chat=False)
+        return await self.relay.handle(request, COMPLETIONS)
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        return await self.relay.handle(request, MESSAGES)
 
     async def delete_session(self, request: web.Request) -> web.Response:
         session_id = request.match_info["session_id"]

@@ -2,8 +2,10 @@
 
 Two sources: the static list (``TAO_NODES="id=url,id=url"`` or ``create_app(node_urls=...)``)
 and the :class:`~shared.contracts.NodeStatus` messages telemetry publishes, which carry the
-node's ``url`` and ``models``. A status with a URL overrides the static one (telemetry sees the
-node that actually answers).
+node's ``url``, ``models`` and ``block_size`` (scraped from ``vllm:cache_config_info``). A
+status with a URL overrides the static one (telemetry sees the node that actually answers). A
+node no status has described has no known block size: the gateway then makes no block keys
+for it (:mod:`.tokenids`).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ class NodeEntry:
     models: list[str] = field(default_factory=list)
     healthy: bool = True
     seen_at: float | None = None
+    block_size: int | None = None
 
 
 class NodeDirectory:
@@ -42,6 +45,7 @@ class NodeDirectory:
         entry.seen_at = status.ts
         entry.healthy = status.healthy
         entry.models = list(status.models)
+        entry.block_size = status.block_size if status.block_size > 0 else None
         if status.url:
             entry.url = status.url.rstrip("/")
 
@@ -49,6 +53,11 @@ class NodeDirectory:
         """The base URL of ``node_id`` (``http://host:port``, maybe ending in ``/v1``)."""
         entry = self._nodes.get(node_id)
         return entry.url if entry is not None else None
+
+    def block_size(self, node_id: str) -> int | None:
+        """The KV block size of ``node_id`` in tokens, ``None`` until a status gave it."""
+        entry = self._nodes.get(node_id)
+        return entry.block_size if entry is not None else None
 
     def items(self) -> list[tuple[str, str]]:
         """``(node id, base URL)`` of every node with a known URL."""

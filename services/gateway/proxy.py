@@ -2,7 +2,10 @@
 
 Non-streaming: the node's status, content type and body go back unchanged. Streaming: the node's
 SSE events go back one by one as they arrive (flushed per upstream read), unchanged, except the
-usage-only chunk the gateway asked for on the client's behalf (see :mod:`.responses`).
+usage-only chunk the gateway asked for on the client's behalf (see :mod:`.responses`). In both,
+token ids the gateway asked for on its own behalf are taken out (:mod:`.tokenids`). What a
+response says is read by a :data:`BodyReader` (non-streaming) or a :class:`Tracker` (per SSE
+event), one pair per API (OpenAI here, Anthropic in :mod:`.anthropic`).
 
 Timing: ``ttft_s`` is measured from the moment the gateway sends the request to the first
 streamed chunk that carries output (see :class:`.responses.StreamStats`);
@@ -19,18 +22,20 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import aiohttp
 import orjson
 from aiohttp import web
 
-from .responses import ResponseStats, SSESplitter, StreamStats, stats_from_body
+from .responses import ResponseStats, SSESplitter, read_body
 
 __all__ = [
     "CLIENT_CLOSED",
     "CONNECT_TIMEOUT_S",
+    "BodyReader",
     "Forwarded",
+    "Tracker",
     "UpstreamError",
     "forward_json",
     "forward_stream",
@@ -40,7 +45,25 @@ CLIENT_CLOSED: Final = "client_closed"
 CONNECT_TIMEOUT_S: Final = 10.0
 """Longest wait for a TCP connection to a node; generation itself has no time limit."""
 
-_PASS_HEADERS: Final = ("Authorization",)
+_PASS_HEADERS: Final = ("Authorization", "x-api-key", "anthropic-version", "anthropic-beta")
+
+BodyReader = Callable[[bytes], tuple[ResponseStats, bytes]]
+"""Reads a whole response: what it says, and the bytes for the client."""
+
+
+class Tracker(Protocol):
+    """Reads a streamed response event by event (:class:`.responses.StreamStats`)."""
+
+    first_token_seen: bool
+    done: bool
+
+    def observe(self, event: bytes) -> bytes | None:
+        """Record one whole SSE event; the bytes for the client, or ``None`` to drop it."""
+        ...
+
+    def result(self) -> ResponseStats:
+        """What the events so far said."""
+        ...
 
 
 class UpstreamError(Exception):
@@ -65,9 +88,17 @@ class Forwarded:
     duration_s: float = 0.0
     error: str | None = None
 
+    def restart(self) -> None:
+        """Forget an answer before the request is sent again (same node)."""
+        self.status = 0
+        self.stats = ResponseStats()
+        self.ttft_s = None
+        self.error = None
+
 
 def upstream_headers(client_headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """Headers sent to the node: JSON content type, the client's auth, and ``extra``."""
+    """Headers sent to the node: JSON content type, the client's auth (``Authorization``, or
+    Anthropic's ``x-api-key`` with ``anthropic-version`` / ``anthropic-beta``), and ``extra``."""
     out = {"Content-Type": "application/json"}
     for name in _PASS_HEADERS:
         value = client_headers.get(name)
@@ -88,8 +119,10 @@ async def forward_json(
     headers: Mapping[str, str],
     clock: Callable[[], float],
     done: Forwarded,
+    read: BodyReader = read_body,
 ) -> web.Response:
-    """POST ``body`` to ``url``; fill ``done`` and return the node's answer for the client."""
+    """POST ``body`` to ``url``; fill ``done`` and return the node's answer for the client
+    (the body as ``read`` gives it back for a 200, else unchanged)."""
     start = clock()
     try:
         async with client.post(url, data=orjson.dumps(body), headers=headers) as up:
@@ -101,9 +134,11 @@ async def forward_json(
     finally:
         done.duration_s = clock() - start
     done.status = status
-    done.stats = stats_from_body(data)
+    done.stats, out = read(data)
     if status >= 400:
         done.error = f"upstream_status_{status}"
+    elif status == 200:
+        data = out
     return web.Response(status=status, body=data, headers={"Content-Type": content_type})
 
 
@@ -121,11 +156,13 @@ async def forward_stream(
     clock: Callable[[], float],
     done: Forwarded,
     *,
-    keep_usage_chunk: bool,
+    tracker: Tracker,
+    read: BodyReader = read_body,
     before_done: Callable[[], None] | None = None,
 ) -> web.StreamResponse:
-    """POST a streaming ``body`` to ``url``; relay the SSE events to the client, filling
-    ``done`` as they pass (so a cancelled caller still reads what happened).
+    """POST a streaming ``body`` to ``url``; relay the SSE events to the client as ``tracker``
+    passes them, filling ``done`` as they pass (so a cancelled caller still reads what
+    happened); an answer that is not an event stream is read whole by ``read``.
 
     ``before_done`` is called once, with ``done`` complete, just before the final ``[DONE]``
     event is written to the client (the caller starts its report there)."""
@@ -136,15 +173,13 @@ async def forward_stream(
             if up.status != 200 or not content_type.startswith("text/event-stream"):
                 data = await up.read()
                 done.status = up.status
-                done.stats = stats_from_body(data)
+                done.stats, _ = read(data)
                 if up.status >= 400:
                     done.error = f"upstream_status_{up.status}"
                 ctype = content_type or "application/json"
                 return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
             try:
-                return await _relay_events(
-                    request, up, start, clock, done, keep_usage_chunk, before_done
-                )
+                return await _relay_events(request, up, start, clock, done, tracker, before_done)
             finally:
                 up.close()  # no-op once fully read; else drops the connection: the node aborts
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -159,7 +194,7 @@ async def _relay_events(
     start: float,
     clock: Callable[[], float],
     done: Forwarded,
-    keep_usage_chunk: bool,
+    tracker: Tracker,
     before_done: Callable[[], None] | None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
@@ -170,13 +205,12 @@ async def _relay_events(
         },
     )
     done.status = 200
-    tracker = StreamStats(keep_usage_chunk=keep_usage_chunk)
     splitter = SSESplitter()
     try:
         await response.prepare(request)
         try:
             async for chunk in up.content.iter_any():
-                out = [e for e in splitter.feed(chunk) if tracker.observe(e)]
+                out = [o for e in splitter.feed(chunk) if (o := tracker.observe(e)) is not None]
                 if done.ttft_s is None and tracker.first_token_seen:
                     done.ttft_s = clock() - start
                 done.stats = tracker.result()

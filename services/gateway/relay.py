@@ -8,7 +8,8 @@ Every path answers the client and reports exactly once (DESIGN §4, gateway):
   ``wait_timeout`` / ``client_closed`` / ``session_ended`` (the latter published by
   :meth:`Relay.end_session`, before the session's :class:`SessionEnd`);
 * forwarded, or admitted to a node the gateway cannot reach (502): :class:`SessionResponse`
-  with usage, finish reason, tool calls, timing and ``error`` when it failed;
+  with usage, finish reason, tool calls, timing and ``error`` when it failed, and the block
+  keys of the node's token ids when it returned them (:mod:`.tokenids`);
 * one-turn sessions (no id given): :class:`SessionEnd` after that.
 
 A session not known as admitted from the placements is looked up in the state store on arrival
@@ -22,6 +23,9 @@ immediate 503. For a
 stream, the report is started before the final ``[DONE]`` reaches the client, so a client that
 answers at once cannot overtake it. Reports run as tasks, so a handler cancelled by a client
 disconnect still publishes them.
+
+The endpoints differ only in what :class:`.apis.Api` says (request facts, session id, error
+format, token ids, response readers); the life of a request is this one.
 """
 
 from __future__ import annotations
@@ -53,6 +57,7 @@ from shared.contracts.subjects import subject_for
 from shared.infra import MessageBus, Settings, get_logger
 from shared.infra.store_types import StateStore
 
+from .apis import Api, openai_error
 from .holds import HoldEnded, Holds, HoldTimeout
 from .metrics import GatewayMetrics
 from .nodes import NodeDirectory
@@ -65,17 +70,9 @@ from .proxy import (
     forward_stream,
     upstream_headers,
 )
-from .requests import (
-    SESSION_HEADER,
-    BadRequest,
-    RequestInfo,
-    describe_request,
-    harness_of,
-    parse_body,
-    session_identity,
-    upstream_body,
-)
+from .requests import SESSION_HEADER, BadRequest, RequestInfo, harness_of, parse_body
 from .store_check import STORE_RECHECK_S, StoreCheck
+from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 
@@ -83,14 +80,6 @@ _log = get_logger("services.gateway")
 GENERATED_PREFIX: Final = "gw-"
 CANCEL_SESSION_ENDED: Final = "session_ended"
 """SessionCancel reason of a held request whose session was ended (no END_* constant fits)."""
-
-
-def openai_error(
-    status: int, message: str, err_type: str, *, headers: dict[str, str] | None = None
-) -> web.Response:
-    """An OpenAI-style error response: ``{"error": {"message", "type", "param", "code"}}``."""
-    body = {"error": {"message": message, "type": err_type, "param": None, "code": status}}
-    return web.json_response(body, status=status, headers=headers)
 
 
 class Relay:
@@ -106,6 +95,7 @@ class Relay:
         new_id: Callable[[], str] | None = None,
         store: StateStore | None = None,
         store_recheck_s: float = STORE_RECHECK_S,
+        token_ids: TokenIdNodes | None = None,
     ) -> None:
         self.settings = settings
         self.bus = bus
@@ -119,6 +109,7 @@ class Relay:
             store, self.placements, nodes, self.holds, self.metrics, every_s=store_recheck_s
         )
         self.client: aiohttp.ClientSession | None = None
+        self.token_ids = token_ids or TokenIdNodes()
         self._ended_holds: set[str] = set()  # request ids whose cancel end_session reported
         self._reports: dict[str, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
@@ -201,27 +192,28 @@ class Relay:
 
     # --- one request -------------------------------------------------------------------------
 
-    async def handle(self, request: web.Request, path: str, *, chat: bool) -> web.StreamResponse:
-        """Serve one ``POST`` of ``path`` (``/v1/chat/completions`` or ``/v1/completions``)."""
-        endpoint = "chat" if chat else "completions"
+    async def handle(self, request: web.Request, api: Api) -> web.StreamResponse:
+        """Serve one ``POST`` of ``api.path``."""
+        endpoint = api.name
         try:
             body = parse_body(await request.json())
-            info = describe_request(body, chat=chat)
-            harness = harness_of(request.headers)
+            info = api.describe(body)
+            named_harness = harness_of(request.headers)
         except BadRequest as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return openai_error(400, exc.message, "invalid_request_error")
+            return api.error(400, exc.message, "invalid_request_error")
         except ValueError as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return openai_error(400, f"request body is not JSON: {exc}", "invalid_request_error")
+            return api.error(400, f"request body is not JSON: {exc}", "invalid_request_error")
         served = self.nodes.models()
         if served and info.model and info.model not in served:
             # As vLLM answers an unknown model: 404 at once, never a hold that cannot end.
             self.metrics.requests.inc(endpoint=endpoint, outcome="model_not_found")
-            return openai_error(404, f"The model `{info.model}` does not exist.", "NotFoundError")
-        session_id, source = session_identity(
+            return api.error(404, f"The model `{info.model}` does not exist.", "NotFoundError")
+        session_id, source = api.identity(
             request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
         )
+        harness = api.harness(named_harness, source)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated"
         registered = SessionRequest(
@@ -240,7 +232,7 @@ class Relay:
             subject_for(registered)  # the session id must fit a subject token
         except ContractError as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return openai_error(400, f"bad session id: {exc}", "invalid_request_error")
+            return api.error(400, f"bad session id: {exc}", "invalid_request_error")
         registering = self.report(session_id, registered)
         try:
             registered_ok = await asyncio.shield(registering)
@@ -249,7 +241,7 @@ class Relay:
             raise
         if not registered_ok:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bus_error")
-            return self._unavailable("the scheduler cannot be reached; retry later")
+            return self._unavailable(api, "the scheduler cannot be reached; retry later")
         node = self.placements.node_of(session_id)  # hot path: no store read
         if node is None:
             try:
@@ -259,25 +251,17 @@ class Relay:
                 self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
                 raise
         if node is None:
-            node_or_reply = await self._hold(session_id, request_id, one_turn, endpoint)
+            node_or_reply = await self._hold(api, session_id, request_id, one_turn)
             if isinstance(node_or_reply, web.Response):
                 return node_or_reply
             node = node_or_reply
         return await self._forward(
-            request,
-            path,
-            body,
-            info,
-            session_id,
-            request_id,
-            node,
-            one_turn=one_turn,
-            endpoint=endpoint,
+            request, api, body, info, session_id, request_id, node, one_turn=one_turn
         )
 
-    def _unavailable(self, message: str) -> web.Response:
+    def _unavailable(self, api: Api, message: str) -> web.Response:
         retry = str(max(1, math.ceil(self.settings.retry_after_s)))  # RFC 9110 §10.2.3: integer
-        return openai_error(503, message, "service_unavailable", headers={"Retry-After": retry})
+        return api.error(503, message, "service_unavailable", headers={"Retry-After": retry})
 
     def _cancel(self, session_id: str, request_id: str, reason: str, one_turn: bool) -> None:
         msgs = [self._cancel_msg(session_id, request_id, reason, self.clock())]
@@ -286,8 +270,9 @@ class Relay:
         self.report(session_id, *msgs)
 
     async def _hold(
-        self, session_id: str, request_id: str, one_turn: bool, endpoint: str
+        self, api: Api, session_id: str, request_id: str, one_turn: bool
     ) -> str | web.Response:
+        endpoint = api.name
         started = self.clock()
         timeout = self.settings.hold_timeout_s
         waiting = self.holds.wait(session_id, timeout, request_id)
@@ -299,7 +284,7 @@ class Relay:
             self.metrics.requests.inc(endpoint=endpoint, outcome="session_ended")
             await self._reports_of(session_id)  # end_session reported the cancel
             _log.info("held_session_ended", session_id=session_id, request_id=request_id)
-            return openai_error(
+            return api.error(
                 409,
                 f"session {session_id!r} was ended while the request was held",
                 CANCEL_SESSION_ENDED,
@@ -312,7 +297,7 @@ class Relay:
             await self._reports_of(session_id)
             _log.info("hold_timeout", session_id=session_id, request_id=request_id)
             return self._unavailable(
-                f"session {session_id!r} was not admitted within {timeout:g} s; retry later"
+                api, f"session {session_id!r} was not admitted within {timeout:g} s; retry later"
             )
         except asyncio.CancelledError:
             self.metrics.hold_seconds.observe(self.clock() - started)
@@ -329,7 +314,7 @@ class Relay:
     async def _forward(
         self,
         request: web.Request,
-        path: str,
+        api: Api,
         body: dict[str, Any],
         info: RequestInfo,
         session_id: str,
@@ -337,8 +322,8 @@ class Relay:
         node: str,
         *,
         one_turn: bool,
-        endpoint: str,
     ) -> web.StreamResponse:
+        endpoint = api.name
         done = Forwarded(node_id=node)
         reported: list[asyncio.Task[bool]] = []
 
@@ -346,16 +331,16 @@ class Relay:
             if not reported:
                 reported.append(self._report_response(session_id, request_id, done, one_turn))
 
-        url = self.nodes.endpoint(node, path)
+        url = self.nodes.endpoint(node, api.path)
         response: web.StreamResponse
         try:
             if url is None:
                 done.error = f"unknown_node: no URL known for node {node!r}"
-                response = openai_error(502, f"node {node!r} has no known URL", "upstream_error")
+                response = api.error(502, f"node {node!r} has no known URL", "upstream_error")
             else:
                 self.metrics.forwarded.inc(node=node)
                 response = await self._send(
-                    request, url, body, info, session_id, request_id, done, report_now
+                    request, api, url, body, info, session_id, request_id, done, report_now
                 )
         except asyncio.CancelledError:
             done.error = done.error or CLIENT_CLOSED
@@ -378,9 +363,15 @@ class Relay:
         )
         return response
 
+    def _asks_ids(self, api: Api, node: str) -> bool:
+        """Ask ``node`` for token ids: the API has them, the node takes them, and its block
+        size is known (else no keys could be made of them)."""
+        return api.token_ids and self.token_ids.ask(node) and bool(self.nodes.block_size(node))
+
     async def _send(
         self,
         request: web.Request,
+        api: Api,
         url: str,
         body: dict[str, Any],
         info: RequestInfo,
@@ -390,34 +381,52 @@ class Relay:
         before_done: Callable[[], None],
     ) -> web.StreamResponse:
         assert self.client is not None, "Relay.client is set by the app's startup"
+        client = self.client
         headers = upstream_headers(
             request.headers, {SESSION_HEADER: session_id, "X-Request-ID": request_id}
         )
-        outgoing = upstream_body(body, stream=info.stream)
-        try:
+
+        async def send(ids: bool) -> web.StreamResponse:
+            outgoing = api.upstream(body, info, token_ids=ids)
+            read = api.reader(body, ids)
             if info.stream:
+                tracker = api.tracker(body, info, ids)
                 return await forward_stream(
                     request,
-                    self.client,
+                    client,
                     url,
                     outgoing,
                     headers,
                     self.clock,
                     done,
-                    keep_usage_chunk=info.client_wants_usage,
+                    tracker=tracker,
+                    read=read,
                     before_done=before_done,
                 )
-            return await forward_json(self.client, url, outgoing, headers, self.clock, done)
+            return await forward_json(client, url, outgoing, headers, self.clock, done, read)
+
+        asked = self._asks_ids(api, done.node_id)
+        try:
+            response = await send(asked)
+            refusal = response.body if isinstance(response, web.Response) else None
+            if asked and isinstance(refusal, bytes) and rejects_field(done.status, refusal):
+                self.token_ids.refused(done.node_id, refusal.decode(errors="replace"))
+                done.restart()
+                response = await send(False)
+            return response
         except UpstreamError as exc:
             self.metrics.upstream_errors.inc(node=done.node_id, kind=exc.kind)
             done.error = f"upstream_{exc.kind}: {exc.detail}"
-            return openai_error(
+            return api.error(
                 502, f"model node {done.node_id!r} failed: {exc.detail}", "upstream_error"
             )
 
     def _report_response(
         self, session_id: str, request_id: str, done: Forwarded, one_turn: bool
     ) -> asyncio.Task[bool]:
+        stats = done.stats
+        block_size = self.nodes.block_size(done.node_id) if stats.prompt_ids else None
+        keys = block_keys_of(stats.prompt_ids, stats.output_ids, block_size)
         msgs: list[Message] = [
             SessionResponse(
                 session_id=session_id,
@@ -431,6 +440,8 @@ class Relay:
                 ttft_s=done.ttft_s,
                 duration_s=done.duration_s,
                 error=done.error,
+                block_size=block_size if keys is not None else None,
+                block_keys=keys,
             )
         ]
         if one_turn:

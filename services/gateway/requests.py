@@ -10,6 +10,7 @@
   ``program_id`` and every ``tao_*`` field except ``tao_script``, which the sim node reads.
   Streaming requests ask the node for usage (``stream_options.include_usage``) so the gateway
   can report it; :attr:`RequestInfo.client_wants_usage` says whether the client asked itself.
+  With ``token_ids`` the body asks for ``return_token_ids`` too (:mod:`.tokenids`).
 * **Prompt size estimate**: characters / 4 of the message texts (or of the completion prompt),
   a common rule of thumb for English BPE tokenisers (OpenAI, "What are tokens and how to count
   them", help.openai.com: "1 token ~= 4 chars in English"). Token-id prompts count exactly. The
@@ -44,7 +45,9 @@ MAX_HARNESS_CHARS: Final = 128
 CHARS_PER_TOKEN: Final = 4
 _KEEP_PRIVATE: Final = frozenset({"tao_script"})
 
-IdSource = Literal["header", "user", "program_id", "generated"]
+IdSource = Literal["header", "user", "program_id", "metadata", "claude_header", "generated"]
+"""Where a session id came from; ``metadata`` / ``claude_header``: Claude Code's
+``metadata.user_id`` / ``X-Claude-Code-Session-Id`` (:mod:`.anthropic`)."""
 
 
 class BadRequest(ValueError):
@@ -111,8 +114,11 @@ def harness_of(headers: Mapping[str, str]) -> str | None:
     return value or None
 
 
-def upstream_body(body: Mapping[str, Any], *, stream: bool) -> dict[str, Any]:
-    """The body to forward: gateway-only fields removed, usage requested when streaming."""
+def upstream_body(
+    body: Mapping[str, Any], *, stream: bool, token_ids: bool = False
+) -> dict[str, Any]:
+    """The body to forward: gateway-only fields removed, usage requested when ``stream``, and
+    ``return_token_ids`` set when ``token_ids``."""
     out = {
         k: v
         for k, v in body.items()
@@ -124,6 +130,8 @@ def upstream_body(body: Mapping[str, Any], *, stream: bool) -> dict[str, Any]:
         if not options.get("include_usage"):
             options["include_usage"] = True
         out["stream_options"] = options
+    if token_ids:
+        out["return_token_ids"] = True
     return out
 
 

@@ -16,8 +16,13 @@ the stream it asked for. Tool calls stream as ``delta.tool_calls`` fragments key
 ``index``: the first fragment of an index carries ``id`` and ``function.name``, later ones append
 ``function.arguments``.
 
-Non-streaming: :func:`stats_from_body` reads ``usage``, ``choices[0].finish_reason`` and
+Non-streaming: :func:`read_body` reads ``usage``, ``choices[0].finish_reason`` and
 ``choices[0].message.tool_calls`` from the JSON response.
+
+Token ids (``return_token_ids``, see :mod:`.tokenids`): both readers collect the prompt ids
+and choice 0's output ids, and remove the id fields from what the client gets when asked to
+(``strip_ids``); only a response or chunk that carried ids is re-serialised. A chunk left with
+nothing but an empty delta after that (vLLM streams one for ids a parser held back) is dropped.
 """
 
 from __future__ import annotations
@@ -29,12 +34,15 @@ import orjson
 
 from shared.contracts import ToolCallInfo, Usage
 
+from .tokenids import take_ids
+
 __all__ = [
     "DONE",
     "ResponseStats",
     "SSESplitter",
     "StreamStats",
     "event_data",
+    "read_body",
     "stats_from_body",
     "usage_from",
 ]
@@ -51,6 +59,10 @@ class ResponseStats:
     usage: Usage = field(default_factory=Usage)
     finish_reason: str | None = None
     tool_calls: list[ToolCallInfo] = field(default_factory=list)
+    prompt_ids: list[Any] | None = None
+    """The node's prompt token ids (``return_token_ids``), ``None`` when it sent none."""
+    output_ids: list[Any] | None = None
+    """Choice 0's output token ids, ``None`` when the node sent none."""
 
 
 def _int(value: object) -> int:
@@ -87,13 +99,22 @@ def _call_info(call: object) -> ToolCallInfo | None:
 
 def stats_from_body(body: bytes) -> ResponseStats:
     """Usage, finish reason and tool calls of a non-streaming response (empty if unreadable)."""
+    return read_body(body)[0]
+
+
+def read_body(body: bytes, *, strip_ids: bool = False) -> tuple[ResponseStats, bytes]:
+    """What a non-streaming response says, and the bytes for the client: ``body`` unchanged,
+    or re-serialised without token-id values when ``strip_ids`` and it had some."""
     stats = ResponseStats()
     try:
         obj = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return stats
+        return stats, body
     if not isinstance(obj, dict):
-        return stats
+        return stats, body
+    stats.prompt_ids, stats.output_ids, found = take_ids(obj, "null" if strip_ids else None)
+    if strip_ids and found:
+        body = orjson.dumps(obj)
     stats.usage = usage_from(obj.get("usage")) or Usage()
     choices = obj.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -104,7 +125,7 @@ def stats_from_body(body: bytes) -> ResponseStats:
         calls = message.get("tool_calls") if isinstance(message, dict) else None
         if isinstance(calls, list):
             stats.tool_calls = [c for c in map(_call_info, calls) if c is not None]
-    return stats
+    return stats, body
 
 
 class SSESplitter:
@@ -162,41 +183,66 @@ def _has_output(choice: dict[str, Any], delta: object) -> bool:
     return any(delta.get(k) for k in _OUTPUT_KEYS)
 
 
+def _idle(choice: object) -> bool:
+    """Whether a streamed choice says nothing: no output, role, finish reason or logprobs."""
+    if not isinstance(choice, dict) or choice.get("finish_reason") is not None:
+        return False
+    if choice.get("logprobs") or choice.get("text"):
+        return False
+    delta = choice.get("delta")
+    return not delta or (isinstance(delta, dict) and not any(delta.values()))
+
+
 class StreamStats:
     """Accumulates what a chat/completions SSE stream says (module docstring)."""
 
-    def __init__(self, *, keep_usage_chunk: bool) -> None:
+    def __init__(self, *, keep_usage_chunk: bool, strip_ids: bool = False) -> None:
         self.keep_usage_chunk = keep_usage_chunk
+        self.strip_ids = strip_ids
         self.usage: Usage | None = None
         self.finish_reason: str | None = None
         self.first_token_seen = False
         self.done = False
         self._calls: dict[tuple[int, int], _Call] = {}
+        self._prompt_ids: list[Any] | None = None
+        self._output_ids: list[Any] | None = None
 
-    def observe(self, event: bytes) -> bool:
-        """Record one whole event; return whether the client should see it."""
+    def observe(self, event: bytes) -> bytes | None:
+        """Record one whole event; return the bytes the client should see (``event`` itself,
+        or the chunk without token ids), or ``None`` to drop it."""
         data = event_data(event)
         if data is None:
-            return True
+            return event
         if data.strip() == DONE:
             self.done = True
-            return True
+            return event
         try:
             chunk: Any = orjson.loads(data)
         except orjson.JSONDecodeError:
-            return True
+            return event
         if not isinstance(chunk, dict):
-            return True
+            return event
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
             self.usage = usage
+        prompt, output, found = take_ids(chunk, "drop" if self.strip_ids else None)
+        if prompt is not None and self._prompt_ids is None:
+            self._prompt_ids = prompt
+        if output:
+            if self._output_ids is None:
+                self._output_ids = []
+            self._output_ids.extend(output)
         choices = chunk.get("choices")
         if isinstance(choices, list):
             for choice in choices:
                 self._choice(choice)
-            if not choices and usage is not None:
-                return self.keep_usage_chunk
-        return True
+            if not choices and usage is not None and not self.keep_usage_chunk:
+                return None
+        if not (self.strip_ids and found):
+            return event
+        if usage is None and isinstance(choices, list) and choices and all(map(_idle, choices)):
+            return None  # only ids were in it
+        return b"data: " + orjson.dumps(chunk) + b"\n\n"
 
     def _choice(self, choice: object) -> None:
         if not isinstance(choice, dict):
@@ -231,5 +277,9 @@ class StreamStats:
             for _, c in sorted(self._calls.items())
         ]
         return ResponseStats(
-            usage=self.usage or Usage(), finish_reason=self.finish_reason, tool_calls=calls
+            usage=self.usage or Usage(),
+            finish_reason=self.finish_reason,
+            tool_calls=calls,
+            prompt_ids=self._prompt_ids,
+            output_ids=self._output_ids,
         )

@@ -8,12 +8,15 @@ from dataclasses import dataclass, replace
 from aiohttp import web
 
 from services.simnode.handlers import SimNode, error_response
+from services.simnode.kvpub import DEFAULT_BUFFER_STEPS, KvHashKind, KvPublisher, KvRoutes
 from services.simnode.runner import EngineRunner
+from shared.contracts.kv import KVEncoding
 from shared.core.engine import DEFAULT_PROFILE, PROFILES, Engine, Profile
 
-__all__ = ["NODE_KEY", "SimNodeConfig", "create_app"]
+__all__ = ["KVPUB_KEY", "NODE_KEY", "SimNodeConfig", "create_app"]
 
 NODE_KEY: web.AppKey[SimNode] = web.AppKey("simnode", SimNode)
+KVPUB_KEY: web.AppKey[KvPublisher] = web.AppKey("simnode_kvpub", KvPublisher)
 
 
 @dataclass(frozen=True, slots=True)
@@ -27,6 +30,14 @@ class SimNodeConfig:
     kv_tokens: int | None = None
     """Override of the profile's KV capacity (tokens, rounded down to whole blocks)."""
     stream_tick_s: float = 0.02
+    kv_events: str | None = None
+    """vLLM-style KV-event PUB endpoint (``tcp://*:5557``); ``None``: no KV events."""
+    kv_replay: str | None = None
+    """KV-event replay ROUTER endpoint (``tcp://*:5558``)."""
+    kv_encoding: KVEncoding = "mapev"
+    kv_hash: KvHashKind = "int"
+    kv_buffer_steps: int = DEFAULT_BUFFER_STEPS
+    kv_topic: str = ""
 
     def engine_profile(self) -> Profile:
         """The profile with the capacity override applied; ``ValueError`` names a bad value."""
@@ -63,21 +74,39 @@ def create_app(config: SimNodeConfig) -> web.Application:
     """The node's application; the engine driver starts and stops with it."""
     profile = config.engine_profile()
     app = web.Application(middlewares=[_errors])
-    engine = Engine(config.node_id, profile, emit_kv_events=False)
+    engine = Engine(config.node_id, profile, emit_kv_events=config.kv_events is not None)
     runner = EngineRunner(engine, time_scale=config.time_scale, stream_tick_s=config.stream_tick_s)
     node = SimNode(runner, config.node_id, config.model)
     app[NODE_KEY] = node
+    kvpub = None
+    if config.kv_events is not None:
+        kvpub = KvPublisher(
+            config.kv_events,
+            config.kv_replay,
+            encoding=config.kv_encoding,
+            hash_kind=config.kv_hash,
+            buffer_steps=config.kv_buffer_steps,
+            topic=config.kv_topic,
+        )
+        app[KVPUB_KEY] = kvpub
+        runner.after_tick = lambda: kvpub.pump(runner)
 
     async def lifecycle(_app: web.Application) -> AsyncIterator[None]:
+        if kvpub is not None:
+            kvpub.start()
         runner.start()
         yield
         await runner.stop()
+        if kvpub is not None:
+            await kvpub.close()
 
     app.cleanup_ctx.append(lifecycle)
     app.router.add_post("/v1/chat/completions", node.chat)
     app.router.add_post("/v1/completions", node.completions)
+    app.router.add_post("/v1/messages", node.messages)
     app.router.add_get("/v1/models", node.models)
     app.router.add_get("/health", node.health)
     app.router.add_get("/healthz", node.health)
     app.router.add_get("/metrics", node.metrics)
+    KvRoutes(runner, kvpub).register(app)
     return app

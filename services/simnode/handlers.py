@@ -1,4 +1,16 @@
-"""HTTP handlers of the sim node: OpenAI-compatible endpoints, health and vLLM metrics."""
+"""HTTP handlers of the sim node: OpenAI-compatible endpoints, health and vLLM metrics.
+
+Token ids: a chat or completions request with ``return_token_ids: true`` gets them the way
+vLLM sends them (vllm/entrypoints/openai/chat_completion/protocol.py and serving.py; see
+:mod:`services.gateway.tokenids`): chat puts ``prompt_token_ids`` at the top level (of the
+response, or of the first chunk) and ``token_ids`` on the choice (each chunk: its new ids);
+completions put both on the choice. They are the ids the engine caches: the rendered prompt
+and the reply's output, so their full blocks are the node's KV blocks.
+
+``POST /v1/messages`` serves the Anthropic Messages API (:mod:`services.simnode.anthropic`),
+scripted like chat by ``tao_script``; unscripted, it writes ``min(max_tokens, 64)`` tokens
+(Claude Code asks for up to 32,000), ``stop_reason`` ``max_tokens`` only when that is all.
+"""
 
 from __future__ import annotations
 
@@ -13,11 +25,12 @@ from typing import Any
 
 from aiohttp import web
 
+from services.simnode import anthropic as anth
 from services.simnode import tokenizer as tok
 from services.simnode.runner import EngineRunner, Waiter
 from shared.core.engine import Completion, EngineRequest, generated_token_ids
 
-__all__ = ["BadRequest", "Reply", "SimNode", "error_response"]
+__all__ = ["BadRequest", "Reply", "SimNode", "anthropic_error", "error_response"]
 
 DEFAULT_OUTPUT_TOKENS = 64
 _DISCONNECT_POLL_S = 0.05
@@ -35,6 +48,17 @@ def error_response(status: int, message: str, etype: str, param: str | None = No
     """An OpenAI-style error body: ``{"error": {"message", "type", "param", "code"}}``."""
     body = {"error": {"message": message, "type": etype, "param": param, "code": status}}
     return web.json_response(body, status=status)
+
+
+def anthropic_error(status: int, message: str, etype: str) -> web.Response:
+    """An Anthropic-style error body: ``{"type": "error", "error": {"type", "message"}}``."""
+    body = {"type": "error", "error": {"type": etype, "message": message}}
+    return web.json_response(body, status=status)
+
+
+def _sse(event: str, data: Mapping[str, Any]) -> bytes:
+    """One Anthropic SSE event: ``event:`` line, ``data:`` line, blank line."""
+    return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,7 +171,7 @@ class SimNode:
             reply = plan_reply(body, rid)
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError", exc.param)
-        return await self._serve(request, body, rid, prompt, reply, chat=True)
+        return await self._serve(request, body, rid, prompt, reply, api="chat")
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         """``POST /v1/completions`` with a string (or token-id list) prompt."""
@@ -166,7 +190,31 @@ class SimNode:
             reply = plan_reply(body, rid)
         except BadRequest as exc:
             return error_response(400, str(exc), "BadRequestError", exc.param)
-        return await self._serve(request, body, rid, prompt, reply, chat=False)
+        return await self._serve(request, body, rid, prompt, reply, api="completions")
+
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/messages``: the Anthropic Messages API (stream or not)."""
+        try:
+            body = await read_json(request)
+            max_tokens = _int_field(body, "max_tokens", 1)
+            if max_tokens is None:
+                raise BadRequest("max_tokens: required integer >= 1", "max_tokens")
+            try:
+                prompt = tok.render_messages(anth.chat_messages(body), body.get("tools"))
+            except tok.TemplateError as exc:
+                raise BadRequest(str(exc), "messages") from None
+            rid = self._new_id("msg")
+            extra = body.get("extra_body")
+            in_extra = isinstance(extra, Mapping) and "tao_script" in extra
+            if "tao_script" not in body and not in_extra:
+                n = min(max_tokens, DEFAULT_OUTPUT_TOKENS)
+                out = list(generated_token_ids(rid, n))
+                reply = Reply(out, n, None, None, "length" if n == max_tokens else "stop")
+            else:
+                reply = plan_reply(body, rid)
+        except BadRequest as exc:
+            return anthropic_error(400, str(exc), "invalid_request_error")
+        return await self._serve(request, body, rid, prompt, reply, api="messages")
 
     async def _serve(
         self,
@@ -176,7 +224,7 @@ class SimNode:
         prompt: list[int],
         reply: Reply,
         *,
-        chat: bool,
+        api: str,
     ) -> web.StreamResponse:
         session = request.headers.get("X-Session-ID") or body.get("user") or "anon"
         ereq = EngineRequest(rid, str(session), prompt, len(reply.output), reply.output)
@@ -184,13 +232,23 @@ class SimNode:
         try:
             waiter = self.runner.submit(ereq, streaming=streaming)
         except ValueError as exc:
+            if api == "messages":
+                return anthropic_error(400, str(exc), "invalid_request_error")
             return error_response(400, str(exc), "BadRequestError", "messages")
+        ids = prompt if body.get("return_token_ids") is True and api != "messages" else None
+        chat = api == "chat"
         try:
+            if api == "messages":
+                if streaming:
+                    return await self._stream_message(request, rid, prompt, reply, waiter)
+                return await self._unary_message(request, rid, reply, waiter)
             if streaming:
                 opts = body.get("stream_options")
                 usage = isinstance(opts, Mapping) and bool(opts.get("include_usage"))
-                return await self._stream(request, rid, reply, waiter, chat=chat, usage=usage)
-            return await self._unary(request, rid, reply, waiter, chat=chat)
+                return await self._stream(
+                    request, rid, reply, waiter, chat=chat, usage=usage, prompt_ids=ids
+                )
+            return await self._unary(request, rid, reply, waiter, chat=chat, prompt_ids=ids)
         except (asyncio.CancelledError, ConnectionResetError):
             self.runner.abort(rid)
             raise
@@ -206,7 +264,14 @@ class SimNode:
                 raise ConnectionResetError("client disconnected")
 
     async def _unary(
-        self, request: web.Request, rid: str, reply: Reply, waiter: Waiter, *, chat: bool
+        self,
+        request: web.Request,
+        rid: str,
+        reply: Reply,
+        waiter: Waiter,
+        *,
+        chat: bool,
+        prompt_ids: list[int] | None = None,
     ) -> web.StreamResponse:
         while not waiter.done:
             await self._wait_change(request, waiter)
@@ -222,16 +287,18 @@ class SimNode:
         else:
             choice = {"index": 0, "text": content}
         choice.update(logprobs=None, finish_reason=reply.finish_reason)
-        return web.json_response(
-            {
-                "id": rid,
-                "object": "chat.completion" if chat else "text_completion",
-                "created": self.created,
-                "model": self.model,
-                "choices": [choice],
-                "usage": _usage(c),
-            }
-        )
+        answer: dict[str, Any] = {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": [choice],
+            "usage": _usage(c),
+        }
+        if prompt_ids is not None:
+            choice["token_ids"] = list(reply.output)
+            (answer if chat else choice)["prompt_token_ids"] = prompt_ids
+        return web.json_response(answer)
 
     @staticmethod
     def _tool_call(rid: str, reply: Reply) -> dict[str, Any]:
@@ -250,11 +317,15 @@ class SimNode:
         *,
         chat: bool,
         usage: bool,
+        prompt_ids: list[int] | None = None,
     ) -> web.StreamResponse:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         resp.headers["Cache-Control"] = "no-cache"
         await resp.prepare(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
+        out = reply.output
+        ids_sent = 0  # with prompt_ids: output ids already streamed (vLLM return_token_ids)
+        prompt_due = prompt_ids is not None and not chat  # completions: on the first choice
 
         async def send(choices: list[dict[str, Any]], **extra: Any) -> None:
             chunk = {"id": rid, "object": obj, "created": self.created, "model": self.model}
@@ -262,25 +333,34 @@ class SimNode:
             chunk.update(extra)
             await resp.write(b"data: " + json.dumps(chunk).encode() + b"\n\n")
 
-        def choice(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        def choice(
+            delta: dict[str, Any], finish: str | None = None, ids_to: int | None = None
+        ) -> dict[str, Any]:
+            nonlocal ids_sent, prompt_due
             if chat:
-                return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-            return {
-                "index": 0,
-                "text": delta.get("content", ""),
-                "logprobs": None,
-                "finish_reason": finish,
-            }
+                c = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
+            else:
+                text = delta.get("content", "")
+                c = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+            if prompt_ids is not None and ids_to is not None:
+                c["token_ids"] = list(out[ids_sent:ids_to])
+                ids_sent = max(ids_sent, ids_to)
+                if prompt_due:
+                    c["prompt_token_ids"] = prompt_ids
+                    prompt_due = False
+            return c
 
         if chat:
-            await send([choice({"role": "assistant", "content": ""})])
+            first = {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
+            await send([choice({"role": "assistant", "content": ""})], **first)
         sent = 0
         while True:
             if not waiter.done:
                 await self._wait_change(request, waiter)
             upto = min(waiter.tokens, reply.content_len)
             if upto > sent:
-                await send([choice({"content": _text_of(reply.output[sent:upto], sent == 0)})])
+                text = _text_of(out[sent:upto], sent == 0)
+                await send([choice({"content": text}, ids_to=upto)])
                 sent = upto
             if waiter.done:
                 break
@@ -296,13 +376,109 @@ class SimNode:
                     "type": "function",
                     "function": {"name": reply.tool_name, "arguments": ""},
                 }
-                await send([choice({"tool_calls": [head]})])
+                await send([choice({"tool_calls": [head]}, ids_to=len(out))])
                 args = {"index": 0, "function": {"arguments": reply.tool_args}}
-                await send([choice({"tool_calls": [args]})])
-            await send([choice({}, reply.finish_reason)])
+                await send([choice({"tool_calls": [args]}, ids_to=len(out))])
+            await send([choice({}, reply.finish_reason, ids_to=len(out))])
             if usage:
                 await send([], usage=_usage(c))
         await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    # -- Anthropic messages ----------------------------------------------------------------
+
+    def _message_content(self, rid: str, reply: Reply) -> list[dict[str, Any]]:
+        content: list[dict[str, Any]] = []
+        if reply.content_len:
+            text = tok.decode(reply.output[: reply.content_len])
+            content.append({"type": "text", "text": text})
+        if reply.tool_name is not None:
+            block: dict[str, Any] = {"type": "tool_use", "id": anth.tool_use_id(rid)}
+            block.update(name=reply.tool_name, input=anth.tool_input(reply.tool_args))
+            content.append(block)
+        return content
+
+    async def _unary_message(
+        self, request: web.Request, rid: str, reply: Reply, waiter: Waiter
+    ) -> web.StreamResponse:
+        while not waiter.done:
+            await self._wait_change(request, waiter)
+        c = waiter.completion
+        if c is None:
+            return anthropic_error(500, f"engine failed: {waiter.error}", "api_error")
+        return web.json_response(
+            {
+                "id": rid,
+                "type": "message",
+                "role": "assistant",
+                "model": self.model,
+                "content": self._message_content(rid, reply),
+                "stop_reason": anth.stop_reason(reply.finish_reason),
+                "stop_sequence": None,
+                "usage": anth.usage(c),
+            }
+        )
+
+    async def _stream_message(
+        self, request: web.Request, rid: str, prompt: list[int], reply: Reply, waiter: Waiter
+    ) -> web.StreamResponse:
+        """Anthropic's event sequence; the input usage is known at once, the cached part and
+        the output at the end (``message_delta``), as vLLM streams it."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        resp.headers["Cache-Control"] = "no-cache"
+        await resp.prepare(request)
+        start: dict[str, Any] = {
+            "id": rid,
+            "type": "message",
+            "role": "assistant",
+            "model": self.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": len(prompt), "output_tokens": 0},
+        }
+        await resp.write(_sse("message_start", {"type": "message_start", "message": start}))
+        block = -1  # index of the open content block
+        sent = 0
+        while True:
+            if not waiter.done:
+                await self._wait_change(request, waiter)
+            upto = min(waiter.tokens, reply.content_len)
+            if upto > sent:
+                if block < 0:
+                    block = 0
+                    opening = {"type": "text", "text": ""}
+                    event = {"type": "content_block_start", "index": 0, "content_block": opening}
+                    await resp.write(_sse("content_block_start", event))
+                delta = {"type": "text_delta", "text": _text_of(reply.output[sent:upto], sent == 0)}
+                event = {"type": "content_block_delta", "index": 0, "delta": delta}
+                await resp.write(_sse("content_block_delta", event))
+                sent = upto
+            if waiter.done:
+                break
+        if block >= 0:
+            await resp.write(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        c = waiter.completion
+        if c is None:
+            error = {"type": "api_error", "message": f"engine failed: {waiter.error}"}
+            await resp.write(_sse("error", {"type": "error", "error": error}))
+        else:
+            if reply.tool_name is not None:
+                block += 1
+                use: dict[str, Any] = {"type": "tool_use", "id": anth.tool_use_id(rid)}
+                use.update(name=reply.tool_name, input={})
+                event = {"type": "content_block_start", "index": block, "content_block": use}
+                await resp.write(_sse("content_block_start", event))
+                delta = {"type": "input_json_delta", "partial_json": reply.tool_args or ""}
+                event = {"type": "content_block_delta", "index": block, "delta": delta}
+                await resp.write(_sse("content_block_delta", event))
+                stop = {"type": "content_block_stop", "index": block}
+                await resp.write(_sse("content_block_stop", stop))
+            ending = {"stop_reason": anth.stop_reason(reply.finish_reason), "stop_sequence": None}
+            event = {"type": "message_delta", "delta": ending, "usage": anth.usage(c)}
+            await resp.write(_sse("message_delta", event))
+            await resp.write(_sse("message_stop", {"type": "message_stop"}))
         await resp.write_eof()
         return resp
 

@@ -10,6 +10,7 @@ One ``[[node]]`` table per inference node::
     kv_replay = "tcp://10.0.0.5:5558"             # optional; vLLM KV-event replay ROUTER
     model = "Qwen/Qwen3-32B"                      # optional; served model name
     capacity_tokens = 524288                      # optional; overrides vllm:cache_config_info
+    return_token_ids = false                      # optional; default true (gateway asks for ids)
 
 ``kv_events`` / ``kv_replay`` are the ``endpoint`` / ``replay_endpoint`` of vLLM's
 ``--kv-events-config`` as seen from the scheduler (``tcp://*:5557`` on the engine becomes
@@ -41,6 +42,7 @@ _KEYS: Final = (
     "kv_replay",
     "model",
     "capacity_tokens",
+    "return_token_ids",
 )
 
 
@@ -98,6 +100,11 @@ def _node(raw: object, index: int) -> NodeSpec:
         if not isinstance(cap, int) or isinstance(cap, bool) or cap < 1:
             raise ValueError(f"{where}: capacity_tokens must be an integer >= 1, got {cap!r}")
         values["capacity_tokens"] = cap
+    if "return_token_ids" in raw:
+        ask = raw["return_token_ids"]
+        if not isinstance(ask, bool):
+            raise ValueError(f"{where}: return_token_ids must be true or false, got {ask!r}")
+        values["return_token_ids"] = ask
     return NodeSpec(**values)
 
 
@@ -135,6 +142,8 @@ def load_nodes_file(path: str | Path) -> tuple[NodeSpec, ...]:
 
 
 def _toml_value(value: str | int) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
     if isinstance(value, int):
         return str(value)
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
@@ -150,6 +159,6 @@ def render_nodes_file(nodes: Iterable[NodeSpec], header: str = "") -> str:
         lines.append("[[node]]")
         for key in _KEYS:
             value = getattr(spec, key)
-            if value is not None:
+            if value is not None and not (key == "return_token_ids" and value):
                 lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"

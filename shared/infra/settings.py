@@ -70,7 +70,8 @@ class NodeSpec:
     endpoint (``tcp://host:5557``) and ``kv_replay`` its ROUTER replay endpoint; without
     ``kv_events`` residency falls back to usage-based observations. ``model`` is the served
     model name (scraped from ``/v1/models`` when absent); ``capacity_tokens`` overrides the
-    capacity read from ``vllm:cache_config_info``.
+    capacity read from ``vllm:cache_config_info``. ``return_token_ids = false`` stops the gateway
+    asking the node for token ids (vLLM older than 0.10.2, or a proxy that refuses the field).
     """
 
     id: str
@@ -80,6 +81,7 @@ class NodeSpec:
     kv_replay: str | None = None
     model: str | None = None
     capacity_tokens: int | None = None
+    return_token_ids: bool = True
 
     @property
     def metrics(self) -> str:

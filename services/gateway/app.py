@@ -31,11 +31,13 @@ from shared.contracts import NodeStatus, SessionEnd, decode, subjects
 from shared.infra import MessageBus, ServiceContext, Settings, Subscription, get_logger
 from shared.infra.store_types import StateStore
 
+from . import hooks
 from .handlers import BusHandlers, HttpHandlers, decode_placement
 from .nodes import NodeDirectory
 from .proxy import CONNECT_TIMEOUT_S
 from .relay import Relay
 from .store_check import STORE_RECHECK_S
+from .tokenids import TokenIdNodes
 
 __all__ = ["RELAY", "SERVICE", "create_app", "main", "serve"]
 
@@ -73,6 +75,7 @@ def create_app(
         clock=clock,
         store=store,
         store_recheck_s=store_recheck_s,
+        token_ids=TokenIdNodes(n.id for n in settings.nodes if not n.return_token_ids),
     )
     http = HttpHandlers(relay)
     app = web.Application()
@@ -80,10 +83,12 @@ def create_app(
     app[_SUBSCRIPTIONS] = []
     app.router.add_post("/v1/chat/completions", http.chat_completions)
     app.router.add_post("/v1/completions", http.completions)
+    app.router.add_post("/v1/messages", http.messages)
     app.router.add_get("/v1/models", http.models)
     app.router.add_delete("/v1/sessions/{session_id}", http.delete_session)
     app.router.add_get("/healthz", http.healthz)
     app.router.add_get("/metrics", http.metrics)
+    hooks.install(app, bus)  # POST /hooks/{harness} (services.gateway.hooks)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app

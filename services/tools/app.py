@@ -1,6 +1,7 @@
 """The tools service: keeps the session records' lifecycle from session and tool events.
 
-Durable JetStream consumers (service name ``tools``) on ``TAO_V1_SESSION`` and ``TAO_V1_TOOL``,
+Durable JetStream consumers (service name ``tools``) on ``TAO_V1_SESSION`` and ``TAO_V1_TOOL``
+(and ``TAO_V1_HOOK``: harness hook payloads, mapped to tool events by :mod:`.hooks`),
 so a restarted process resumes where it stopped; a payload that does not decode is dead-lettered
 by the bus and the consumer goes on. Run: ``python -m services.tools`` (needs NATS and Redis).
 """
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from services._common import serve_forever, store_from
 from services.tools.handlers import ToolsHandlers
+from services.tools.hooks import HookIngest, decode_hook
 from shared.contracts import subjects
 from shared.contracts.codec import decode_session_event, decode_tool_event
 from shared.contracts.session import SessionEvent
@@ -48,6 +50,10 @@ async def start(
         await bus.consume_batch(subjects.STREAM_SESSION, name, decode_session, h.on_session_batch),
         await bus.consume_batch(subjects.STREAM_TOOL, name, decode_tool, h.on_tool_batch),
     ]
+    hooks = HookIngest(h, bus, get_logger(name), service=name)
+    subs.append(
+        await bus.consume_batch(subjects.STREAM_HOOK, name, decode_hook, hooks.on_hook_batch)
+    )
     return h, subs
 
 

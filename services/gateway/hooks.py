@@ -1,0 +1,128 @@
+"""``POST /hooks/{harness}``: harness hooks over HTTP, forwarded to the tools service.
+
+Claude Code can send a hook's JSON input as the body of a POST instead of running a command
+(hook type ``http``, with ``url``, optional ``headers``, ``timeout``; a non-2xx answer or a
+timeout is a non-blocking error for the agent: https://code.claude.com/docs/en/hooks, "HTTP
+hook fields"). The gateway accepts the same body as ``tao hook <harness>`` reads on stdin and
+forwards it the same way: bytes unparsed on ``tao.v1.hook.<token>``
+(:func:`shared.contracts.subjects.hook_events`) with the receive time in ``Tao-Received-At``;
+the tools service maps and validates it (:mod:`services.tools.hooks`).
+
+The answer never waits for the bus: 200 ``{}`` (no decision, for Claude Code) at once, and the
+payload goes to a queue that one task publishes in arrival order. A bus failure, or a full
+queue (:data:`QUEUE_LIMIT` payloads waiting), drops the payload with a warning and still
+answers 200: a hook must never block or fail its agent. An unknown harness is 404. At most
+``MAX_HOOK_BYTES`` of the body are read; a longer body is forwarded as the same oversized
+marker the hook process sends (:func:`shared.hookclient.oversized_marker`), which the tools
+service dead-letters as oversized.
+
+``install(app, bus)`` adds the route and stops the queue on the app's cleanup.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable
+from typing import Final
+
+from aiohttp import web
+
+from shared.contracts import subjects
+from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
+from shared.harness.registry import UnknownHarnessError, find
+from shared.hookclient import oversized_marker
+from shared.infra import MessageBus, get_logger
+
+__all__ = ["QUEUE_LIMIT", "HookForwarder", "install"]
+
+QUEUE_LIMIT: Final = 4096
+_STOP_WAIT_S: Final = 2.0
+_log = get_logger("services.gateway.hooks")
+
+_Item = tuple[str, bytes, dict[str, str]]
+
+
+class HookForwarder:
+    """The ``POST /hooks/{harness}`` handler and its ordered publishing queue."""
+
+    def __init__(self, bus: MessageBus, *, clock: Callable[[], float] = time.time) -> None:
+        self.bus = bus
+        self.clock = clock
+        self.queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_LIMIT)
+        self.worker: asyncio.Task[None] | None = None
+        self.forwarded = 0
+        self.dropped = 0
+
+    async def post(self, request: web.Request) -> web.Response:
+        """Queue the body for ``tao.v1.hook.<token>`` and answer 200 ``{}`` (404: no harness)."""
+        name = request.match_info["harness"]
+        try:
+            token = find(name).token
+        except UnknownHarnessError as exc:
+            return web.json_response(
+                {"error": {"type": "not_found", "message": str(exc)}}, status=404
+            )
+        at = self.clock()
+        body = await _read_capped(request, MAX_HOOK_BYTES)
+        if len(body) > MAX_HOOK_BYTES:
+            body = oversized_marker(body, len(body))
+        headers = {RECEIVED_AT_HEADER: f"{at:.6f}"}
+        try:
+            self.queue.put_nowait((subjects.hook_events(token), body, headers))
+        except asyncio.QueueFull:
+            self.dropped += 1
+            _log.warning("hook_dropped", harness=token, reason="queue full", size=len(body))
+        else:
+            if self.worker is None or self.worker.done():
+                self.worker = asyncio.create_task(self._publish_all())
+        return web.json_response({})
+
+    async def _publish_all(self) -> None:
+        while True:
+            subject, body, headers = await self.queue.get()
+            try:
+                await self.bus.publish(subject, body, headers)
+                self.forwarded += 1
+            except Exception as exc:  # the agent was answered already: log and go on
+                self.dropped += 1
+                _log.warning("hook_publish_failed", subject=subject, size=len(body), error=str(exc))
+            finally:
+                self.queue.task_done()
+
+    async def stop(self) -> None:
+        """Publish what is queued (for up to two seconds), then stop the task."""
+        if self.worker is None:
+            return
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.queue.join(), _STOP_WAIT_S)
+        self.worker.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.worker
+        self.worker = None
+
+
+async def _read_capped(request: web.Request, limit: int) -> bytes:
+    """Up to ``limit`` + 1 bytes of the body (more means oversized)."""
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        chunk = await request.content.read(limit + 1 - got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def install(app: web.Application, bus: MessageBus) -> HookForwarder:
+    """Serve ``POST /hooks/{harness}`` on ``app``, publishing on ``bus``."""
+    forwarder = HookForwarder(bus)
+    app.router.add_post("/hooks/{harness}", forwarder.post)
+
+    async def _stop(_: web.Application) -> None:
+        await forwarder.stop()
+
+    app.on_cleanup.append(_stop)
+    return forwarder

@@ -1,0 +1,167 @@
+"""Hook ingestion: harness hook payloads on ``tao.v1.hook.<harness>`` → tool and session events.
+
+The hook process (``tao hook claude``), the gateway (``POST /hooks/<harness>``), plugins and
+wrappers forward a harness's hook payload unparsed, with its receive time in the
+``Tao-Received-At`` header (:mod:`shared.harness.base`). A durable consumer of
+``TAO_V1_HOOK`` (all harnesses) reads them in stream order:
+
+1. decode (by the bus): a marker of an oversized payload, more than ``MAX_HOOK_BYTES``, bytes
+   that are not JSON (a truncated payload) or JSON that is not an object raise a
+   :class:`~shared.contracts.errors.DecodeError`, which the bus dead-letters at once;
+2. map: the harness (the subject's last token) picks its mapper (:mod:`shared.harness.registry`,
+   one instance per harness, kept for its state), which turns the payload into messages at
+   the receive time (header; else when the bus delivered it). A payload it cannot read
+   (missing or wrongly typed field, unknown harness, a session id that cannot name a record)
+   is dead-lettered here with the mapper's reason, and the batch goes on;
+3. the tool events go through the tools service's own path
+   (:meth:`ToolsHandlers.on_tool_batch`, as if they had come on ``tao.v1.tool.*``); a
+   :class:`SessionEnd` is published on the session stream, where the gateway's go, so the
+   tools service ends the record and the gateway forgets the session's placement;
+4. one log line per batch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from structlog.typing import FilteringBoundLogger
+
+from services.tools.handlers import ToolsHandlers
+from shared.contracts import subjects
+from shared.contracts.errors import ContractError, DecodeError
+from shared.contracts.session import SessionEnd
+from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
+from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER, HookMapper
+from shared.harness.registry import UnknownHarnessError, mapper_for
+from shared.hookclient import OVERSIZED_MARKER
+from shared.infra.busapi import Delivery, MessageBus, dead_letter_for
+
+__all__ = ["HookIngest", "HookPayload", "decode_hook", "received_at"]
+
+_TARGET = "hook payload"
+
+
+@dataclass(frozen=True, slots=True)
+class HookPayload:
+    """A decoded hook payload: the JSON object and the bytes it came from (for dead letters)."""
+
+    body: dict[str, Any]
+    data: bytes
+
+
+def _kind(value: object) -> str:
+    return {dict: "object", list: "array", str: "string", bool: "boolean"}.get(
+        type(value), "null" if value is None else "number"
+    )
+
+
+def decode_hook(data: bytes) -> HookPayload:
+    """The payload's JSON object; :class:`DecodeError` (dead letter) for anything else."""
+    if data.startswith(OVERSIZED_MARKER):
+        size = data[len(OVERSIZED_MARKER) :].split(b"\n", 1)[0].decode("ascii", "replace")
+        raise DecodeError(
+            _TARGET,
+            f"oversized: {size} bytes or more, limit {MAX_HOOK_BYTES} (only a marker "
+            "was forwarded)",
+        )
+    if len(data) > MAX_HOOK_BYTES:
+        raise DecodeError(_TARGET, f"oversized: {len(data)} bytes, limit {MAX_HOOK_BYTES}")
+    try:
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise DecodeError(_TARGET, f"not valid JSON (truncated?): {exc}") from None
+    if not isinstance(body, dict):
+        raise DecodeError(_TARGET, f"expected a JSON object, got {_kind(body)}")
+    return HookPayload(body=body, data=data)
+
+
+_MAX_EPOCH_S = 1.0e11  # the year 5138; NaN and inf compare false
+
+
+def received_at(d: Delivery) -> float:
+    """The ``Tao-Received-At`` header's time, else when the bus delivered the message.
+
+    A header that is not a plausible epoch time (not finite, not positive, or past the year
+    5000, such as a forged ``1e308``) is not believed: the delivery time is used instead."""
+    raw = d.headers.get(RECEIVED_AT_HEADER)
+    try:
+        at = float(raw) if raw is not None else math.nan
+    except ValueError:
+        at = math.nan
+    return at if 0.0 < at < _MAX_EPOCH_S else d.received_at
+
+
+@dataclass(slots=True)
+class HookIngest:
+    """Maps hook payloads and feeds them to ``tools`` (module docstring)."""
+
+    tools: ToolsHandlers
+    bus: MessageBus
+    log: FilteringBoundLogger
+    service: str = "tools"
+    mappers: dict[str, HookMapper] = field(default_factory=dict)
+    handled: int = 0
+    rejected: int = 0
+
+    def _mapper(self, subject: str) -> HookMapper:
+        token = subject.rsplit(".", 1)[-1]
+        mapper = self.mappers.get(token)
+        if mapper is None:
+            mapper = self.mappers[token] = mapper_for(token)
+        return mapper
+
+    async def on_hook_batch(self, items: list[tuple[HookPayload, Delivery]]) -> None:
+        """Map each payload in order; apply the tool events as one batch, then publish the
+        session ends. Idempotent, as the tool path is (mapping again gives the same events)."""
+        tool_items: list[tuple[ToolEvent, Delivery]] = []
+        ends: list[SessionEnd] = []
+        rejected: list[str] = []
+        for payload, d in items:
+            try:
+                msgs = self._mapper(d.subject).map(payload.body, received_at(d))
+                for m in msgs:
+                    subjects.escape_token(getattr(m, "session_id", ""))
+            except (ContractError, UnknownHarnessError) as exc:
+                await self._reject(payload, d, exc)
+                rejected.append(str(exc))
+                continue
+            for m in msgs:
+                if isinstance(m, ToolStart | ToolEnd | ToolProgress):
+                    tool_items.append((m, d))
+                elif isinstance(m, SessionEnd):
+                    ends.append(m)
+        if tool_items:
+            await self.tools.on_tool_batch(tool_items)
+        for end in ends:
+            await self.bus.publish_msg(end)
+        self.handled += len(items)
+        self.rejected += len(rejected)
+        self.log.info(
+            "hook_events",
+            n=len(items),
+            harnesses=dict(Counter(d.subject.rsplit(".", 1)[-1] for _, d in items)),
+            tool_events=len(tool_items) or None,
+            session_ends=len(ends) or None,
+            rejected=len(rejected) or None,
+            reason=rejected[0] if len(rejected) == 1 else None,
+        )
+
+    async def _reject(self, payload: HookPayload, d: Delivery, exc: Exception) -> None:
+        """Dead-letter one payload at once with the mapper's reason (as the bus does for a
+        decode error: retrying cannot make it readable)."""
+        letter = dead_letter_for(
+            self.service, d.subject, payload.data, d.headers, exc, received_at=d.received_at
+        )
+        await self.bus.publish_msg(letter)
+        self.log.warning(
+            "dead_lettered",
+            service=self.service,
+            subject=d.subject,
+            reason=letter.reason,
+            error_type=letter.error_type,
+            size=len(payload.data),
+        )

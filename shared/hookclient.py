@@ -1,0 +1,302 @@
+"""``tao hook <harness>``: forward one hook payload from stdin to NATS, fast and silently.
+
+A harness runs this as its hook command (Claude Code: ``tao hook claude``; OpenHands: ``tao
+hook openhands``). It reads the payload on stdin, publishes the bytes unparsed on
+``tao.v1.hook.<token>`` (:func:`shared.contracts.subjects.hook_events`) with the receive time
+in the ``Tao-Received-At`` header, and exits 0 printing nothing, always: with bad input, NATS
+down, a missing or broken run file, or any exception. A hook must never block or disturb its
+agent (Claude Code treats exit code 2 as "block the tool call" and shows stderr; see
+https://code.claude.com/docs/en/hooks, "Exit code output"), so every fault is swallowed; the
+tools service, which maps and validates the payload, dead-letters what it cannot read.
+
+Speed. It runs once per tool call, so it imports only the standard library and speaks the NATS
+client protocol itself (https://docs.nats.io/reference/reference-protocols/nats-protocol):
+read ``INFO``, send ``CONNECT {"verbose":false,"pedantic":false,"headers":true}``, ``HPUB``
+and ``PING``, wait for ``PONG``. A plain publish on a subject a JetStream stream captures is
+stored by the stream; the ``PONG`` says the server has processed the publish. Deadlines,
+counted from when the command starts (after the interpreter's start-up): stdin is read for at
+most :data:`READ_DEADLINE_S`, and connect + publish get :data:`PUBLISH_DEADLINE_S` but end by
+:data:`TOTAL_DEADLINE_S` at the latest, so the process ends inside 300 ms even when the server
+accepts the connection and never answers (a local publish takes about a millisecond).
+
+Where to publish: ``TAO_NATS_URL`` (the first URL of a comma-separated list), else the NATS URL
+of a running ``tao up`` (its run file, :mod:`shared.infra.runfile`, read here with the standard
+library), else ``nats://127.0.0.1:4222``. ``TAO_NAMESPACE`` prefixes the subject as the bus
+does (``<ns>.tao.v1.hook.<token>``). ``user:password@`` or ``token@`` in the URL authenticate;
+TLS is not spoken (the hook gives up silently when the server requires it).
+
+Oversized payloads. At most :data:`MAX_HOOK_BYTES` are forwarded. A larger payload (or one that
+would not fit the server's ``max_payload``) is replaced by a small marker,
+``tao-hook-oversized <bytes read>`` followed by the payload's first bytes, which the tools
+service dead-letters as oversized: the operator sees it, and NATS never has to refuse it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import socket
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from typing import BinaryIO
+
+__all__ = [
+    "DEFAULT_NATS_URL",
+    "MAX_HOOK_BYTES",
+    "OVERSIZED_MARKER",
+    "PUBLISH_DEADLINE_S",
+    "READ_DEADLINE_S",
+    "RECEIVED_AT_HEADER",
+    "TOTAL_DEADLINE_S",
+    "HookClientError",
+    "hook_subject",
+    "nats_url",
+    "oversized_marker",
+    "publish",
+    "read_payload",
+    "run_file_path",
+    "run_hook",
+]
+
+MAX_HOOK_BYTES = 1 << 20
+"""Equal to :data:`shared.harness.base.MAX_HOOK_BYTES` (kept in step by a test)."""
+RECEIVED_AT_HEADER = "Tao-Received-At"
+"""Equal to :data:`shared.harness.base.RECEIVED_AT_HEADER` (kept in step by a test)."""
+OVERSIZED_MARKER = b"tao-hook-oversized "
+"""Start of the body forwarded instead of an oversized payload: marker, byte count, newline,
+then the payload's first :data:`_MARKER_PREFIX_BYTES` bytes."""
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+READ_DEADLINE_S = 0.1
+PUBLISH_DEADLINE_S = 0.1
+TOTAL_DEADLINE_S = 0.2
+
+_MARKER_PREFIX_BYTES = 512
+_HOOK_PREFIX = "tao.v1.hook."  # shared.contracts.subjects.hook_events (a test keeps them equal)
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+
+
+class HookClientError(Exception):
+    """The payload could not be published (never escapes :func:`run_hook`)."""
+
+
+# -- what and where --------------------------------------------------------------------------
+
+
+def _is_name(text: str, longest: int) -> bool:
+    return 0 < len(text) <= longest and all(c in _NAME_CHARS for c in text)
+
+
+def hook_subject(token: str, namespace: str = "") -> str:
+    """The wire subject for harness ``token``, with the bus's namespace prefix."""
+    if not _is_name(token, 128):
+        raise HookClientError(f"invalid harness token {token!r}")
+    if namespace and not _is_name(namespace, 64):
+        raise HookClientError(f"invalid TAO_NAMESPACE {namespace!r}")
+    subject = _HOOK_PREFIX + token
+    return f"{namespace}.{subject}" if namespace else subject
+
+
+def run_file_path(env: Mapping[str, str]) -> str:
+    """Where ``tao up`` writes its run file (as :func:`shared.infra.runfile.run_file_path`)."""
+    if env.get("TAO_RUN_FILE"):
+        return os.path.expanduser(env["TAO_RUN_FILE"])
+    runtime = env.get("XDG_RUNTIME_DIR")
+    if runtime:
+        return os.path.join(runtime, "tao", "run.json")
+    home = env.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, ".cache", "tao", "run.json")
+
+
+def nats_url(env: Mapping[str, str]) -> str:
+    """``TAO_NATS_URL``, else the running ``tao up``'s NATS URL, else the local default."""
+    configured = env.get("TAO_NATS_URL", "").split(",")[0].strip()
+    if configured:
+        return configured
+    try:
+        with open(run_file_path(env), "rb") as fh:
+            info = json.loads(fh.read(65536))
+        url = info.get("nats_url") if isinstance(info, dict) else None
+        if isinstance(url, str) and url:
+            return url
+    except (OSError, ValueError):
+        pass
+    return DEFAULT_NATS_URL
+
+
+def _address(url: str) -> tuple[str, int, dict[str, str]]:
+    """(host, port, credentials for CONNECT) of a ``nats://`` URL."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "nats", url
+    if scheme != "nats":
+        raise HookClientError(f"unsupported URL scheme {scheme!r}")
+    rest = rest.split("/", 1)[0]
+    auth: dict[str, str] = {}
+    if "@" in rest:
+        userinfo, rest = rest.rsplit("@", 1)
+        user, colon, password = userinfo.partition(":")
+        auth = {"user": user, "pass": password} if colon else {"auth_token": user}
+    if rest.startswith("["):  # [v6]:port
+        host, _, port = rest[1:].partition("]")
+        port = port.removeprefix(":")
+    else:
+        host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+    try:
+        return host or "127.0.0.1", int(port or 4222), auth
+    except ValueError:
+        raise HookClientError(f"bad port in {url!r}") from None
+
+
+# -- stdin -----------------------------------------------------------------------------------
+
+
+def read_payload(stream: BinaryIO, limit: int, deadline: float) -> bytes:
+    """Up to ``limit`` + 1 bytes of ``stream``, read until EOF or ``deadline`` (monotonic)."""
+    try:
+        fd = stream.fileno()
+    except (OSError, ValueError, AttributeError):
+        return stream.read(limit + 1)
+    chunks: list[bytes] = []
+    got = 0
+    while got <= limit:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            ready, _, _ = select.select([fd], [], [], left)
+        except (OSError, ValueError):  # not selectable (e.g. Windows pipes): block
+            ready = [fd]
+        if not ready:
+            break
+        chunk = os.read(fd, min(65536, limit + 1 - got))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def oversized_marker(payload: bytes, size: int) -> bytes:
+    """The body forwarded instead of an oversized payload of ``size`` (or more) bytes."""
+    return OVERSIZED_MARKER + str(size).encode() + b"\n" + payload[:_MARKER_PREFIX_BYTES]
+
+
+# -- NATS ------------------------------------------------------------------------------------
+
+
+class _Conn:
+    """A socket with a line reader bounded by one deadline."""
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.buf = b""
+
+    def _timeout(self) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise HookClientError("deadline passed")
+        return left
+
+    def line(self) -> bytes:
+        while b"\r\n" not in self.buf:
+            self.sock.settimeout(self._timeout())
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise HookClientError("connection closed by the server")
+            self.buf += chunk
+            if len(self.buf) > (1 << 20):
+                raise HookClientError("protocol line too long")
+        line, _, self.buf = self.buf.partition(b"\r\n")
+        return line
+
+    def send(self, data: bytes) -> None:
+        self.sock.settimeout(self._timeout())
+        self.sock.sendall(data)
+
+
+def publish(
+    url: str, subject: str, payload: bytes, headers: Mapping[str, str], deadline: float
+) -> None:
+    """Publish ``payload`` with ``headers`` on ``subject`` and wait for the server's PONG,
+    all before ``deadline`` (monotonic); :class:`HookClientError` or ``OSError`` otherwise."""
+    host, port, auth = _address(url)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise HookClientError("deadline passed")
+    sock = socket.create_connection((host, port), timeout=left)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn = _Conn(sock, deadline)
+        first = conn.line()
+        if not first.startswith(b"INFO "):
+            raise HookClientError(f"expected INFO, got {first[:40]!r}")
+        info = json.loads(first[5:])
+        if not isinstance(info, dict):
+            raise HookClientError("INFO is not an object")
+        if info.get("tls_required"):
+            raise HookClientError("the server requires TLS")
+        max_payload = int(info.get("max_payload") or MAX_HOOK_BYTES)
+        with_headers = bool(info.get("headers"))
+        options = {"verbose": False, "pedantic": False, "headers": with_headers, **auth}
+        options.update(lang="python", version="tao-hook", protocol=1, name="tao-hook")
+        head = b""
+        if with_headers and headers:
+            lines = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+            head = f"NATS/1.0\r\n{lines}\r\n".encode()
+        if len(head) + len(payload) > max_payload:
+            payload = oversized_marker(payload, len(payload))
+        if head:
+            cmd = f"HPUB {subject} {len(head)} {len(head) + len(payload)}\r\n".encode()
+        else:
+            cmd = f"PUB {subject} {len(payload)}\r\n".encode()
+        connect = b"CONNECT " + json.dumps(options, separators=(",", ":")).encode() + b"\r\n"
+        conn.send(connect + cmd + head + payload + b"\r\nPING\r\n")
+        while True:
+            line = conn.line()
+            if line == b"PONG":
+                return
+            if line == b"PING":
+                conn.send(b"PONG\r\n")
+            elif line.startswith(b"-ERR"):
+                raise HookClientError(line.decode(errors="replace"))
+    finally:
+        sock.close()
+
+
+# -- the command -----------------------------------------------------------------------------
+
+
+def _forward(argv: Sequence[str], stdin: BinaryIO, env: Mapping[str, str], start: float) -> None:
+    if not argv:
+        return
+    from shared.harness.registry import find  # stdlib-only module; resolves names and tokens
+
+    token = find(argv[0]).token
+    subject = hook_subject(token, env.get("TAO_NAMESPACE", ""))
+    payload = read_payload(stdin, MAX_HOOK_BYTES, start + READ_DEADLINE_S)
+    received_at = time.time()
+    if not payload.strip():
+        return
+    if len(payload) > MAX_HOOK_BYTES:
+        payload = oversized_marker(payload, len(payload))
+    headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
+    deadline = min(time.monotonic() + PUBLISH_DEADLINE_S, start + TOTAL_DEADLINE_S)
+    publish(nats_url(env), subject, payload, headers, deadline)
+
+
+def run_hook(
+    argv: Sequence[str],
+    stdin: BinaryIO | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
+    """``tao hook HARNESS``: forward stdin (module docstring). Returns 0, whatever happens."""
+    start = time.monotonic()
+    try:
+        source = stdin if stdin is not None else sys.stdin.buffer
+        _forward(argv, source, os.environ if env is None else env, start)
+    except BaseException:  # a hook never fails its agent (module docstring)
+        pass
+    return 0

@@ -1,0 +1,214 @@
+"""``tao hook <harness>``: silent, exit 0 whatever happens, and light to start."""
+
+from __future__ import annotations
+
+import io
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from shared.contracts import subjects
+from shared.harness import base
+from shared.hookclient import (
+    MAX_HOOK_BYTES,
+    OVERSIZED_MARKER,
+    RECEIVED_AT_HEADER,
+    HookClientError,
+    hook_subject,
+    nats_url,
+    oversized_marker,
+    read_payload,
+    run_file_path,
+    run_hook,
+)
+from shared.infra import runfile
+
+ROOT = Path(__file__).parents[3]
+FIXTURE = (ROOT / "tests" / "fixtures" / "claude-code" / "pre-tool-use-bash.json").read_bytes()
+
+
+def free_port() -> int:
+    """A port with nothing listening on it."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+def hook_process(
+    stdin: bytes, env: dict[str, str], *args: str
+) -> subprocess.CompletedProcess[bytes]:
+    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TAO_")}
+    return subprocess.run(
+        [sys.executable, "-m", "shared.cli.entry", "hook", *args],
+        input=stdin,
+        env={**base_env, **env},
+        capture_output=True,
+        cwd=ROOT,
+        timeout=30,
+        check=False,
+    )
+
+
+@pytest.fixture
+def silent_server() -> Iterator[str]:
+    """A TCP server that accepts connections and never says a word."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(8)
+    accepted: list[socket.socket] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        srv.settimeout(0.1)
+        while not stop.is_set():
+            try:
+                accepted.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield f"nats://127.0.0.1:{srv.getsockname()[1]}"
+    stop.set()
+    thread.join()
+    for conn in accepted:
+        conn.close()
+    srv.close()
+
+
+class TestNeverFails:
+    """Exit 0, nothing on stdout or stderr, in every failure case."""
+
+    @pytest.mark.parametrize(
+        ("stdin", "args", "env"),
+        [
+            (FIXTURE, ("claude",), {}),
+            (b"not json at all", ("claude",), {}),
+            (b"", ("claude",), {}),
+            (FIXTURE, ("no-such-harness",), {}),
+            (FIXTURE, (), {}),
+            (FIXTURE, ("claude", "extra"), {}),
+            (FIXTURE, ("claude",), {"TAO_NAMESPACE": "bad namespace!"}),
+            (FIXTURE, ("claude",), {"TAO_NATS_URL": "tls://127.0.0.1:1"}),
+            (FIXTURE, ("claude",), {"TAO_NATS_URL": "nats://127.0.0.1:notaport"}),
+        ],
+        ids=[
+            "unreachable",
+            "garbage",
+            "empty",
+            "unknown-harness",
+            "no-harness",
+            "extra-args",
+            "bad-namespace",
+            "tls",
+            "bad-url",
+        ],
+    )
+    def test_nats_unreachable(
+        self, stdin: bytes, args: tuple[str, ...], env: dict[str, str]
+    ) -> None:
+        env = {"TAO_NATS_URL": f"nats://127.0.0.1:{free_port()}", **env}
+        proc = hook_process(stdin, env, *args)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+
+    def test_server_that_never_answers(self, silent_server: str) -> None:
+        """The deadline ends the wait for INFO."""
+        proc = hook_process(FIXTURE, {"TAO_NATS_URL": silent_server}, "claude")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+
+    @pytest.mark.parametrize("content", [None, b"{broken", b'{"pid": 1, "nats_url": 5}'])
+    def test_run_file_missing_or_broken(self, tmp_path: Path, content: bytes | None) -> None:
+        """No TAO_NATS_URL and a missing or unreadable run file: the default URL, still
+        silent (published under a namespace of its own, so nothing else sees it)."""
+        run = tmp_path / "run.json"
+        if content is not None:
+            run.write_bytes(content)
+        env = {"TAO_RUN_FILE": str(run), "TAO_NAMESPACE": "thookprocess"}
+        proc = hook_process(FIXTURE, env, "claude")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+
+    def test_in_process_exception_is_swallowed(self) -> None:
+        """Even a stdin that raises gives 0."""
+
+        class Exploding(io.BytesIO):
+            def fileno(self) -> int:
+                raise RuntimeError("boom")
+
+            def read(self, n: int | None = -1) -> bytes:
+                raise RuntimeError("boom")
+
+        assert run_hook(["claude"], Exploding(), {}) == 0
+
+    def test_light_imports(self) -> None:
+        """The hook path imports neither the CLI nor numpy, numba or nats-py."""
+        code = (
+            "import sys; sys.argv = ['tao', 'hook', 'claude']\n"
+            "from shared.cli.entry import main\n"
+            "main()\n"
+            "heavy = {'numpy', 'numba', 'nats', 'asyncio', 'msgspec', 'shared.cli.main'}\n"
+            "print(sorted(heavy & set(sys.modules)))\n"
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TAO_")}
+        env["TAO_NATS_URL"] = f"nats://127.0.0.1:{free_port()}"
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            input=FIXTURE,
+            env=env,
+            capture_output=True,
+            cwd=ROOT,
+            timeout=30,
+            check=False,
+        )
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"[]\n", b"")
+
+
+class TestAgreement:
+    """The stdlib-only client agrees with the project's own definitions."""
+
+    def test_constants(self) -> None:
+        assert MAX_HOOK_BYTES == base.MAX_HOOK_BYTES
+        assert RECEIVED_AT_HEADER == base.RECEIVED_AT_HEADER
+
+    @pytest.mark.parametrize("namespace", ["", "t1234", "prod_a-b"])
+    def test_subject(self, namespace: str) -> None:
+        plain = subjects.hook_events("claude")
+        assert hook_subject("claude", namespace) == (f"{namespace}.{plain}" if namespace else plain)
+
+    @pytest.mark.parametrize(("token", "namespace"), [("a.b", ""), ("claude", "x y"), ("", "")])
+    def test_bad_subject(self, token: str, namespace: str) -> None:
+        with pytest.raises(HookClientError):
+            hook_subject(token, namespace)
+
+    @pytest.mark.parametrize(
+        "env",
+        [
+            {"TAO_RUN_FILE": "~/x/run.json", "HOME": "/home/u"},
+            {"XDG_RUNTIME_DIR": "/run/user/1", "HOME": "/home/u"},
+            {"HOME": "/home/u"},
+        ],
+    )
+    def test_run_file_path(self, env: dict[str, str]) -> None:
+        assert run_file_path(env) == str(runfile.run_file_path(env))
+
+    def test_url_order(self, tmp_path: Path) -> None:
+        """TAO_NATS_URL, else the run file, else the default."""
+        run = tmp_path / "run.json"
+        run.write_text('{"pid": 1, "nats_url": "nats://10.0.0.1:4333", "redis_url": "r"}')
+        env = {"TAO_RUN_FILE": str(run)}
+        assert nats_url(env) == "nats://10.0.0.1:4333"
+        assert nats_url({**env, "TAO_NATS_URL": "nats://a:1,nats://b:2"}) == "nats://a:1"
+        assert nats_url({"TAO_RUN_FILE": str(tmp_path / "none")}) == "nats://127.0.0.1:4222"
+
+    def test_read_payload_caps(self) -> None:
+        """At most limit + 1 bytes are read; a larger payload becomes the marker."""
+        data = read_payload(io.BytesIO(b"x" * 100), 10, deadline=float("inf"))
+        assert data == b"x" * 11
+        marker = oversized_marker(data, len(data))
+        assert marker.startswith(OVERSIZED_MARKER + b"11\n")

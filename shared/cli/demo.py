@@ -17,6 +17,15 @@ family of the simulator, which cites its sources). Output lengths 50–300 token
 outputs 200–1,500 tokens. The nodes' KV capacity is deliberately small (``--kv-tokens``) so
 that the sessions contend for it, which is when a scheduler matters.
 
+With ``--trace FILE`` the sessions are a recorded session trace instead (docs/evaluation.md,
+"Session-trace JSONL"; ``tao trace import`` makes one from mini-swe-agent, Claude Code or
+OpenCode logs): each session starts at its recorded arrival, turn 0 sends its recorded prompt
+(the family's shared prefix as the system message, then turn 0's growth), every call asks for
+its recorded output length and tool, the tool "runs" for its recorded duration, and the tool
+result (or, after a turn without a tool, a user message) adds the next turn's recorded prompt
+growth. Arrivals and tool durations are divided by ``--time-scale``, as the simnodes' engine
+time is; ``--sessions`` / ``--turns`` cap the sessions replayed and the turns per session.
+
 Measured per policy (all from the client side, except the planner counters, read from Redis):
 tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), tool end → first
 token mean (the time from reporting the tool's end to the next call's first token), prefix cache
@@ -35,7 +44,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import orjson
 
@@ -44,6 +53,9 @@ from shared.cli.stack import Stack, StackConfig, StackError
 from shared.contracts import ToolEnd, ToolStart
 from shared.core.policies import POLICY_NAMES
 from shared.infra.embedded import EmbeddedServers
+
+if TYPE_CHECKING:
+    from shared.sim.workloads import Task
 
 __all__ = ["DemoResult", "add_demo_parser", "demo_table"]
 
@@ -147,6 +159,95 @@ def _text(rng: random.Random, tokens: int) -> str:
     return " ".join(rng.choice(_WORDS) for _ in range(tokens))
 
 
+# -- what a session sends --------------------------------------------------------------------------
+
+
+class _Script(Protocol):
+    """One session's content: opening messages, then per turn the output length, the tool (name,
+    seconds to run; None for no tool) and the text the tool result (or next prompt) adds."""
+
+    @property
+    def turns(self) -> int: ...
+
+    @property
+    def delay_s(self) -> float: ...
+
+    def opening(self, rng: random.Random) -> list[dict[str, Any]]: ...
+
+    def output_tokens(self, turn: int, rng: random.Random) -> int: ...
+
+    def tool(self, turn: int, rng: random.Random) -> tuple[str, float] | None: ...
+
+    def observation(self, turn: int, rng: random.Random) -> str: ...
+
+
+@dataclass(frozen=True)
+class _RandomScript:
+    """The built-in coding-agent task of the module docstring."""
+
+    index: int
+    turns: int
+    delay_s: float = 0.0
+
+    def opening(self, rng: random.Random) -> list[dict[str, Any]]:
+        return [
+            {
+                "role": "system",
+                "content": f"You are coding agent {self.index}. " + _text(rng, 1500),
+            },
+            {"role": "user", "content": "Fix the failing test. " + _text(rng, 300)},
+        ]
+
+    def output_tokens(self, turn: int, rng: random.Random) -> int:
+        return rng.randint(50, 300)
+
+    def tool(self, turn: int, rng: random.Random) -> tuple[str, float] | None:
+        return "bash", tool_duration(rng)
+
+    def observation(self, turn: int, rng: random.Random) -> str:
+        return _text(rng, rng.randint(200, 1500))
+
+
+@dataclass(frozen=True)
+class _TraceScript:
+    """One recorded session (``--trace``); arrival and tool times divided by ``time_scale``."""
+
+    task: Task
+    turns: int
+    time_scale: float
+
+    @property
+    def delay_s(self) -> float:
+        return (self.task.arrival or 0.0) / self.time_scale
+
+    def opening(self, rng: random.Random) -> list[dict[str, Any]]:
+        msgs: list[dict[str, Any]] = []
+        if self.task.shared_prefix:  # the same text for every session of the family
+            prefix = _text(random.Random(self.task.family), self.task.shared_prefix)
+            msgs.append({"role": "system", "content": prefix})
+        msgs.append({"role": "user", "content": _text(rng, self.task.turns[0].added)})
+        return msgs
+
+    def output_tokens(self, turn: int, rng: random.Random) -> int:
+        return self.task.turns[turn].output
+
+    def tool(self, turn: int, rng: random.Random) -> tuple[str, float] | None:
+        t = self.task.turns[turn]
+        return None if t.tool is None else (t.tool, t.duration / self.time_scale)
+
+    def observation(self, turn: int, rng: random.Random) -> str:
+        return _text(rng, self.task.turns[turn + 1].added)
+
+
+def _script(index: int, args: argparse.Namespace) -> _Script:
+    tasks: list[Task] | None = args.trace_tasks
+    if tasks is None:
+        return _RandomScript(index, args.turns)
+    task = tasks[index]
+    turns = min(len(task.turns), args.turns or len(task.turns))
+    return _TraceScript(task, turns, args.time_scale)
+
+
 # -- one session ---------------------------------------------------------------------------------
 
 
@@ -160,18 +261,25 @@ async def _session(
     result: DemoResult,
 ) -> None:
     rng = random.Random(args.seed * 100_003 + index)
+    script = _script(index, args)
     sid = f"demo-{index}-{uuid.uuid4().hex[:8]}"
-    messages: list[dict[str, Any]] = [
-        {"role": "system", "content": f"You are coding agent {index}. " + _text(rng, 1500)},
-        {"role": "user", "content": "Fix the failing test. " + _text(rng, 300)},
-    ]
+    if script.delay_s > 0:
+        await asyncio.sleep(script.delay_s)
+    messages = script.opening(rng)
     started = time.monotonic()
     tool_end_at: float | None = None
-    for turn in range(args.turns):
-        last = turn == args.turns - 1
-        script: dict[str, Any] = {"output_tokens": rng.randint(50, 300), "tool_call": None}
-        if not last:
-            script["tool_call"] = {"name": "bash", "arguments": {"command": f"pytest -k t{turn}"}}
+    for turn in range(script.turns):
+        last = turn == script.turns - 1
+        reply: dict[str, Any] = {
+            "output_tokens": script.output_tokens(turn, rng),
+            "tool_call": None,
+        }
+        planned = None if last else script.tool(turn, rng)
+        if planned is not None:
+            reply["tool_call"] = {
+                "name": planned[0],
+                "arguments": {"command": f"pytest -k t{turn}"},
+            }
         sent = time.monotonic()
         first: float | None = None
         usage: Any = None
@@ -183,7 +291,7 @@ async def _session(
             stream=True,
             stream_options={"include_usage": True},
             extra_headers={"X-Session-ID": sid},
-            extra_body={"tao_script": script},
+            extra_body={"tao_script": reply},
         )
         async for chunk in stream:
             if chunk.usage is not None:
@@ -219,28 +327,34 @@ async def _session(
                 for c in tool_calls.values()
             ]
         messages.append(assistant)
-        if last or not tool_calls:
+        if last:
+            break
+        if planned is None:  # a recorded turn without a tool: the next prompt is a user message
+            messages.append({"role": "user", "content": script.observation(turn, rng)})
+            tool_end_at = None
+            continue
+        if not tool_calls:
             break
         call = next(iter(tool_calls.values()))
+        name, duration = planned
         began = time.time()
         await bus.publish_msg(
             ToolStart(
                 session_id=sid,
                 call_id=call["id"],
-                tool="bash",
+                tool=name,
                 started_at=began,
                 source="hook",
                 harness="tao-demo",
             )
         )
-        duration = tool_duration(rng)
         await asyncio.sleep(duration)
         await bus.publish_msg(
             ToolEnd(
                 session_id=sid,
                 call_id=call["id"],
                 ended_at=time.time(),
-                tool="bash",
+                tool=name,
                 source="hook",
                 duration_s=duration,
             )
@@ -250,7 +364,7 @@ async def _session(
             {
                 "role": "tool",
                 "tool_call_id": call["id"],
-                "content": _text(rng, rng.randint(200, 1500)),
+                "content": script.observation(turn, rng),
             }
         )
     async with http.delete(f"{gateway}/v1/sessions/{sid}") as resp:
@@ -349,8 +463,19 @@ def add_demo_parser(sub: Any) -> None:
         help="bring the stack up and compare tao with thunderagent on live agent sessions",
         description="Drive agent sessions through the gateway, once per policy, and compare.",
     )
-    p.add_argument("--sessions", type=int, default=16, help="concurrent sessions (default 16)")
-    p.add_argument("--turns", type=int, default=6, help="model calls per session (default 6)")
+    p.add_argument(
+        "--sessions",
+        type=int,
+        help="concurrent sessions (default 16; --trace: all, or the first N)",
+    )
+    p.add_argument(
+        "--turns", type=int, help="model calls per session (default 6; --trace: all, or at most N)"
+    )
+    p.add_argument(
+        "--trace",
+        metavar="FILE",
+        help="replay a session trace (tao trace import output) instead of the built-in task",
+    )
     p.add_argument("--policies", default="tao,thunderagent", help="comma-separated policies")
     p.add_argument("--sim-nodes", type=int, default=2, help="simulated nodes (default 2)")
     p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
@@ -376,11 +501,27 @@ def _check(args: argparse.Namespace) -> list[str]:
     if not policies:
         raise DemoError("--policies: give at least one policy")
     for opt in ("sessions", "turns", "sim_nodes", "kv_tokens"):
-        if getattr(args, opt) < 1:
+        value = getattr(args, opt)
+        if value is not None and value < 1:
             raise DemoError(f"--{opt.replace('_', '-')}: must be >= 1")
     if not args.time_scale > 0:
         raise DemoError("--time-scale: must be > 0")
+    args.trace_tasks = None
+    if args.trace is None:
+        args.sessions = 16 if args.sessions is None else args.sessions
+        args.turns = 6 if args.turns is None else args.turns
+    else:
+        from shared.sim.trace import load_trace  # bad file: WorkloadError, one line, exit 2
+
+        args.trace_tasks = load_trace(args.trace)[: args.sessions]
+        args.sessions = len(args.trace_tasks)
     return policies
+
+
+def _shape(args: argparse.Namespace) -> str:
+    if args.trace_tasks is None:
+        return f"{args.sessions} sessions x {args.turns} turns"
+    return f"{args.sessions} sessions replayed from {args.trace}"
 
 
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
@@ -406,10 +547,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
             try:
                 with Stack(config, servers=servers) as stack:
                     if not args.json:
-                        out.write(
-                            f"tao demo: {policy}: {args.sessions} sessions x {args.turns} turns "
-                            f"via {stack.gateway_url}\n"
-                        )
+                        out.write(f"tao demo: {policy}: {_shape(args)} via {stack.gateway_url}\n")
                         out.flush()
                     target = Target(
                         stack.gateway_url,
@@ -444,9 +582,7 @@ def _demo_against(args: argparse.Namespace, out: TextIO) -> int:
     )
     label = f"deployed ({settings.policy})"
     if not args.json:
-        out.write(
-            f"tao demo: {args.sessions} sessions x {args.turns} turns via {target.gateway_url}\n"
-        )
+        out.write(f"tao demo: {_shape(args)} via {target.gateway_url}\n")
         out.flush()
     result = asyncio.run(_drive(target, args, label))
     _print_results([result], args, out)

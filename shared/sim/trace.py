@@ -9,7 +9,7 @@ One JSON object per line, one line per session::
         "tool_duration_s": 4.2, "tool_timeout_s": null, "background": false,
         "request_ts": 1767225600.1, "response_ts": 1767225603.9,
         "tool_start_ts": 1767225603.9, "tool_end_ts": 1767225608.1},
-       {"prompt_tokens": 5410, "output_tokens": 96}
+       {"prompt_tokens": 5410, "output_tokens": 96, "cached_tokens": 5120}
      ]}
 
 Per turn, the prompt growth is ``prompt_tokens_added`` (tokens appended before this request: the
@@ -21,7 +21,10 @@ seconds; only differences are used. ``start`` is the session's arrival offset in
 without it the first turn's ``request_ts`` (relative to the earliest in the file) is used, and
 without either the session has no arrival time (closed-loop replay only). ``family`` (default
 ``"trace"``) names whose shared prefix the session shares; ``shared_prefix_tokens`` defaults
-to 0 and counts inside turn 0's prompt when ``prompt_tokens`` is used.
+to 0 and counts inside turn 0's prompt when ``prompt_tokens`` is used. ``cached_tokens`` (the
+prompt tokens the recorded provider served from its cache) and ``tools`` (every tool name of a
+response with parallel calls; ``tool`` is the longest) are checked and otherwise not used: the
+simulator models its own cache. ``tao trace import`` (:mod:`shared.trace`) writes these files.
 """
 
 from __future__ import annotations
@@ -85,6 +88,12 @@ def parse_trace_line(doc: object, where: str) -> tuple[Task, float | None]:
             added = max(1, total - ctx)
         if j == 0 and added < 1:
             raise WorkloadError(f"{tw}.prompt_tokens_added", "must be >= 1 on the first turn")
+        _int(t, "cached_tokens", tw, lo=0)  # recorded provider cache hits: checked, not used
+        names = t.get("tools")
+        if names is not None and not (
+            isinstance(names, list) and all(isinstance(n, str) for n in names)
+        ):
+            raise WorkloadError(f"{tw}.tools", "must be a list of strings")
         tool = t.get("tool")
         if tool is not None and not isinstance(tool, str):
             raise WorkloadError(f"{tw}.tool", "must be a string or null")

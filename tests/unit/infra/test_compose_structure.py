@@ -15,7 +15,8 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from shared.infra.settings import Settings
+from shared.infra.nodesfile import parse_nodes
+from shared.infra.settings import NodeSpec, Settings
 
 ROOT = Path(__file__).resolve().parents[3]
 COMPOSE = ROOT / "compose.yaml"
@@ -29,7 +30,8 @@ TAO_SERVICES = CONTROL_PLANE + SIMNODES
 KNOWN_SERVICE_PACKAGES = frozenset(
     {"telemetry", "tools", "valuation", "planner", "gateway", "simnode"}
 )
-REQUIRED_ENV = ("TAO_NATS_URL", "TAO_REDIS_URL", "TAO_NODES", "TAO_POLICY")
+REQUIRED_ENV = ("TAO_NATS_URL", "TAO_REDIS_URL", "TAO_NODES_FILE", "TAO_POLICY")
+NODES_TARGET = "/etc/tao/nodes.toml"
 HEALTHY = {"condition": "service_healthy"}
 
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
@@ -58,6 +60,19 @@ def _environment(name: str) -> dict[str, str]:
         key: _INTERPOLATION.sub(lambda m: m.group(2) or "", str(value))
         for key, value in env.items()
     }
+
+
+def _settings(name: str) -> Settings:
+    """Settings.from_env of the service's environment, without the mounted nodes file (which
+    exists only in the container; :func:`_nodes` reads the config it comes from)."""
+    env = _environment(name)
+    assert env.pop("TAO_NODES_FILE", NODES_TARGET) == NODES_TARGET
+    return Settings.from_env(env)
+
+
+def _nodes() -> tuple[NodeSpec, ...]:
+    """The node inventory: the `nodes` config mounted at NODES_TARGET."""
+    return parse_nodes(tomllib.loads(_compose()["configs"]["nodes"]["content"]))
 
 
 def _option(command: list[str], flag: str) -> str:
@@ -185,9 +200,9 @@ class TestTaoServices:
         assert (ROOT / service["build"]["dockerfile"]).is_file()
 
     def test_every_container_of_the_image_is_listed(self) -> None:
-        """No service outside the known TAO set (and demo) uses the TAO image."""
+        """No service outside the known TAO set (and demo, kv-bridge) uses the TAO image."""
         users = {n for n, s in _compose()["services"].items() if s.get("image") == IMAGE}
-        assert users == {*TAO_SERVICES, "demo"}
+        assert users == {*TAO_SERVICES, "demo", "kv-bridge"}
 
     @pytest.mark.parametrize("name", TAO_SERVICES)
     def test_command_names_a_service_package(self, name: str) -> None:
@@ -226,19 +241,29 @@ class TestTaoServices:
     def test_environment_parses_as_settings(self, name: str) -> None:
         """The environment, with compose defaults filled in, is accepted by Settings.from_env."""
         env = _environment(name)
-        settings = Settings.from_env(env)
+        settings = _settings(name)
         assert settings.service_name == env.get("TAO_SERVICE_NAME")
 
     def test_nodes_are_the_simnodes(self) -> None:
-        """TAO_NODES names each simnode by its --node-id, at its service name and --port."""
-        nodes = Settings.from_env(_environment("planner")).nodes
+        """The nodes file names each simnode by its --node-id, at its service name and --port,
+        with the KV-event endpoints it binds (`tcp://*:P` there, `tcp://<service>:P` here)."""
         expected = set()
         for name in SIMNODES:
             command = _service(name)["command"]
             assert command[:2] == ["service", "simnode"]
             port = _option(command, "--port")
-            expected.add((_option(command, "--node-id"), f"http://{name}:{port}"))
-        assert {(n.id, n.url) for n in nodes} == expected
+            kv = _option(command, "--kv-events").replace("*", name)
+            replay = _option(command, "--kv-replay").replace("*", name)
+            expected.add((_option(command, "--node-id"), f"http://{name}:{port}", kv, replay))
+        found = {(n.id, n.url, n.kv_events, n.kv_replay) for n in _nodes()}
+        assert found == expected
+
+    @pytest.mark.parametrize("name", [*TAO_SERVICES, "demo", "kv-bridge"])
+    def test_nodes_file_is_mounted(self, name: str) -> None:
+        """Every TAO container mounts the nodes config where TAO_NODES_FILE points."""
+        assert _environment(name)["TAO_NODES_FILE"] == NODES_TARGET
+        mounts = _service(name)["configs"]
+        assert {"source": "nodes", "target": NODES_TARGET} in mounts
 
     @pytest.mark.parametrize("name", CONTROL_PLANE)
     def test_control_plane_agrees_on_nodes_and_policy(self, name: str) -> None:
@@ -256,7 +281,7 @@ class TestGateway:
         """Port 8000 is published and the gateway binds 0.0.0.0:8000 inside the container."""
         gateway = _service("gateway")
         assert "8000:8000" in [str(p) for p in gateway["ports"]]
-        env = Settings.from_env(_environment("gateway"))
+        env = _settings("gateway")
         assert (env.gateway_host, env.gateway_port) == ("0.0.0.0", 8000)
 
     def test_healthcheck_hits_healthz(self) -> None:
@@ -291,10 +316,18 @@ class TestDemoProfile:
     """The demo client exists only under `--profile demo` and waits for a healthy gateway."""
 
     def test_demo_only_in_demo_profile(self) -> None:
-        """demo carries profile demo and no other service carries any profile."""
+        """demo carries profile demo, kv-bridge profile bridge, and no other service any."""
         assert _service("demo")["profiles"] == ["demo"]
+        assert _service("kv-bridge")["profiles"] == ["bridge"]
         profiled = {n for n, s in _compose()["services"].items() if s.get("profiles")}
-        assert profiled == {"demo"}
+        assert profiled == {"demo", "kv-bridge"}
+
+    def test_bridge_forwards_a_listed_node(self) -> None:
+        """`tao kv-bridge --node ID` names a node of the nodes file that has KV endpoints."""
+        command = _service("kv-bridge")["command"]
+        assert command[0] == "kv-bridge"
+        node = next(n for n in _nodes() if n.id == _option(command, "--node"))
+        assert node.kv_events is not None and node.kv_replay is not None
 
     def test_demo_targets_the_healthy_gateway(self) -> None:
         """demo runs `tao demo` against http://gateway:8000 after the gateway is healthy."""

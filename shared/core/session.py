@@ -240,9 +240,13 @@ def on_tool_start(
 ) -> Session:
     """A tool call started. A hook start replaces an inferred call (hooks take precedence);
     an inferred start never replaces a hook's call. A start while a request is pending or
-    running is recorded but does not change the activity (the harness may report late)."""
+    running is recorded but does not change the activity (the harness may report late). A
+    start of the current call after that call already ended (a harness's events crossing on
+    the way) changes nothing: an ended call is never reopened."""
     cur = s.tool
     if source == INFERRED and cur is not None and cur.source != INFERRED and cur.open:
+        return s
+    if cur is not None and cur.call_id == call_id and not cur.open:
         return s
     started = at
     if cur is not None and cur.call_id == call_id:

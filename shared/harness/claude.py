@@ -88,17 +88,26 @@ MONITOR_DEFAULT_TIMEOUT_MS: Final = 300_000
 MONITOR_MAX_TIMEOUT_MS: Final = 1_800_000
 _TIMEOUT_KILL_TEXT: Final = "timed out after"
 _MAX_SESSIONS: Final = 4096
+_MAX_ENDED: Final = 16_384
 
 
 class ClaudeMapper:
     """Maps Claude Code hook payloads (module docstring); remembers each session's open
-    ``user`` call, for at most ``max_sessions`` sessions (the oldest is forgotten first)."""
+    ``user`` call, for at most ``max_sessions`` sessions (the oldest is forgotten first).
+
+    Tool hooks are installed ``async``, so each runs as its own background process and a fast
+    tool's ``PostToolUse`` can reach TAO before its ``PreToolUse``. The mapper remembers the
+    last ``max_ended`` ended ``tool_use_id`` values and maps a ``PreToolUse`` arriving after its
+    own end to nothing, so a call that already ended is never reopened.
+    """
 
     harness: str = HARNESS
 
-    def __init__(self, max_sessions: int = _MAX_SESSIONS) -> None:
+    def __init__(self, max_sessions: int = _MAX_SESSIONS, max_ended: int = _MAX_ENDED) -> None:
         self._user_calls: OrderedDict[str, str] = OrderedDict()
         self._max_sessions = max(1, max_sessions)
+        self._ended: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._max_ended = max(1, max_ended)
 
     def map(self, body: Mapping[str, Any], received_at: float) -> list[Message]:
         """The messages ``body`` implies; :class:`HookPayloadError` names a bad field."""
@@ -108,9 +117,14 @@ class ClaudeMapper:
         sid = _text(body, "session_id")
         match event:
             case "PreToolUse":
-                return [self._tool_start(body, sid, received_at)]
+                start = self._tool_start(body, sid, received_at)
+                return [] if (sid, start.call_id) in self._ended else [start]
             case "PostToolUse" | "PostToolUseFailure":
-                return [_tool_end(body, sid, received_at, ok=event == "PostToolUse")]
+                end = _tool_end(body, sid, received_at, ok=event == "PostToolUse")
+                self._ended[(sid, end.call_id)] = None
+                while len(self._ended) > self._max_ended:
+                    self._ended.popitem(last=False)
+                return [end]
             case "Stop":
                 call = f"user-{round(received_at * 1000)}"
                 self._remember(sid, call)

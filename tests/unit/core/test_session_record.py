@@ -110,6 +110,13 @@ class TestTools:
         s = on_tool_start(self._in_tool(), "h", "Bash", 12.1, source="hook")
         assert on_tool_start(s, "c9", "bash", 12.2, source=INFERRED) is s
 
+    def test_late_start_never_reopens_an_ended_call(self) -> None:
+        """Async hooks cross: a start that arrives after its own end changes nothing."""
+        ended, _ = on_tool_end(self._in_tool(), "c1", 13.0, source="hook")
+        assert on_tool_start(ended, "c1", "Bash", 13.1, source="hook") is ended
+        moved, _ = on_tool_end(self._in_tool(), "c1", 13.0, source="hook", background=True)
+        assert on_tool_start(moved, "c1", "Bash", 13.1, source="hook") is moved
+
     def test_end_records_reported_or_measured_duration(self) -> None:
         """The reported duration wins; otherwise end minus start."""
         s, d = on_tool_end(self._in_tool(), "c1", 14.5, source="hook")

@@ -301,3 +301,19 @@ class TestRegistry:
         a, b = mapper_for("claude"), mapper_for("claude-code")
         assert isinstance(a, ClaudeMapper) and isinstance(b, ClaudeMapper) and a is not b
         assert a.harness == "claude-code"
+
+
+def test_pre_tool_use_after_its_own_end_maps_to_nothing() -> None:
+    """Async hooks: PostToolUse can arrive first; the late PreToolUse must not reopen it."""
+    mapper = ClaudeMapper()
+    pre = fixture("pre-tool-use-bash")
+    post = fixture("post-tool-use-bash")
+    assert [type(m) for m in mapper.map(post, AT)] == [ToolEnd]
+    assert mapper.map(pre, AT + 0.01) == []
+    # another session's call with the same id still starts; the order of one call is per session
+    assert [type(m) for m in mapper.map({**pre, "session_id": "other"}, AT)] == [ToolStart]
+    # bounded memory: the oldest ended ids are forgotten
+    small = ClaudeMapper(max_ended=1)
+    small.map(post, AT)
+    small.map({**post, "tool_use_id": "toolu_other"}, AT)
+    assert [type(m) for m in small.map(pre, AT)] == [ToolStart]

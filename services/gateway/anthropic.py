@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any, Final
 
 import orjson
@@ -48,7 +47,14 @@ from aiohttp import web
 from shared.contracts import ToolCallInfo, Usage
 
 from .requests import BadRequest, RequestInfo
-from .responses import ResponseStats, event_data
+from .responses import (
+    ResponseStats,
+    StreamedCall,
+    calls_in_order,
+    event_data,
+    int_or_zero,
+    json_object,
+)
 
 __all__ = [
     "CLAUDE_CODE",
@@ -157,17 +163,14 @@ def describe_messages(body: Mapping[str, Any]) -> RequestInfo:
     )
 
 
-def _int(value: object) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-
 def usage_of(obj: object) -> Usage | None:
     """An Anthropic ``usage`` object as :class:`Usage` (module docstring); ``None`` if absent."""
     if not isinstance(obj, dict):
         return None
-    cached = _int(obj.get("cache_read_input_tokens"))
-    prompt = _int(obj.get("input_tokens")) + cached + _int(obj.get("cache_creation_input_tokens"))
-    completion = _int(obj.get("output_tokens"))
+    cached = int_or_zero(obj.get("cache_read_input_tokens"))
+    created = int_or_zero(obj.get("cache_creation_input_tokens"))
+    prompt = int_or_zero(obj.get("input_tokens")) + cached + created
+    completion = int_or_zero(obj.get("output_tokens"))
     return Usage(
         prompt_tokens=prompt,
         completion_tokens=completion,
@@ -187,11 +190,8 @@ def read_message_body(body: bytes) -> tuple[ResponseStats, bytes]:
     """Usage, finish reason and tool calls of a non-streaming Messages response; the body goes
     to the client unchanged."""
     stats = ResponseStats()
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return stats, body
-    if not isinstance(obj, dict):
+    obj = json_object(body)
+    if obj is None:
         return stats, body
     stats.usage = usage_of(obj.get("usage")) or Usage()
     stats.finish_reason = finish_reason(obj.get("stop_reason"))
@@ -209,13 +209,6 @@ def read_message_body(body: bytes) -> tuple[ResponseStats, bytes]:
     return stats, body
 
 
-@dataclass(slots=True)
-class _Call:
-    id: str
-    name: str
-    arguments_bytes: int = 0
-
-
 _OUTPUT_DELTAS: Final = {"text_delta": "text", "thinking_delta": "thinking"}
 
 
@@ -227,18 +220,15 @@ class MessageStreamStats:
         self.done = False
         self._usage: dict[str, Any] = {}
         self._finish: str | None = None
-        self._calls: dict[int, _Call] = {}
+        self._calls: dict[int, StreamedCall] = {}
 
     def observe(self, event: bytes) -> bytes | None:
         """Record one whole event; it always goes to the client."""
         data = event_data(event)
         if data is None:
             return event
-        try:
-            obj: Any = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return event
-        if not isinstance(obj, dict):
+        obj = json_object(data)
+        if obj is None:
             return event
         kind = obj.get("type")
         if kind == "content_block_delta":
@@ -246,8 +236,9 @@ class MessageStreamStats:
         elif kind == "content_block_start":
             block = obj.get("content_block")
             if isinstance(block, dict) and block.get("type") == "tool_use":
-                index = _int(obj.get("index"))
-                self._calls[index] = _Call(str(block.get("id") or ""), str(block.get("name") or ""))
+                index = int_or_zero(obj.get("index"))
+                call = StreamedCall(str(block.get("id") or ""), str(block.get("name") or ""))
+                self._calls[index] = call
                 self.first_token_seen = True
         elif kind == "message_start":
             message = obj.get("message")
@@ -272,7 +263,7 @@ class MessageStreamStats:
         kind = delta.get("type")
         if kind == "input_json_delta":
             partial = delta.get("partial_json")
-            call = self._calls.get(_int(obj.get("index")))
+            call = self._calls.get(int_or_zero(obj.get("index")))
             if isinstance(partial, str):
                 self.first_token_seen = True
                 if call is not None:
@@ -282,10 +273,8 @@ class MessageStreamStats:
 
     def result(self) -> ResponseStats:
         """The usage, finish reason and tool calls seen so far (calls in block order)."""
-        calls = [
-            ToolCallInfo(id=c.id, name=c.name, arguments_bytes=c.arguments_bytes)
-            for _, c in sorted(self._calls.items())
-        ]
         return ResponseStats(
-            usage=usage_of(self._usage) or Usage(), finish_reason=self._finish, tool_calls=calls
+            usage=usage_of(self._usage) or Usage(),
+            finish_reason=self._finish,
+            tool_calls=calls_in_order(self._calls),
         )

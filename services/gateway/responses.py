@@ -27,6 +27,7 @@ nothing but an empty delta after that (vLLM streams one for ids a parser held ba
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -41,7 +42,11 @@ __all__ = [
     "ResponseStats",
     "SSESplitter",
     "StreamStats",
+    "StreamedCall",
+    "calls_in_order",
     "event_data",
+    "int_or_zero",
+    "json_object",
     "read_body",
     "stats_from_body",
     "usage_from",
@@ -65,8 +70,18 @@ class ResponseStats:
     """Choice 0's output token ids, ``None`` when the node sent none."""
 
 
-def _int(value: object) -> int:
+def int_or_zero(value: object) -> int:
+    """``value`` when it is an integer (not a bool), else 0: for counts a node may leave out."""
     return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def json_object(data: bytes | str) -> dict[str, Any] | None:
+    """``data`` parsed as a JSON object; ``None`` when it is not JSON or not an object."""
+    try:
+        obj = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return None
+    return obj if isinstance(obj, dict) else None
 
 
 def usage_from(obj: object) -> Usage | None:
@@ -74,10 +89,10 @@ def usage_from(obj: object) -> Usage | None:
     if not isinstance(obj, dict):
         return None
     details = obj.get("prompt_tokens_details")
-    cached = _int(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    prompt = _int(obj.get("prompt_tokens"))
-    completion = _int(obj.get("completion_tokens"))
-    total = _int(obj.get("total_tokens")) or prompt + completion
+    cached = int_or_zero(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    prompt = int_or_zero(obj.get("prompt_tokens"))
+    completion = int_or_zero(obj.get("completion_tokens"))
+    total = int_or_zero(obj.get("total_tokens")) or prompt + completion
     return Usage(
         prompt_tokens=prompt, completion_tokens=completion, cached_tokens=cached, total_tokens=total
     )
@@ -106,11 +121,8 @@ def read_body(body: bytes, *, strip_ids: bool = False) -> tuple[ResponseStats, b
     """What a non-streaming response says, and the bytes for the client: ``body`` unchanged,
     or re-serialised without token-id values when ``strip_ids`` and it had some."""
     stats = ResponseStats()
-    try:
-        obj = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return stats, body
-    if not isinstance(obj, dict):
+    obj = json_object(body)
+    if obj is None:
         return stats, body
     stats.prompt_ids, stats.output_ids, found = take_ids(obj, "null" if strip_ids else None)
     if strip_ids and found:
@@ -168,10 +180,20 @@ def event_data(event: bytes) -> str | None:
 
 
 @dataclass(slots=True)
-class _Call:
+class StreamedCall:
+    """A tool call put together from the fragments of a stream."""
+
     id: str = ""
     name: str = ""
     arguments_bytes: int = 0
+
+
+def calls_in_order(calls: Mapping[Any, StreamedCall]) -> list[ToolCallInfo]:
+    """The streamed calls as :class:`ToolCallInfo`, in the order of their keys."""
+    return [
+        ToolCallInfo(id=c.id, name=c.name, arguments_bytes=c.arguments_bytes)
+        for _, c in sorted(calls.items())
+    ]
 
 
 def _has_output(choice: dict[str, Any], delta: object) -> bool:
@@ -203,7 +225,7 @@ class StreamStats:
         self.finish_reason: str | None = None
         self.first_token_seen = False
         self.done = False
-        self._calls: dict[tuple[int, int], _Call] = {}
+        self._calls: dict[tuple[int, int], StreamedCall] = {}
         self._prompt_ids: list[Any] | None = None
         self._output_ids: list[Any] | None = None
 
@@ -216,11 +238,8 @@ class StreamStats:
         if data.strip() == DONE:
             self.done = True
             return event
-        try:
-            chunk: Any = orjson.loads(data)
-        except orjson.JSONDecodeError:
-            return event
-        if not isinstance(chunk, dict):
+        chunk = json_object(data)
+        if chunk is None:
             return event
         usage = usage_from(chunk.get("usage"))
         if usage is not None:
@@ -256,11 +275,12 @@ class StreamStats:
         calls = delta.get("tool_calls") if isinstance(delta, dict) else None
         if not isinstance(calls, list):
             return
-        choice_index = _int(choice.get("index"))
+        choice_index = int_or_zero(choice.get("index"))
         for frag in calls:
             if not isinstance(frag, dict):
                 continue
-            call = self._calls.setdefault((choice_index, _int(frag.get("index"))), _Call())
+            key = (choice_index, int_or_zero(frag.get("index")))
+            call = self._calls.setdefault(key, StreamedCall())
             if isinstance(frag.get("id"), str) and frag["id"]:
                 call.id = frag["id"]
             fn = frag.get("function")
@@ -272,14 +292,10 @@ class StreamStats:
 
     def result(self) -> ResponseStats:
         """The usage, finish reason and tool calls seen so far (calls of choice 0 first)."""
-        calls = [
-            ToolCallInfo(id=c.id, name=c.name, arguments_bytes=c.arguments_bytes)
-            for _, c in sorted(self._calls.items())
-        ]
         return ResponseStats(
             usage=self.usage or Usage(),
             finish_reason=self.finish_reason,
-            tool_calls=calls,
+            tool_calls=calls_in_order(self._calls),
             prompt_ids=self._prompt_ids,
             output_ids=self._output_ids,
         )

@@ -19,7 +19,7 @@ import contextlib
 import json
 import time
 import zlib
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -54,6 +54,14 @@ def anthropic_error(status: int, message: str, etype: str) -> web.Response:
     """An Anthropic-style error body: ``{"type": "error", "error": {"type", "message"}}``."""
     body = {"type": "error", "error": {"type": etype, "message": message}}
     return web.json_response(body, status=status)
+
+
+async def _open_event_stream(request: web.Request) -> web.StreamResponse:
+    """A prepared ``text/event-stream`` response, not cached."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    resp.headers["Cache-Control"] = "no-cache"
+    await resp.prepare(request)
+    return resp
 
 
 def _sse(event: str, data: Mapping[str, Any]) -> bytes:
@@ -263,6 +271,29 @@ class SimNode:
             if _client_gone(request):
                 raise ConnectionResetError("client disconnected")
 
+    async def _finished(self, request: web.Request, waiter: Waiter) -> Completion | None:
+        """Wait until the engine is done with the request: its completion, ``None`` if it
+        failed (``waiter.error`` says why)."""
+        while not waiter.done:
+            await self._wait_change(request, waiter)
+        return waiter.completion
+
+    async def _content_runs(
+        self, request: web.Request, reply: Reply, waiter: Waiter
+    ) -> AsyncIterator[tuple[int, int]]:
+        """``(start, end)`` of each run of content tokens the engine has newly written, until
+        it is done; a handler streams ``reply.output[start:end]`` for each."""
+        sent = 0
+        while True:
+            if not waiter.done:
+                await self._wait_change(request, waiter)
+            upto = min(waiter.tokens, reply.content_len)
+            if upto > sent:
+                yield sent, upto
+                sent = upto
+            if waiter.done:
+                return
+
     async def _unary(
         self,
         request: web.Request,
@@ -273,9 +304,7 @@ class SimNode:
         chat: bool,
         prompt_ids: list[int] | None = None,
     ) -> web.StreamResponse:
-        while not waiter.done:
-            await self._wait_change(request, waiter)
-        c = waiter.completion
+        c = await self._finished(request, waiter)
         if c is None:
             return error_response(500, f"engine failed: {waiter.error}", "InternalServerError")
         content = tok.decode(reply.output[: reply.content_len])
@@ -319,9 +348,7 @@ class SimNode:
         usage: bool,
         prompt_ids: list[int] | None = None,
     ) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        resp.headers["Cache-Control"] = "no-cache"
-        await resp.prepare(request)
+        resp = await _open_event_stream(request)
         obj = "chat.completion.chunk" if chat else "text_completion"
         out = reply.output
         ids_sent = 0  # with prompt_ids: output ids already streamed (vLLM return_token_ids)
@@ -353,17 +380,9 @@ class SimNode:
         if chat:
             first = {} if prompt_ids is None else {"prompt_token_ids": prompt_ids}
             await send([choice({"role": "assistant", "content": ""})], **first)
-        sent = 0
-        while True:
-            if not waiter.done:
-                await self._wait_change(request, waiter)
-            upto = min(waiter.tokens, reply.content_len)
-            if upto > sent:
-                text = _text_of(out[sent:upto], sent == 0)
-                await send([choice({"content": text}, ids_to=upto)])
-                sent = upto
-            if waiter.done:
-                break
+        async for sent, upto in self._content_runs(request, reply, waiter):
+            text = _text_of(out[sent:upto], sent == 0)
+            await send([choice({"content": text}, ids_to=upto)])
         c = waiter.completion
         if c is None:
             await send([choice({}, "error")])
@@ -402,9 +421,7 @@ class SimNode:
     async def _unary_message(
         self, request: web.Request, rid: str, reply: Reply, waiter: Waiter
     ) -> web.StreamResponse:
-        while not waiter.done:
-            await self._wait_change(request, waiter)
-        c = waiter.completion
+        c = await self._finished(request, waiter)
         if c is None:
             return anthropic_error(500, f"engine failed: {waiter.error}", "api_error")
         return web.json_response(
@@ -425,9 +442,7 @@ class SimNode:
     ) -> web.StreamResponse:
         """Anthropic's event sequence; the input usage is known at once, the cached part and
         the output at the end (``message_delta``), as vLLM streams it."""
-        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-        resp.headers["Cache-Control"] = "no-cache"
-        await resp.prepare(request)
+        resp = await _open_event_stream(request)
         start: dict[str, Any] = {
             "id": rid,
             "type": "message",
@@ -440,23 +455,15 @@ class SimNode:
         }
         await resp.write(_sse("message_start", {"type": "message_start", "message": start}))
         block = -1  # index of the open content block
-        sent = 0
-        while True:
-            if not waiter.done:
-                await self._wait_change(request, waiter)
-            upto = min(waiter.tokens, reply.content_len)
-            if upto > sent:
-                if block < 0:
-                    block = 0
-                    opening = {"type": "text", "text": ""}
-                    event = {"type": "content_block_start", "index": 0, "content_block": opening}
-                    await resp.write(_sse("content_block_start", event))
-                delta = {"type": "text_delta", "text": _text_of(reply.output[sent:upto], sent == 0)}
-                event = {"type": "content_block_delta", "index": 0, "delta": delta}
-                await resp.write(_sse("content_block_delta", event))
-                sent = upto
-            if waiter.done:
-                break
+        async for sent, upto in self._content_runs(request, reply, waiter):
+            if block < 0:
+                block = 0
+                opening = {"type": "text", "text": ""}
+                event = {"type": "content_block_start", "index": 0, "content_block": opening}
+                await resp.write(_sse("content_block_start", event))
+            delta = {"type": "text_delta", "text": _text_of(reply.output[sent:upto], sent == 0)}
+            event = {"type": "content_block_delta", "index": 0, "delta": delta}
+            await resp.write(_sse("content_block_delta", event))
         if block >= 0:
             await resp.write(_sse("content_block_stop", {"type": "content_block_stop", "index": 0}))
         c = waiter.completion

@@ -15,6 +15,7 @@ from shared.infra import Bus, MessageBus
 from shared.infra.errors import RequestError
 from shared.infra.fake_store import FakeStore
 from shared.infra.settings import NodeSpec
+from tests.inspect_contract import NODE_KEYS
 
 TIMEOUT_S = 5.0
 
@@ -76,12 +77,4 @@ class TestInspectorOverTheBus:
         await Inspector(index, store, [NodeSpec("n1", "http://n1")]).start(bus, "telemetry")
         raw = await bus.request(subjects.inspect("node"), encode_body(NodeQuery("n1")), TIMEOUT_S)
         assert decode_reply(raw, NodeInspect) == NodeInspect("n1", 2, 32, 7, 0, True, 2048)
-        assert list(orjson.loads(raw)) == [
-            "node",
-            "blocks",
-            "resident_tokens",
-            "seq",
-            "incarnation",
-            "healthy",
-            "capacity_tokens",
-        ]
+        assert list(orjson.loads(raw)) == NODE_KEYS

@@ -17,47 +17,18 @@ from shared.contracts import (
     subjects,
 )
 from shared.infra import Delivery, MessageBus, Subscription
+from tests.integration.collect import Collector, dead_letter_reader
 
 TIMEOUT_S = 10.0
-
-
-class Collector:
-    """Records (value, delivery) pairs; ``wait(n)`` returns once n have arrived."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[Any, Delivery]] = []
-        self._changed = asyncio.Event()
-
-    async def __call__(self, value: Any, delivery: Delivery) -> None:
-        self.items.append((value, delivery))
-        self._changed.set()
-
-    async def wait(self, n: int) -> list[tuple[Any, Delivery]]:
-        async with asyncio.timeout(TIMEOUT_S):
-            while len(self.items) < n:
-                self._changed.clear()
-                await self._changed.wait()
-        return self.items
 
 
 def tool_start(session: str, call: str = "c1") -> ToolStart:
     return ToolStart(session_id=session, call_id=call, tool="bash", started_at=1.0)
 
 
-def decode_dead_letter(data: bytes) -> DeadLetter:
-    return decode(data, DeadLetter)
-
-
 async def dead_letters(bus: MessageBus, service: str, n: int) -> list[DeadLetter]:
     """The first ``n`` dead letters of ``service``, read with a consumer of the DLQ stream."""
-    got = Collector()
-    await bus.consume(
-        subjects.STREAM_DLQ,
-        "dlq-reader",
-        decode_dead_letter,
-        got,
-        filter_subject=subjects.dead_letter(service),
-    )
+    got = await dead_letter_reader(bus, service, TIMEOUT_S)
     return [letter for letter, _ in await got.wait(n)]
 
 

@@ -29,6 +29,7 @@ from shared.hookclient import OVERSIZED_MARKER, oversized_marker
 from shared.infra import Bus, Delivery, FakeBus, MessageBus, Subscription
 from shared.infra.fake_store import FakeStore
 from shared.infra.store_types import StateStore
+from tests.integration.collect import Collector, dead_letter_reader
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "claude-code"
 ROOT = Path(__file__).parents[2]
@@ -51,41 +52,12 @@ def at(t: float = AT) -> dict[str, str]:
     return {RECEIVED_AT_HEADER: f"{t:.6f}"}
 
 
-class Collector:
-    """Records decoded values; ``wait(pred)`` returns once one satisfies ``pred``."""
-
-    def __init__(self) -> None:
-        self.items: list[tuple[Any, Delivery]] = []
-        self._changed = asyncio.Event()
-
-    async def __call__(self, value: Any, delivery: Delivery) -> None:
-        self.items.append((value, delivery))
-        self._changed.set()
-
-    async def wait(self, n: int = 1, pred: Any = None) -> list[Any]:
-        async with asyncio.timeout(TIMEOUT_S):
-            while True:
-                found = [v for v, _ in self.items if pred is None or pred(v)]
-                if len(found) >= n:
-                    return found
-                self._changed.clear()
-                await self._changed.wait()
-
-
 async def dead_letters(bus: MessageBus) -> Collector:
-    got = Collector()
-    await bus.consume(
-        subjects.STREAM_DLQ,
-        "dlq-reader",
-        lambda data: decode(data, DeadLetter),
-        got,
-        filter_subject=subjects.dead_letter("tools"),
-    )
-    return got
+    return await dead_letter_reader(bus, "tools", TIMEOUT_S)
 
 
 async def wakes(bus: MessageBus) -> Collector:
-    got = Collector()
+    got = Collector(TIMEOUT_S)
     await bus.subscribe(subjects.wake(), "wake-reader", lambda data: decode(data, Wake), got)
     return got
 
@@ -172,14 +144,14 @@ class TestDeadLetters:
         letters = await dead_letters(bus)
         woken = await wakes(bus)
         await bus.publish(subject, data, at())
-        (letter,) = await letters.wait(1)
+        (letter,) = await letters.values(1)
         assert isinstance(letter, DeadLetter)
         assert reason in letter.reason, letter.reason
         assert (letter.subject, letter.payload, letter.service) == (subject, data, "tools")
         assert letter.headers.get(RECEIVED_AT_HEADER) == f"{AT:.6f}"
         # the consumer goes on with the next payload
         await bus.publish(CLAUDE, fixture_bytes("post-tool-use-run-in-background"), at())
-        await woken.wait(1, lambda w: w.reason == WAKE_TOOL_END)
+        await woken.values(1, lambda w: w.reason == WAKE_TOOL_END)
         rec = await store.get_session("s1")
         assert rec is not None and rec.tool is not None and rec.tool.background
         await stop_all(subs)
@@ -202,7 +174,7 @@ class TestGoodPayloads:
         woken = await wakes(bus)
         await bus.publish(CLAUDE, fixture_bytes("pre-tool-use-bash"), at(AT))
         await bus.publish(CLAUDE, fixture_bytes("post-tool-use-run-in-background"), at(AT + 1))
-        await woken.wait(1, lambda w: w.reason == WAKE_TOOL_END)
+        await woken.values(1, lambda w: w.reason == WAKE_TOOL_END)
         rec = await store.get_session(sid)
         assert rec is not None and rec.tool is not None
         assert rec.activity == "tool"
@@ -223,14 +195,14 @@ class TestGoodPayloads:
         await seed(store, in_tool("s1", "toolu_03"))
         _, subs = await start(store, bus)
         woken = await wakes(bus)
-        ends = Collector()
+        ends = Collector(TIMEOUT_S)
         await bus.subscribe(
             subjects.session_events("end"), "end-reader", lambda d: decode(d, SessionEnd), ends
         )
         await bus.publish(CLAUDE, fixture_bytes("session-end"), at(AT + 9))
-        (end,) = await ends.wait(1)
+        (end,) = await ends.values(1)
         assert (end.session_id, end.ended_at) == ("s1", AT + 9)
-        await woken.wait(1, lambda w: w.reason == WAKE_END)
+        await woken.values(1, lambda w: w.reason == WAKE_END)
         assert await store.get_session("s1") is None
         await stop_all(subs)
 
@@ -244,7 +216,7 @@ class BrokenBus(FakeBus):
 
 
 async def stream_reader(bus: MessageBus) -> Collector:
-    got = Collector()
+    got = Collector(TIMEOUT_S)
     await bus.consume(subjects.STREAM_HOOK, "hook-reader", lambda d: d, got, ephemeral=True)
     return got
 
@@ -270,7 +242,7 @@ class TestGatewayHook:
         body = fixture_bytes("pre-tool-use-bash")
         resp = await client.post("/hooks/claude", data=body)
         assert (resp.status, await resp.json()) == (200, {})
-        (data,) = await got.wait(1)
+        (data,) = await got.values(1)
         assert data == body
         _, d = got.items[0]
         assert d.subject == CLAUDE
@@ -292,7 +264,7 @@ class TestGatewayHook:
         got = await stream_reader(bus)
         resp = await client.post("/hooks/claude-code", data=b"x" * (MAX_HOOK_BYTES + 10))
         assert (resp.status, await resp.json()) == (200, {})
-        (data,) = await got.wait(1)
+        (data,) = await got.values(1)
         assert data.startswith(OVERSIZED_MARKER + str(MAX_HOOK_BYTES + 1).encode() + b"\n")
         assert len(data) < 1024
 
@@ -348,7 +320,7 @@ class TestHookProcess:
         env = {"TAO_NATS_URL": nats_url, "TAO_NAMESPACE": namespace}
         proc = await asyncio.to_thread(run_hook, body, env)
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
-        (data,) = await got.wait(1)
+        (data,) = await got.values(1)
         _, d = got.items[0]
         assert (data, d.subject) == (body, CLAUDE)
         assert float(d.headers[RECEIVED_AT_HEADER]) > 0
@@ -360,7 +332,7 @@ class TestHookProcess:
         env = {"TAO_NATS_URL": nats_url, "TAO_NAMESPACE": namespace}
         proc = await asyncio.to_thread(run_hook, b"{" + b" " * (2 * MAX_HOOK_BYTES), env)
         assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
-        (data,) = await got.wait(1)
+        (data,) = await got.values(1)
         with pytest.raises(DecodeError, match="oversized"):
             decode_hook(data)
 
@@ -377,7 +349,7 @@ class TestHookProcess:
             run_hook, fixture_bytes("post-tool-use-run-in-background"), env
         )
         assert proc.returncode == 0
-        await woken.wait(1, lambda w: w.reason == WAKE_TOOL_END)
+        await woken.values(1, lambda w: w.reason == WAKE_TOOL_END)
         rec = await store.get_session("s1")
         assert rec is not None and rec.tool is not None and rec.tool.background
         await stop_all(subs)

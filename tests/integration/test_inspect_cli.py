@@ -20,18 +20,10 @@ from shared.infra import Bus
 from shared.infra.fake_store import FakeStore
 from shared.infra.nodesfile import render_nodes_file
 from shared.infra.settings import NodeSpec
+from tests.inspect_contract import NODE_KEYS
 
 BS = 16
 TOKENS = list(range(500, 500 + 3 * BS))
-NODE_KEYS = [
-    "node",
-    "blocks",
-    "resident_tokens",
-    "seq",
-    "incarnation",
-    "healthy",
-    "capacity_tokens",
-]
 
 
 def free_port() -> int:

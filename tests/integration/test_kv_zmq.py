@@ -42,6 +42,7 @@ from shared.infra.embedded import free_port, stop_processes
 from shared.infra.kvzmq import KV_RECEIVED_AT_HEADER, KV_SEQ_HEADER, KvFeed, KvMessage
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
+from tests.inspect_contract import NODE_KEYS
 from tests.kvzmq_util import PROBE_EVERY_S, WAIT_S, FeedReader, reading
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -526,15 +527,7 @@ class TestTelemetryEndToEnd:
             )
             assert done.returncode == 0, done.stderr.decode()
             shown = msgspec.json.decode(done.stdout)
-            assert set(shown) == {
-                "node",
-                "blocks",
-                "resident_tokens",
-                "seq",
-                "incarnation",
-                "healthy",
-                "capacity_tokens",
-            }
+            assert set(shown) == set(NODE_KEYS)
             assert shown["incarnation"] == before.incarnation + 1 and shown["blocks"] > 0
         finally:
             telemetry.cancel()

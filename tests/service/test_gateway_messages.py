@@ -20,8 +20,6 @@ from services.gateway import RELAY, create_app
 from services.simnode.app import SimNodeConfig
 from services.simnode.app import create_app as create_simnode
 from shared.contracts import (
-    Message,
-    Placement,
     SessionCancel,
     SessionRequest,
     SessionResponse,
@@ -29,7 +27,8 @@ from shared.contracts import (
     decode_session_event,
     subjects,
 )
-from shared.infra import Delivery, FakeBus, Settings
+from shared.infra import FakeBus, Settings
+from tests.service.gateway_util import Recorder, admit
 
 GW = "gwmsg"
 SID = "54c1eb09-bc4c-4d2f-98eb-6d2ab2d5e2fe"
@@ -40,27 +39,6 @@ USER_TURN = {"role": "user", "content": [{"type": "text", "text": "Run the tests
 BASH = {"name": "Bash", "arguments": {"command": "pytest -x", "timeout": 120000}}
 
 
-class Recorder:
-    """The session events the gateway publishes, awaitable by type."""
-
-    def __init__(self) -> None:
-        self.seen: list[Message] = []
-        self._new = asyncio.Condition()
-
-    async def handler(self, msg: Message, delivery: Delivery) -> None:
-        async with self._new:
-            self.seen.append(msg)
-            self._new.notify_all()
-
-    async def next(self, kind: type[Message], count: int = 1) -> list[Any]:
-        def have() -> list[Any]:
-            return [m for m in self.seen if isinstance(m, kind)]
-
-        async with self._new:
-            await asyncio.wait_for(self._new.wait_for(lambda: len(have()) >= count), 10)
-        return have()
-
-
 class Env:
     def __init__(
         self, bus: FakeBus, client: TestClient[web.Request, web.Application], rec: Recorder
@@ -69,11 +47,7 @@ class Env:
         self.relay = client.app[RELAY]
 
     async def admit(self, session: str, version: int = 1) -> None:
-        placement = Placement(
-            kind="admit", session_id=session, version=version, tick=1, gateway_id=GW, node_id="n1"
-        )
-        await self.bus.publish_msg(placement)
-        await self.bus.settle()
+        await admit(self.bus, GW, session, version)
 
     async def messages(self, body: dict[str, Any], headers: dict[str, str] | None = None) -> Any:
         return await self.client.post("/v1/messages", json=body, headers=headers or {})

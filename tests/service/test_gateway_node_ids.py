@@ -21,9 +21,10 @@ from services.gateway import RELAY, create_app
 from services.simnode import tokenizer as tok
 from services.simnode.app import SimNodeConfig
 from services.simnode.app import create_app as create_simnode
-from shared.contracts import NodeStatus, Placement, SessionResponse, decode, subjects
+from shared.contracts import NodeStatus, SessionResponse
 from shared.core.blockkeys import chain_keys
 from shared.infra import FakeBus, NodeSpec, Settings
+from tests.service.gateway_util import admit, reported
 
 GW = "gwids"
 BLOCK = 16
@@ -31,11 +32,6 @@ MESSAGES = [
     {"role": "system", "content": "You are a careful agent."},
     {"role": "user", "content": "List every file in the repository and then run the tests " * 3},
 ]
-
-
-def reported(bus: FakeBus) -> list[SessionResponse]:
-    prefix = subjects.session_events("response")[:-1]
-    return [decode(d, SessionResponse) for s, d, _ in bus.published if s.startswith(prefix)]
 
 
 class Env:
@@ -71,10 +67,7 @@ async def make_env(node_app: web.Application, *, ids_off: bool = False) -> Async
     app = create_app(settings, bus)
     client = TestClient(TestServer(app))
     await client.start_server()
-    await bus.publish_msg(
-        Placement(kind="admit", session_id="s1", version=1, tick=1, gateway_id=GW, node_id="n1")
-    )
-    await bus.settle()
+    await admit(bus, GW)
     try:
         yield Env(bus, client, url)
     finally:

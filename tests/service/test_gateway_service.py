@@ -20,7 +20,6 @@ from openai import AsyncOpenAI
 
 from services.gateway import RELAY, create_app
 from shared.contracts import (
-    Message,
     NodeStatus,
     Placement,
     SessionCancel,
@@ -31,7 +30,8 @@ from shared.contracts import (
     decode_session_event,
     subjects,
 )
-from shared.infra import Delivery, FakeBus, Settings
+from shared.infra import FakeBus, Settings
+from tests.service.gateway_util import Recorder
 
 GW = "gwtest"
 USAGE = {
@@ -156,32 +156,6 @@ class StubNode:
 def expected_stream(chunks: list[dict[str, Any]], *, usage: bool) -> bytes:
     out = b"".join(sse(c) for c in chunks)
     return out + (sse(USAGE_CHUNK) if usage else b"") + b"data: [DONE]\n\n"
-
-
-class Recorder:
-    """Collects the session events the gateway publishes, awaitable by type."""
-
-    def __init__(self) -> None:
-        self.seen: list[Message] = []
-        self._new = asyncio.Condition()
-
-    async def handler(self, msg: Message, delivery: Delivery) -> None:
-        async with self._new:
-            self.seen.append(msg)
-            self._new.notify_all()
-
-    async def next(self, kind: type[Message], count: int = 1) -> list[Any]:
-        """Wait until ``count`` messages of ``kind`` were seen; return them."""
-
-        def have() -> list[Any]:
-            return [m for m in self.seen if isinstance(m, kind)]
-
-        async with self._new:
-            await asyncio.wait_for(self._new.wait_for(lambda: len(have()) >= count), 10)
-        return have()
-
-    def of(self, kind: type[Message]) -> list[Any]:
-        return [m for m in self.seen if isinstance(m, kind)]
 
 
 class Harness:

@@ -12,8 +12,8 @@ from aiohttp.test_utils import TestClient, TestServer
 from services.gateway import RELAY, create_app
 from services.simnode.app import SimNodeConfig
 from services.simnode.app import create_app as create_simnode
-from shared.contracts import Placement, SessionResponse, decode, subjects
 from shared.infra import FakeBus, Settings
+from tests.service.gateway_util import admit, reported
 
 GW = "gwsim"
 
@@ -30,24 +30,13 @@ async def env() -> AsyncIterator[tuple[FakeBus, TestClient]]:
     )
     client = TestClient(TestServer(app))
     await client.start_server()
-    await bus.publish_msg(
-        Placement(kind="admit", session_id="s1", version=1, tick=1, gateway_id=GW, node_id="n1")
-    )
-    await bus.settle()
+    await admit(bus, GW)
     try:
         yield bus, client
     finally:
         await client.close()
         await node.close()
         await bus.drain()
-
-
-def reported(bus: FakeBus) -> list[SessionResponse]:
-    return [
-        decode(data, SessionResponse)
-        for subject, data, _ in bus.published
-        if subject.startswith(subjects.session_events("response")[:-1])
-    ]
 
 
 class TestGatewayWithSimNode:

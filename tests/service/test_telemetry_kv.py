@@ -32,6 +32,7 @@ from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
 from shared.infra.settings import NodeSpec
+from tests.inspect_contract import NODE_KEYS
 
 BS = 16
 TOKENS = list(range(1000, 1000 + 4 * BS))  # 4 blocks
@@ -282,15 +283,7 @@ class TestInspector:
             "healthy": True,
             "capacity_tokens": 4096,
         }
-        assert list(node) == [
-            "node",
-            "blocks",
-            "resident_tokens",
-            "seq",
-            "incarnation",
-            "healthy",
-            "capacity_tokens",
-        ]
+        assert list(node) == NODE_KEYS
         ask = orjson.dumps({"node": "n1", "tokens": [*TOKENS, 1, 2, 3]})
         prefix = orjson.loads(await rig.bus.request(subjects.inspect("prefix"), ask, 1.0))
         assert prefix == {"resident_prefix_tokens": 2 * BS}

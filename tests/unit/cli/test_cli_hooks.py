@@ -14,7 +14,7 @@ from shared.cli.hooks import (
     default_command,
     runs_tao_hook,
 )
-from shared.cli.main import main
+from tests.unit.cli.cli_util import tao
 
 CMD = "/opt/tao/bin/tao hook claude"
 EVENTS = (
@@ -43,21 +43,6 @@ THEIRS = """{
     "permissions": {"allow": ["Bash(git log:*)"]}
 }
 """
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake HOME and working directory."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    (tmp_path / "proj").mkdir()
-    monkeypatch.chdir(tmp_path / "proj")
-    return tmp_path / "home"
-
-
-def tao(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def install(capsys: pytest.CaptureFixture[str], *extra: str) -> tuple[int, str, str]:

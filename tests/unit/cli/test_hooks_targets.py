@@ -11,26 +11,10 @@ import pytest
 import yaml
 
 from shared.cli.hooks import BACKUP_SUFFIX, OPENHANDS_EVENTS, opencode_plugin_source
-from shared.cli.main import main
+from tests.unit.cli.cli_util import tao
 
 FIXTURES = Path(__file__).parents[2] / "fixtures" / "openhands"
 CMD = "/opt/tao/bin/tao hook openhands"
-
-
-@pytest.fixture
-def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake HOME and working directory (the project)."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("XDG_CONFIG_HOME", raising=False)
-    (tmp_path / "proj").mkdir()
-    monkeypatch.chdir(tmp_path / "proj")
-    return tmp_path / "home"
-
-
-def tao(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
 
 
 def openhands_reads(data: dict[str, Any]) -> dict[str, list[Any]]:

@@ -23,7 +23,7 @@ wrappers forward a harness's hook payload unparsed, with its receive time in the
 from __future__ import annotations
 
 import math
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +32,7 @@ from structlog.typing import FilteringBoundLogger
 
 from services.tools.handlers import ToolsHandlers
 from shared.contracts import subjects
+from shared.contracts.base import Message
 from shared.contracts.errors import ContractError, DecodeError
 from shared.contracts.session import SessionEnd
 from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
@@ -106,6 +107,29 @@ class HookIngest:
     mappers: dict[str, HookMapper] = field(default_factory=dict)
     handled: int = 0
     rejected: int = 0
+    memo_size: int = 65_536
+    memo: OrderedDict[int, list[Message] | None] = field(default_factory=OrderedDict)
+    """What each recently mapped message (by stream sequence) mapped to; ``None``: it was
+    dead-lettered. A batch the bus delivers again is answered from here, because stateful
+    mappers (OpenHands' start/end pairing, the Claude ``user`` call) must see each payload
+    once: mapping it twice would pair the wrong calls."""
+
+    def _map(self, payload: HookPayload, d: Delivery) -> list[Message] | None:
+        seq = d.stream_seq
+        if seq is not None and seq in self.memo:
+            return self.memo[seq]
+        msgs = self._mapper(d.subject).map(payload.body, received_at(d))
+        for m in msgs:
+            subjects.escape_token(getattr(m, "session_id", ""))
+        self._remember(seq, msgs)
+        return msgs
+
+    def _remember(self, seq: int | None, msgs: list[Message] | None) -> None:
+        if seq is None:
+            return
+        self.memo[seq] = msgs
+        while len(self.memo) > self.memo_size:
+            self.memo.popitem(last=False)
 
     def _mapper(self, subject: str) -> HookMapper:
         token = subject.rsplit(".", 1)[-1]
@@ -116,18 +140,20 @@ class HookIngest:
 
     async def on_hook_batch(self, items: list[tuple[HookPayload, Delivery]]) -> None:
         """Map each payload in order; apply the tool events as one batch, then publish the
-        session ends. Idempotent, as the tool path is (mapping again gives the same events)."""
+        session ends. Idempotent: a delivered-again payload reuses what it mapped to (``memo``)
+        and the tool path is idempotent itself."""
         tool_items: list[tuple[ToolEvent, Delivery]] = []
         ends: list[SessionEnd] = []
         rejected: list[str] = []
         for payload, d in items:
             try:
-                msgs = self._mapper(d.subject).map(payload.body, received_at(d))
-                for m in msgs:
-                    subjects.escape_token(getattr(m, "session_id", ""))
+                msgs = self._map(payload, d)
             except (ContractError, UnknownHarnessError) as exc:
+                self._remember(d.stream_seq, None)
                 await self._reject(payload, d, exc)
                 rejected.append(str(exc))
+                continue
+            if msgs is None:  # dead-lettered when first delivered
                 continue
             for m in msgs:
                 if isinstance(m, ToolStart | ToolEnd | ToolProgress):

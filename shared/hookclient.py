@@ -25,10 +25,14 @@ library), else ``nats://127.0.0.1:4222``. ``TAO_NAMESPACE`` prefixes the subject
 does (``<ns>.tao.v1.hook.<token>``). ``user:password@`` or ``token@`` in the URL authenticate;
 TLS is not spoken (the hook gives up silently when the server requires it).
 
-Oversized payloads. At most :data:`MAX_HOOK_BYTES` are forwarded. A larger payload (or one that
-would not fit the server's ``max_payload``) is replaced by a small marker,
-``tao-hook-oversized <bytes read>`` followed by the payload's first bytes, which the tools
-service dead-letters as oversized: the operator sees it, and NATS never has to refuse it.
+Oversized payloads. At most :data:`MAX_HOOK_BYTES` are forwarded. A larger payload — usually a
+``PostToolUse`` whose ``tool_response`` holds a big output — is slimmed first (:func:`slim`:
+every string longer than 1 KiB cut to its first 256 characters, read up to
+:data:`MAX_READ_BYTES`), so its event still reaches TAO with every id, flag and number intact.
+One that is not JSON, or still too large (or that would not fit the server's ``max_payload``),
+is replaced by a small marker, ``tao-hook-oversized <bytes read>`` followed by the payload's
+first bytes, which the tools service dead-letters as oversized: the operator sees it, and NATS
+never has to refuse it.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from typing import BinaryIO
 __all__ = [
     "DEFAULT_NATS_URL",
     "MAX_HOOK_BYTES",
+    "MAX_READ_BYTES",
     "OVERSIZED_MARKER",
     "PUBLISH_DEADLINE_S",
     "READ_DEADLINE_S",
@@ -58,12 +63,17 @@ __all__ = [
     "read_payload",
     "run_file_path",
     "run_hook",
+    "slim",
 ]
 
 MAX_HOOK_BYTES = 1 << 20
+MAX_READ_BYTES = 16 << 20
+"""Most stdin read: an oversized payload up to this size can still be slimmed."""
+_SLIM_ABOVE = 1024
+_SLIM_KEEP = 256
 """Equal to :data:`shared.harness.base.MAX_HOOK_BYTES` (kept in step by a test)."""
 RECEIVED_AT_HEADER = "Tao-Received-At"
-"""Equal to :data:`shared.harness.base.RECEIVED_AT_HEADER` (kept in step by a test)."""
+"""Equal to :data:`shared.contracts.subjects.RECEIVED_AT_HEADER` (kept in step by a test)."""
 OVERSIZED_MARKER = b"tao-hook-oversized "
 """Start of the body forwarded instead of an oversized payload: marker, byte count, newline,
 then the payload's first :data:`_MARKER_PREFIX_BYTES` bytes."""
@@ -178,6 +188,30 @@ def read_payload(stream: BinaryIO, limit: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
+def _cut(value: object) -> object:
+    if isinstance(value, str):
+        if len(value) > _SLIM_ABOVE:
+            return value[:_SLIM_KEEP] + f"... [{len(value)} characters, cut by tao hook]"
+        return value
+    if isinstance(value, dict):
+        return {k: _cut(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_cut(v) for v in value]
+    return value
+
+
+def slim(payload: bytes, limit: int = MAX_HOOK_BYTES) -> bytes | None:
+    """``payload`` (a JSON object) with long strings cut, if that fits in ``limit`` bytes."""
+    try:
+        body = json.loads(payload)
+    except ValueError:
+        return None
+    if not isinstance(body, dict):
+        return None
+    out = json.dumps(_cut(body), ensure_ascii=False, separators=(",", ":")).encode()
+    return out if len(out) <= limit else None
+
+
 def oversized_marker(payload: bytes, size: int) -> bytes:
     """The body forwarded instead of an oversized payload of ``size`` (or more) bytes."""
     return OVERSIZED_MARKER + str(size).encode() + b"\n" + payload[:_MARKER_PREFIX_BYTES]
@@ -276,12 +310,13 @@ def _forward(argv: Sequence[str], stdin: BinaryIO, env: Mapping[str, str], start
 
     token = find(argv[0]).token
     subject = hook_subject(token, env.get("TAO_NAMESPACE", ""))
-    payload = read_payload(stdin, MAX_HOOK_BYTES, start + READ_DEADLINE_S)
+    payload = read_payload(stdin, MAX_READ_BYTES, start + READ_DEADLINE_S)
     received_at = time.time()
     if not payload.strip():
         return
     if len(payload) > MAX_HOOK_BYTES:
-        payload = oversized_marker(payload, len(payload))
+        slimmed = slim(payload) if len(payload) <= MAX_READ_BYTES else None
+        payload = slimmed if slimmed is not None else oversized_marker(payload, len(payload))
     headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
     deadline = min(time.monotonic() + PUBLISH_DEADLINE_S, start + TOTAL_DEADLINE_S)
     publish(nats_url(env), subject, payload, headers, deadline)

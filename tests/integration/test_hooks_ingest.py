@@ -336,6 +336,23 @@ class TestHookProcess:
         with pytest.raises(DecodeError, match="oversized"):
             decode_hook(data)
 
+    async def test_oversized_json_is_slimmed_and_still_maps(
+        self, nats_bus: Bus, nats_url: str, namespace: str
+    ) -> None:
+        """A PostToolUse with a 3 MiB output arrives cut, with its ids and flags intact."""
+        got = await stream_reader(nats_bus)
+        env = {"TAO_NATS_URL": nats_url, "TAO_NAMESPACE": namespace}
+        body = json.loads((FIXTURES / "post-tool-use-auto-backgrounded.json").read_text())
+        body["tool_response"]["stdout"] = "x" * (3 * MAX_HOOK_BYTES)
+        proc = await asyncio.to_thread(run_hook, json.dumps(body).encode(), env)
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+        (data,) = await got.values(1)
+        assert len(data) < 4096
+        payload = decode_hook(data)
+        assert payload.body["tool_use_id"] == "toolu_02"
+        assert payload.body["tool_response"]["backgroundTaskId"] == "bmotwaq65"
+        assert payload.body["tool_response"]["stdout"].startswith("x" * 256 + "... [")
+
     async def test_through_the_tools_service(
         self, nats_bus: Bus, nats_url: str, namespace: str
     ) -> None:

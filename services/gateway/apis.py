@@ -30,7 +30,7 @@ from .anthropic import (
     describe_messages,
     read_message_body,
 )
-from .proxy import BodyReader, Tracker
+from .proxy import BodyReader, Tracker, anthropic_error_event, openai_error_event
 from .requests import (
     IdSource,
     RequestInfo,
@@ -85,6 +85,11 @@ class Api:
         """An error answer in this API's format."""
         make = anthropic_error if self.anthropic else openai_error
         return make(status, message, err_type, headers=headers)
+
+    def error_event(self, message: str) -> bytes:
+        """The SSE event telling a streaming client that the node broke off."""
+        make = anthropic_error_event if self.anthropic else openai_error_event
+        return make(message)
 
     def identity(
         self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]

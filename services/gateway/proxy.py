@@ -37,8 +37,10 @@ __all__ = [
     "Forwarded",
     "Tracker",
     "UpstreamError",
+    "anthropic_error_event",
     "forward_json",
     "forward_stream",
+    "openai_error_event",
 ]
 
 CLIENT_CLOSED: Final = "client_closed"
@@ -142,9 +144,16 @@ async def forward_json(
     return web.Response(status=status, body=data, headers={"Content-Type": content_type})
 
 
-def _error_event(message: str) -> bytes:
+def openai_error_event(message: str) -> bytes:
+    """The SSE event an OpenAI client reads as a broken-off stream."""
     payload = {"error": {"message": message, "type": "upstream_error", "code": 502}}
     return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def anthropic_error_event(message: str) -> bytes:
+    """The SSE ``error`` event of Anthropic's Messages streaming format."""
+    payload = {"type": "error", "error": {"type": "api_error", "message": message}}
+    return b"event: error\ndata: " + orjson.dumps(payload) + b"\n\n"
 
 
 async def forward_stream(
@@ -159,13 +168,15 @@ async def forward_stream(
     tracker: Tracker,
     read: BodyReader = read_body,
     before_done: Callable[[], None] | None = None,
+    error_event: Callable[[str], bytes] = openai_error_event,
 ) -> web.StreamResponse:
     """POST a streaming ``body`` to ``url``; relay the SSE events to the client as ``tracker``
     passes them, filling ``done`` as they pass (so a cancelled caller still reads what
     happened); an answer that is not an event stream is read whole by ``read``.
 
     ``before_done`` is called once, with ``done`` complete, just before the final ``[DONE]``
-    event is written to the client (the caller starts its report there)."""
+    event is written to the client (the caller starts its report there). ``error_event``
+    writes the event that tells the client the node broke off (in the client's API format)."""
     start = clock()
     try:
         async with client.post(url, data=orjson.dumps(body), headers=headers) as up:
@@ -179,7 +190,9 @@ async def forward_stream(
                 ctype = content_type or "application/json"
                 return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
             try:
-                return await _relay_events(request, up, start, clock, done, tracker, before_done)
+                return await _relay_events(
+                    request, up, start, clock, done, tracker, before_done, error_event
+                )
             finally:
                 up.close()  # no-op once fully read; else drops the connection: the node aborts
     except (aiohttp.ClientError, TimeoutError) as exc:
@@ -196,6 +209,7 @@ async def _relay_events(
     done: Forwarded,
     tracker: Tracker,
     before_done: Callable[[], None] | None,
+    error_event: Callable[[str], bytes],
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         status=200,
@@ -227,7 +241,7 @@ async def _relay_events(
             if isinstance(exc, ConnectionResetError):  # writing to the client failed
                 raise
             done.error = f"upstream_broken: {_describe(exc)}"
-            await response.write(_error_event("the model node broke off the stream"))
+            await response.write(error_event("the model node broke off the stream"))
         await response.write_eof()
     except ConnectionResetError:
         done.error = CLIENT_CLOSED

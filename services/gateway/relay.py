@@ -402,6 +402,7 @@ class Relay:
                     tracker=tracker,
                     read=read,
                     before_done=before_done,
+                    error_event=api.error_event,
                 )
             return await forward_json(client, url, outgoing, headers, self.clock, done, read)
 

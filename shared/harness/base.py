@@ -21,11 +21,9 @@ from typing import Any, Final, Protocol
 
 from shared.contracts.base import Message
 from shared.contracts.errors import ContractError
+from shared.contracts.subjects import RECEIVED_AT_HEADER
 
 __all__ = ["MAX_HOOK_BYTES", "RECEIVED_AT_HEADER", "HookMapper", "HookPayloadError"]
-
-RECEIVED_AT_HEADER: Final = "Tao-Received-At"
-"""Header with the receive time (epoch seconds, decimal string) of a forwarded hook payload."""
 
 MAX_HOOK_BYTES: Final = 1 << 20
 """Largest hook payload forwarded or accepted (1 MiB, the NATS default max payload)."""

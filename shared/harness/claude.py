@@ -59,7 +59,6 @@ memory: run one.
 
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
@@ -68,7 +67,7 @@ from shared.contracts.base import Message
 from shared.contracts.session import END_COMPLETED, SessionEnd
 from shared.contracts.tool import SOURCE_HOOK, ToolEnd, ToolStart
 
-from .base import HookPayloadError
+from .fields import Fields, trim_oldest
 
 __all__ = [
     "BASH_DEFAULT_TIMEOUT_MS",
@@ -111,10 +110,10 @@ class ClaudeMapper:
 
     def map(self, body: Mapping[str, Any], received_at: float) -> list[Message]:
         """The messages ``body`` implies; :class:`HookPayloadError` names a bad field."""
-        event = _text(body, "hook_event_name")
+        event = _F.text(body, "hook_event_name")
         if event not in _KNOWN:
             return []
-        sid = _text(body, "session_id")
+        sid = _F.session(body, "session_id")
         match event:
             case "PreToolUse":
                 start = self._tool_start(body, sid, received_at)
@@ -122,11 +121,10 @@ class ClaudeMapper:
             case "PostToolUse" | "PostToolUseFailure":
                 end = _tool_end(body, sid, received_at, ok=event == "PostToolUse")
                 self._ended[(sid, end.call_id)] = None
-                while len(self._ended) > self._max_ended:
-                    self._ended.popitem(last=False)
+                trim_oldest(self._ended, self._max_ended)
                 return [end]
             case "Stop":
-                call = f"user-{round(received_at * 1000)}"
+                call = f"user-{_F.millis(received_at, 'received_at')}"
                 self._remember(sid, call)
                 return [_start(sid, call, USER_TOOL, received_at)]
             case "UserPromptSubmit":
@@ -142,13 +140,13 @@ class ClaudeMapper:
         return []  # SessionStart
 
     def _tool_start(self, body: Mapping[str, Any], sid: str, at: float) -> ToolStart:
-        tool = _text(body, "tool_name")
-        call = _text(body, "tool_use_id")
-        args = _object(body, "tool_input")
+        tool = _F.text(body, "tool_name")
+        call = _F.text(body, "tool_use_id")
+        args = _F.opt_obj(body, "tool_input")
         timeout_ms: float | None = None
         background = False
         if tool == "Bash":
-            background = _flag(args, "run_in_background", "tool_input.")
+            background = _F.flag(args, "run_in_background", "tool_input.")
             timeout_ms = _ms(args, "timeout", "tool_input.")
             timeout_ms = BASH_DEFAULT_TIMEOUT_MS if timeout_ms is None else timeout_ms
         elif tool == "Monitor":
@@ -162,8 +160,7 @@ class ClaudeMapper:
     def _remember(self, sid: str, call: str) -> None:
         self._user_calls[sid] = call
         self._user_calls.move_to_end(sid)
-        while len(self._user_calls) > self._max_sessions:
-            self._user_calls.popitem(last=False)
+        trim_oldest(self._user_calls, self._max_sessions)
 
 
 _KNOWN: Final = frozenset(
@@ -203,9 +200,9 @@ def _start(
 
 
 def _tool_end(body: Mapping[str, Any], sid: str, at: float, *, ok: bool) -> ToolEnd:
-    tool = _text(body, "tool_name")
-    call = _text(body, "tool_use_id")
-    args = _object(body, "tool_input")
+    tool = _F.text(body, "tool_name")
+    call = _F.text(body, "tool_use_id")
+    args = _F.opt_obj(body, "tool_input")
     duration_ms = _ms(body, "duration_ms")
     background = censored = False
     if ok:
@@ -213,16 +210,16 @@ def _tool_end(body: Mapping[str, Any], sid: str, at: float, *, ok: bool) -> Tool
         response: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
         task = response.get("backgroundTaskId")
         if task is not None and not isinstance(task, str):
-            raise _bad("tool_response.backgroundTaskId", "a string", task)
+            raise _F.bad("tool_response.backgroundTaskId", "a string", task)
         background = bool(task) or tool == "Monitor"
-        background = background or _flag(args, "run_in_background", "tool_input.")
+        background = background or _F.flag(args, "run_in_background", "tool_input.")
         censored = _ms(response, "timedOutAfterMs", "tool_response.") is not None
-        censored = censored or _flag(response, "interrupted", "tool_response.")
+        censored = censored or _F.flag(response, "interrupted", "tool_response.")
     else:
         error = body.get("error")
         if error is not None and not isinstance(error, str):
-            raise _bad("error", "a string", error)
-        censored = _flag(body, "is_interrupt") or _TIMEOUT_KILL_TEXT in (error or "").lower()
+            raise _F.bad("error", "a string", error)
+        censored = _F.flag(body, "is_interrupt") or _TIMEOUT_KILL_TEXT in (error or "").lower()
     return ToolEnd(
         session_id=sid,
         call_id=call,
@@ -236,56 +233,9 @@ def _tool_end(body: Mapping[str, Any], sid: str, at: float, *, ok: bool) -> Tool
     )
 
 
-# -- field readers: each names the field and what was wrong ----------------------------------
-
-
-def _kind(value: object) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _bad(path: str, expected: str, value: object) -> HookPayloadError:
-    return HookPayloadError(HARNESS, f"{path}: expected {expected}, got {_kind(value)}")
-
-
-def _text(body: Mapping[str, Any], key: str) -> str:
-    """A required non-empty string field."""
-    if key not in body:
-        raise HookPayloadError(HARNESS, f"{key}: missing")
-    value = body[key]
-    if not isinstance(value, str):
-        raise _bad(key, "a string", value)
-    if not value:
-        raise HookPayloadError(HARNESS, f"{key}: empty")
-    return value
-
-
-def _object(body: Mapping[str, Any], key: str) -> Mapping[str, Any]:
-    """An optional object field (absent or null: empty)."""
-    value = body.get(key)
-    if value is None:
-        return {}
-    if not isinstance(value, Mapping):
-        raise _bad(key, "an object", value)
-    return value
-
-
-def _flag(m: Mapping[str, Any], key: str, prefix: str = "") -> bool:
-    """An optional boolean field (absent or null: false)."""
-    value = m.get(key)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise _bad(prefix + key, "a boolean", value)
-    return value
+_F: Final = Fields(HARNESS)
 
 
 def _ms(m: Mapping[str, Any], key: str, prefix: str = "") -> float | None:
     """An optional non-negative, finite number of milliseconds (absent or null: None)."""
-    value = m.get(key)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _bad(prefix + key, "a number of milliseconds", value)
-    if not math.isfinite(value) or value < 0:
-        raise HookPayloadError(HARNESS, f"{prefix}{key}: must be >= 0 and finite, got {value}")
-    return float(value)
+    return _F.opt_number(m, key, prefix, expected="a number of milliseconds")

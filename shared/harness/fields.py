@@ -1,8 +1,9 @@
 """Field readers for hook payloads: each fault raises :class:`HookPayloadError` naming the field.
 
-Shared by the OpenCode, OpenHands and mini-swe-agent mappers (pure: no I/O, no clock). A
-:class:`Fields` is bound to one harness, so every error says whose payload was bad, which field
-(as a dotted path, ``input.callID``) and what was wrong (``expected a string, got int``).
+Shared by the Claude Code, OpenCode, OpenHands and mini-swe-agent mappers (pure: no I/O, no
+clock). A :class:`Fields` is bound to one harness, so every error says whose payload was bad,
+which field (as a dotted path, ``input.callID``) and what was wrong (``expected a string, got
+int``).
 Decoding the payload bytes (size, JSON, object) is the tools service's
 (``services/tools/hooks.py`` ``decode_hook``).
 """
@@ -10,6 +11,7 @@ Decoding the payload bytes (size, JSON, object) is the tools service's
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -18,7 +20,7 @@ from shared.contracts.subjects import escape_token
 
 from .base import HookPayloadError
 
-__all__ = ["Fields"]
+__all__ = ["Fields", "trim_oldest"]
 
 _EMPTY: Final[Mapping[str, Any]] = {}
 
@@ -92,13 +94,16 @@ class Fields:
         assert value is not None
         return value
 
-    def opt_number(self, m: Mapping[str, Any], key: str, path: str = "") -> float | None:
-        """An optional finite number >= 0 (absent or null: None)."""
+    def opt_number(
+        self, m: Mapping[str, Any], key: str, path: str = "", *, expected: str = "a number"
+    ) -> float | None:
+        """An optional finite number >= 0 (absent or null: None); ``expected`` names it in the
+        error (``"a number of milliseconds"``)."""
         value = m.get(key)
         if value is None:
             return None
         if isinstance(value, bool) or not isinstance(value, int | float):
-            raise self.bad(path + key, "a number", value)
+            raise self.bad(path + key, expected, value)
         if not math.isfinite(value) or value < 0:
             raise self.error(f"{path}{key}: must be >= 0 and finite, got {value}")
         return float(value)
@@ -127,3 +132,9 @@ class Fields:
         if not math.isfinite(ms):
             raise self.error(f"{what}: time out of range: {at}")
         return round(ms)
+
+
+def trim_oldest(d: OrderedDict[Any, Any], limit: int) -> None:
+    """Forget ``d``'s oldest entries until at most ``limit`` remain (bounded mapper memory)."""
+    while len(d) > limit:
+        d.popitem(last=False)

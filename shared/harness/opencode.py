@@ -83,7 +83,7 @@ from shared.contracts.session import END_CLIENT_CLOSED, SessionEnd
 from shared.contracts.tool import SOURCE_PLUGIN, ToolEnd, ToolStart
 
 from .claude import USER_TOOL
-from .fields import Fields
+from .fields import Fields, trim_oldest
 
 __all__ = [
     "BASH_DEFAULT_TIMEOUT_MS",
@@ -194,7 +194,7 @@ class OpenCodeMapper:
             call = f"user-{_F.millis(at, 'ts')}"
             self._user[sid] = call
             self._user.move_to_end(sid)
-            _trim(self._user, self._max)
+            trim_oldest(self._user, self._max)
             return [_start(sid, call, USER_TOOL, at, None)]
         if kind == "session.deleted":
             sid = _F.session(_F.obj(props, "info", path), "id", path + "info.")
@@ -251,23 +251,18 @@ class OpenCodeMapper:
         call = self._open.get(key)
         if call is None:
             call = self._open[key] = _Call()
-            _trim(self._open, self._max)
+            trim_oldest(self._open, self._max)
         return call
 
     def _finish(self, key: tuple[str, str]) -> None:
         self._open.pop(key, None)
         self._ended[key] = None
-        _trim(self._ended, self._max)
+        trim_oldest(self._ended, self._max)
 
     def _forget(self, sid: str) -> None:
         """The session's turn is over: its calls that never ended are dropped."""
         for key in [k for k in self._open if k[0] == sid]:
             del self._open[key]
-
-
-def _trim(d: OrderedDict[Any, Any], limit: int) -> None:
-    while len(d) > limit:
-        d.popitem(last=False)
 
 
 def _ids(m: Mapping[str, Any], path: str) -> tuple[str, str, str]:

@@ -62,7 +62,7 @@ from shared.contracts.session import END_COMPLETED, SessionEnd
 from shared.contracts.tool import SOURCE_HOOK, ToolEnd, ToolStart
 
 from .claude import USER_TOOL
-from .fields import Fields
+from .fields import Fields, trim_oldest
 
 __all__ = ["HARNESS", "MAX_HELD", "MAX_KEYS", "OpenHandsMapper"]
 
@@ -116,7 +116,7 @@ class OpenHandsMapper:
                 return []
             call = f"user-{_F.millis(at, 'received_at')}"
             self._user[sid] = call
-            _trim(self._user, self._max_keys)
+            trim_oldest(self._user, self._max_keys)
             return [_start(sid, call, USER_TOOL, at, None)]
         call_or_none = self._user.pop(sid, None)
         if event == "UserPromptSubmit":
@@ -177,14 +177,9 @@ def _queue(
     queue = table.get(key)
     if queue is None:
         queue = table[key] = deque(maxlen=max_len)
-        _trim(table, max_keys)
+        trim_oldest(table, max_keys)
     table.move_to_end(key)
     return queue
-
-
-def _trim(d: OrderedDict[Any, Any], limit: int) -> None:
-    while len(d) > limit:
-        d.popitem(last=False)
 
 
 def _seconds(value: object) -> float | None:

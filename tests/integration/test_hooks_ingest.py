@@ -122,7 +122,7 @@ class TestDeadLetters:
             (
                 CLAUDE,
                 json.dumps(fixture("pre-tool-use-bash") | {"session_id": "x" * 600}).encode(),
-                "invalid session id",
+                "session_id: unusable as a session id",
             ),
         ],
         ids=[

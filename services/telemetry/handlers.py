@@ -90,7 +90,7 @@ class NodeScrapers:
             res = await scrape_node(
                 self.fetch,
                 spec.url,
-                spec.metrics_url,
+                spec.metrics,
                 capacity_known=spec.capacity_tokens is not None,
             )
         except ScrapeError as exc:

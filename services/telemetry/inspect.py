@@ -17,7 +17,6 @@ A node is known when it is in the nodes file, has sent KV events, or has a store
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
 
 from shared.contracts import subjects
 from shared.contracts.errors import ContractError
@@ -29,14 +28,13 @@ from shared.contracts.inspect import (
     decode_query,
     encode_body,
 )
+from shared.core.blockkeys import DEFAULT_BLOCK_SIZE
 from shared.core.kvindex import KvIndex
 from shared.infra.busapi import MessageBus, Subscription
 from shared.infra.settings import NodeSpec
 from shared.infra.store_types import NodeRecord, StateStore
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Inspector"]
-
-DEFAULT_BLOCK_SIZE: Final = 16
 
 
 class _Unknown(LookupError):

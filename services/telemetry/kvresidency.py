@@ -6,12 +6,21 @@ Inputs, per node (DESIGN §5; issue 4 "vLLM KV events"):
   :class:`~shared.infra.kvzmq.KvFeed` per node (live SUB + replay DEALER; it fills gaps itself
   and, started with ``catch_up``, first replays the publisher's whole buffer so a telemetry
   that starts late still learns the recent blocks). A feed that fails is opened again after
-  1 s; its catch-up replay then starts below the last applied ``seq``, which reads as a restart:
-  the node is rebuilt from the replay buffer and its incarnation goes up by one;
+  1 s. Its catch-up replay starts below the last ``seq`` applied from the node, ``last``, and
+  is checked against it rather than read as a restart: replayed batches up to ``last`` are
+  held back until batch ``last`` arrives; when its payload equals the one applied (it carries
+  the engine's batch time ``ts``; the rule :class:`~shared.infra.kvzmq.KvFeed` uses for gaps),
+  it is the same engine and the held batches, already applied, are dropped, so the index and
+  the incarnation are untouched. Otherwise (another payload at ``last``, a replay that ends
+  before ``last``, or a live batch first) the held batches and that one go through the sequence
+  rule below: an engine that restarted while we were disconnected numbers from 0 again, so the
+  node is cleared, its incarnation goes up and it is rebuilt from the new engine's buffer. A
+  replay that starts past ``last`` (the buffer moved on) cannot be checked and reads as a gap;
 * **NATS** (``tao kv-bridge``): the payloads on ``tao.v1.kv.<node>`` (stream ``TAO_V1_KV``),
   with the engine's ``seq`` in the ``Tao-KV-Seq`` header and the bridge's receive time in
-  ``Tao-Received-At``. An ephemeral consumer reads the stream from its start (it keeps 1 h),
-  so a restarted telemetry rebuilds what the bridge saw.
+  ``Tao-Received-At`` (:func:`shared.infra.busapi.received_at`: an implausible value, NaN or
+  inf, say, gives way to the delivery time). An ephemeral consumer reads the stream from its
+  start (it keeps 1 h), so a restarted telemetry rebuilds what the bridge saw.
 
 Either path may feed a node; both carry the engine's own ``seq``, so the first path heard
 claims the node and the other is ignored for it while the claim is live; a claimed path silent
@@ -60,16 +69,14 @@ from shared.contracts.codec import decode
 from shared.contracts.errors import DecodeError
 from shared.contracts.kv import KVEventBatch, decode_kv_batch
 from shared.contracts.session import SessionEnd, SessionResponse
+from shared.contracts.subjects import KV_SEQ_HEADER
+from shared.contracts.subjects import RECEIVED_AT_HEADER as KV_RECEIVED_AT_HEADER
 from shared.core.kvindex import ApplyResult, KvIndex
-from shared.infra.busapi import Delivery, MessageBus, Subscription
+from shared.infra.busapi import Delivery, MessageBus, Subscription, received_at
 from shared.infra.settings import NodeSpec
 from shared.infra.store_types import StateStore
 
 __all__ = ["KV_RECEIVED_AT_HEADER", "KV_SEQ_HEADER", "FeedFactory", "KvResidency", "t_obs_for"]
-
-KV_SEQ_HEADER: Final = "Tao-KV-Seq"
-KV_RECEIVED_AT_HEADER: Final = "Tao-Received-At"
-"""The bridge's headers (same names as ``shared.infra.kvzmq``, which imports zmq)."""
 
 DEFAULT_FLUSH_S: Final = 0.05
 DEFAULT_SKEW_S: Final = 5.0
@@ -109,6 +116,30 @@ def t_obs_for(ts: float, received_at: float, skew_s: float = DEFAULT_SKEW_S) -> 
     return ts if abs(ts - received_at) <= skew_s else received_at
 
 
+class _Resume:
+    """The first messages of a reopened feed, checked against ``(seq, payload)``: the last batch
+    applied from it (see the module docstring)."""
+
+    def __init__(self, seq: int, payload: bytes) -> None:
+        self.seq = seq
+        self.payload = payload
+        self.held: list[KvMessageLike] | None = []  # None: checked, pass everything on
+
+    def take(self, msg: KvMessageLike) -> list[KvMessageLike]:
+        """What to apply now: nothing while the replay is below ``seq``; then, for the same
+        engine, nothing of the replay up to ``seq``, else what was held and ``msg``."""
+        held = self.held
+        if held is None:
+            return [msg]
+        if msg.replayed and msg.seq < self.seq:
+            held.append(msg)
+            return []
+        self.held = None
+        if msg.replayed and msg.seq == self.seq and msg.payload == self.payload:
+            return []  # the same engine: all of this was applied before the feed failed
+        return [*held, msg]
+
+
 def decode_end(data: bytes) -> SessionEnd:
     ev = decode(data, SessionEnd)
     subjects.escape_token(ev.session_id)
@@ -144,6 +175,7 @@ class KvResidency:
         self.usage = UsageResidency(store, log)
         self.counts: Counter[str] = Counter()
         self._paths: dict[str, tuple[str, float]] = {}
+        self._zmq_last: dict[str, tuple[int, bytes]] = {}  # node -> last (seq, payload) from ZMQ
         self._wake = asyncio.Event()
         self._retry: list[tuple[str, str, int, float]] = []
         self._retry_cleared: list[str] = []
@@ -238,9 +270,17 @@ class KvResidency:
         """Apply one node's ZMQ feed forever (a feed that fails is opened again)."""
         assert self.feeds is not None
         while True:
+            last = self._zmq_last.get(spec.id)
+            resume = None
+            if last is not None and self.index.last_seq(spec.id) == last[0]:
+                resume = _Resume(*last)
             try:
                 async for msg in self.feeds(spec):
-                    self.on_zmq(msg)
+                    if resume is None:
+                        self.on_zmq(msg)
+                        continue
+                    for m in resume.take(msg):
+                        self.on_zmq(m)
             except Exception as exc:
                 self.counts["feed_failures"] += 1
                 self.log.error("kv_feed_failed", node=spec.id, error=f"{type(exc).__name__}: {exc}")
@@ -259,6 +299,7 @@ class KvResidency:
             )
             batch = KVEventBatch(ts=msg.received_at, events=[])  # still advance the sequence
         self._apply("zmq", msg.node, msg.seq, batch, msg.received_at)
+        self._zmq_last[msg.node] = (msg.seq, msg.payload)
 
     async def on_bridged(self, items: list[tuple[KVEventBatch, Delivery]]) -> None:
         """Batches from ``tao.v1.kv.<node>``; never raises (a retry would break the order)."""
@@ -285,16 +326,12 @@ class KvResidency:
                 f"{d.headers.get(KV_SEQ_HEADER)!r}",
             )
             return
-        try:
-            received_at = float(d.headers.get(KV_RECEIVED_AT_HEADER, d.received_at))
-        except ValueError:
-            received_at = d.received_at
         if not self._claim(node, "nats"):
             return
         if d.num_delivered > 1 and self.index.classify(node, seq) == "restart":
             self.counts["duplicates"] += 1  # a redelivery we already applied, not a restart
             return
-        self._apply("nats", node, seq, batch, received_at)
+        self._apply("nats", node, seq, batch, received_at(d))
 
     def _apply(
         self, path: str, node: str, seq: int, batch: KVEventBatch, received_at: float

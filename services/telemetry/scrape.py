@@ -74,13 +74,13 @@ class ScrapeResult:
 
 
 async def scrape_node(
-    fetch: Fetch, base_url: str, metrics_url: str | None = None, *, capacity_known: bool = False
+    fetch: Fetch, base_url: str, page: str, *, capacity_known: bool = False
 ) -> ScrapeResult:
-    """Scrape ``base_url`` (metrics from ``metrics_url``, default ``<base>/metrics``); raise
+    """Scrape the node at ``base_url`` (its Prometheus metrics from ``page``,
+    :attr:`NodeSpec.metrics <shared.infra.settings.NodeSpec.metrics>`); raise
     :class:`ScrapeError` when the node cannot be used. ``capacity_known``: the nodes file
     overrides the capacity, so a page without ``vllm:cache_config_info`` is still usable."""
     base = base_url.rstrip("/")
-    page = metrics_url or f"{base}/metrics"
     try:
         body = await fetch(page)
     except Exception as exc:

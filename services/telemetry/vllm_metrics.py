@@ -23,11 +23,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from services.telemetry.prom import Sample
+from shared.core.blockkeys import DEFAULT_BLOCK_SIZE
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "VllmMetrics", "from_samples"]
 
-DEFAULT_BLOCK_SIZE: Final = 16
-"""vLLM's default KV block size in tokens (``--block-size``)."""
 
 _USAGE: Final = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 _RUNNING: Final = ("vllm:num_requests_running",)

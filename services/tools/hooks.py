@@ -22,7 +22,6 @@ wrappers forward a harness's hook payload unparsed, with its receive time in the
 
 from __future__ import annotations
 
-import math
 from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,10 +35,10 @@ from shared.contracts.base import Message
 from shared.contracts.errors import ContractError, DecodeError
 from shared.contracts.session import SessionEnd
 from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
-from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER, HookMapper
+from shared.harness.base import MAX_HOOK_BYTES, HookMapper
 from shared.harness.registry import UnknownHarnessError, mapper_for
 from shared.hookclient import OVERSIZED_MARKER
-from shared.infra.busapi import Delivery, MessageBus, dead_letter_for
+from shared.infra.busapi import Delivery, MessageBus, dead_letter_for, received_at
 
 __all__ = ["HookIngest", "HookPayload", "decode_hook", "received_at"]
 
@@ -78,22 +77,6 @@ def decode_hook(data: bytes) -> HookPayload:
     if not isinstance(body, dict):
         raise DecodeError(_TARGET, f"expected a JSON object, got {_kind(body)}")
     return HookPayload(body=body, data=data)
-
-
-_MAX_EPOCH_S = 1.0e11  # the year 5138; NaN and inf compare false
-
-
-def received_at(d: Delivery) -> float:
-    """The ``Tao-Received-At`` header's time, else when the bus delivered the message.
-
-    A header that is not a plausible epoch time (not finite, not positive, or past the year
-    5000, such as a forged ``1e308``) is not believed: the delivery time is used instead."""
-    raw = d.headers.get(RECEIVED_AT_HEADER)
-    try:
-        at = float(raw) if raw is not None else math.nan
-    except ValueError:
-        at = math.nan
-    return at if 0.0 < at < _MAX_EPOCH_S else d.received_at
 
 
 @dataclass(slots=True)

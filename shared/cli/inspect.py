@@ -54,6 +54,7 @@ from shared.contracts.inspect import (
     encode_body,
 )
 from shared.contracts.kv import KVEventBatch, decode_kv_batch
+from shared.core.blockkeys import DEFAULT_BLOCK_SIZE, TOKEN_MAX
 from shared.core.kvindex import KvIndex
 from shared.infra.errors import BusError, RunFileError, SettingsError
 from shared.infra.nodesfile import NodesFileError, load_nodes_file
@@ -64,10 +65,8 @@ __all__ = ["add_inspect_parser", "read_tokens", "replay_index"]
 
 DEFAULT_TIMEOUT_S: Final = 2.0
 DEFAULT_LIVE_S: Final = 0.5
-DEFAULT_BLOCK_SIZE: Final = 16
 _REPLAY_TIMEOUT_S: Final = 2.0
 _DEADLINE_S: Final = 30.0
-_TOKEN_MAX: Final = 2**32 - 1
 
 
 def add_inspect_parser(sub: Any) -> None:
@@ -140,9 +139,9 @@ def read_tokens(source: str) -> list[int]:
         tokens = msgspec.json.decode(data, type=list[int])
     except msgspec.DecodeError as exc:
         raise OpsError(f"--tokens: {source!r} is not a JSON list of token ids: {exc}") from None
-    bad = next((t for t in tokens if not 0 <= t <= _TOKEN_MAX), None)
+    bad = next((t for t in tokens if not 0 <= t <= TOKEN_MAX), None)
     if bad is not None:
-        raise OpsError(f"--tokens: token id {bad} is outside 0..{_TOKEN_MAX}")
+        raise OpsError(f"--tokens: token id {bad} is outside 0..{TOKEN_MAX}")
     return tokens
 
 
@@ -191,33 +190,28 @@ async def _ask(where: _Where, what: str, body: bytes, timeout: float) -> bytes |
     """Telemetry's reply, or None when there is no NATS or no answer in time."""
     if where.nats is None:
         return None
-    import nats
     import nats.errors
 
     from shared.infra.bus import Bus
 
-    async def quiet(exc: Exception) -> None:
-        return None
-
     try:
-        nc = await nats.connect(
+        bus = await Bus.connect(
             where.nats,
             name="tao-inspect",
-            connect_timeout=timeout,
+            namespace=where.namespace,
+            connect_timeout_s=timeout,
             allow_reconnect=False,
-            max_reconnect_attempts=0,
-            error_cb=quiet,
+            quiet=True,
         )
-    except Exception:  # nats raises several unrelated types for "cannot connect"
+    except BusError:
         return None
-    bus = Bus(nc, namespace=where.namespace)
     try:
         return await bus.request(subjects.inspect(what), body, timeout)
     except BusError:
         return None
     finally:
         with contextlib.suppress(nats.errors.Error):
-            await nc.close()
+            await bus.nc.close()
 
 
 # -- reading the node directly ---------------------------------------------------------------------

@@ -27,7 +27,7 @@ import anyio
 from shared.cli.ops import OpsError
 from shared.contracts import subjects
 from shared.contracts.errors import SubjectError
-from shared.infra.errors import SettingsError
+from shared.infra.errors import RunFileError, SettingsError
 from shared.infra.kvzmq import DEFAULT_REPLAY_TIMEOUT_S, KvFeed, bridge_headers
 from shared.infra.nodesfile import NodesFileError, load_nodes_file
 from shared.infra.runfile import RunInfo, find_running, run_file_path
@@ -39,10 +39,6 @@ __all__ = ["add_kvbridge_parser", "bridge"]
 SERVICE = "kv-bridge"
 _RETRY_FIRST_S = 0.1
 _RETRY_MAX_S = 5.0
-
-
-class KvBridgeUsage(Exception):
-    """A bad argument or setting: one line, exit 2."""
 
 
 def add_kvbridge_parser(sub: Any) -> None:
@@ -68,7 +64,7 @@ def add_kvbridge_parser(sub: Any) -> None:
 
 def _endpoint(flag: str, value: str | None) -> str | None:
     if value is not None and "://" not in value:
-        raise KvBridgeUsage(f"{flag}: must be a ZMQ endpoint like tcp://host:5557, got {value!r}")
+        raise OpsError(f"{flag}: must be a ZMQ endpoint like tcp://host:5557, got {value!r}")
     return value
 
 
@@ -79,43 +75,46 @@ def _nodes(settings: Settings, running: RunInfo | None) -> tuple[NodeSpec, ...]:
         try:
             return load_nodes_file(running.nodes_file)
         except NodesFileError as exc:
-            raise KvBridgeUsage(f"nodes file of the running tao up: {exc}") from None
+            raise OpsError(f"nodes file of the running tao up: {exc}") from None
     return ()
 
 
 def resolve(args: argparse.Namespace, env: dict[str, str]) -> tuple[Settings, str, str, str | None]:
-    """(settings with the NATS URL, node, kv_events, kv_replay) or :class:`KvBridgeUsage`."""
+    """(settings with the NATS URL, node, kv_events, kv_replay), or :class:`OpsError`."""
     try:
         settings = Settings.from_env(env)
     except SettingsError as exc:
-        raise KvBridgeUsage(str(exc)) from None
+        raise OpsError(str(exc)) from None
     node = str(args.node)
     try:
         subjects.kv_events(node)
     except SubjectError as exc:
-        raise KvBridgeUsage(f"--node: {exc}") from None
+        raise OpsError(f"--node: {exc}") from None
     if not args.replay_timeout > 0:
-        raise KvBridgeUsage(f"--replay-timeout: must be > 0, got {args.replay_timeout}")
+        raise OpsError(f"--replay-timeout: must be > 0, got {args.replay_timeout}")
     events = _endpoint("--kv-events", args.kv_events)
     replay = _endpoint("--kv-replay", args.kv_replay)
-    running = find_running(run_file_path(env))
+    try:
+        running = find_running(run_file_path(env))
+    except RunFileError:  # unreadable: as if no tao up were running (like `tao inspect`)
+        running = None
     if events is None:
         spec = next((n for n in _nodes(settings, running) if n.id == node), None)
         if spec is None:
-            raise KvBridgeUsage(
+            raise OpsError(
                 f"--node: unknown node {node!r} (not in the nodes file); pass --kv-events"
             )
         if spec.kv_events is None:
-            raise KvBridgeUsage(f"--node: node {node!r} has no kv_events endpoint")
+            raise OpsError(f"--node: node {node!r} has no kv_events endpoint")
         events = spec.kv_events
         replay = replay or spec.kv_replay
     nats = args.nats or settings.nats_url
     if nats is None and running is not None:
         nats = running.nats_url
     if nats is None:
-        raise KvBridgeUsage("no NATS: pass --nats URL, set TAO_NATS_URL, or start `tao up`")
+        raise OpsError("no NATS: pass --nats URL, set TAO_NATS_URL, or start `tao up`")
     if "://" not in nats:
-        raise KvBridgeUsage(f"--nats: must be a URL like nats://host:4222, got {nats!r}")
+        raise OpsError(f"--nats: must be a URL like nats://host:4222, got {nats!r}")
     return settings.replace(nats_url=nats), node, events, replay
 
 
@@ -145,10 +144,7 @@ async def bridge(feed: KvFeed, ctx: ServiceContext) -> None:
 
 
 def _cmd_kv_bridge(args: argparse.Namespace, out: TextIO) -> int:
-    try:
-        settings, node, events, replay = resolve(args, dict(os.environ))
-    except KvBridgeUsage as exc:
-        raise OpsError(str(exc)) from None
+    settings, node, events, replay = resolve(args, dict(os.environ))
     timeout = float(args.replay_timeout)
 
     async def main(_settings: Settings, ctx: ServiceContext) -> None:

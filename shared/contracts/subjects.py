@@ -48,7 +48,9 @@ from .wake import Wake
 
 __all__ = [
     "ALL_STREAMS",
+    "KV_SEQ_HEADER",
     "PREFIX",
+    "RECEIVED_AT_HEADER",
     "STREAM_DLQ",
     "STREAM_HOOK",
     "STREAM_KV",
@@ -84,6 +86,16 @@ __all__ = [
 
 PREFIX: Final = "tao.v1"
 MAX_TOKEN_LEN: Final = 512
+
+RECEIVED_AT_HEADER: Final = "Tao-Received-At"
+"""NATS header: when the forwarder (the hook process, the gateway's ``/hooks``, ``tao
+kv-bridge``) received the payload, as epoch seconds in decimal. Consumers read it with
+:func:`shared.infra.busapi.received_at`, which falls back to the delivery time for a missing or
+implausible value. ``shared/hookclient.py`` (stdlib only) repeats the literal; a test keeps it
+equal."""
+KV_SEQ_HEADER: Final = "Tao-KV-Seq"
+"""NATS header of a bridged KV-event payload on :func:`kv_events`: the engine's ``seq`` of the
+batch, in decimal (vLLM numbers a publisher's batches 0, 1, 2, …)."""
 
 SessionEventKind = Literal["request", "response", "cancel", "end"]
 _SESSION_KINDS: Final[frozenset[str]] = frozenset(get_args(SessionEventKind))

@@ -23,12 +23,17 @@ from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Final
 
-__all__ = ["ROOT", "block_key", "chain_keys", "root_for"]
+__all__ = ["DEFAULT_BLOCK_SIZE", "ROOT", "TOKEN_MAX", "block_key", "chain_keys", "root_for"]
 
 ROOT: Final = 0
 """The parent key of a chain's first block (base model, no LoRA)."""
 
-_TOKEN_MAX: Final = 2**32 - 1
+TOKEN_MAX: Final = 2**32 - 1
+"""The largest token id a block key takes (ids are hashed as little-endian uint32)."""
+
+DEFAULT_BLOCK_SIZE: Final = 16
+"""vLLM's default KV block size in tokens (``--block-size``, ``vllm/config/cache.py``): assumed
+for a node that has not said its own."""
 
 
 def root_for(lora: int | str | None) -> int:
@@ -43,8 +48,8 @@ def _tokens_bytes(tokens: Sequence[int]) -> bytes:
     try:
         return array("I", tokens).tobytes()
     except OverflowError:
-        bad = next(t for t in tokens if not 0 <= t <= _TOKEN_MAX)
-        raise ValueError(f"token id {bad} is outside 0..{_TOKEN_MAX}") from None
+        bad = next(t for t in tokens if not 0 <= t <= TOKEN_MAX)
+        raise ValueError(f"token id {bad} is outside 0..{TOKEN_MAX}") from None
 
 
 def block_key(parent: int, tokens: Sequence[int]) -> int:

@@ -97,16 +97,22 @@ class Bus:
         retry_backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
         connect_timeout_s: float = 5.0,
+        allow_reconnect: bool = True,
+        quiet: bool = False,
     ) -> Bus:
-        """Connect to ``url`` as client ``name``; raise :class:`BusError` if it cannot."""
+        """Connect to ``url`` as client ``name``; raise :class:`BusError` if it cannot.
+
+        By default a lost connection is re-established forever and client errors are logged as
+        warnings; a short-lived client (``tao inspect``) passes ``allow_reconnect=False`` to
+        fail fast instead, and ``quiet=True`` to keep client errors off its output."""
         try:
             nc = await nats.connect(
                 url,
                 name=name,
                 connect_timeout=connect_timeout_s,
-                allow_reconnect=True,
-                max_reconnect_attempts=-1,
-                error_cb=_on_error,
+                allow_reconnect=allow_reconnect,
+                max_reconnect_attempts=-1 if allow_reconnect else 0,
+                error_cb=_ignore_error if quiet else _on_error,
             )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             raise BusError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from exc
@@ -444,3 +450,7 @@ class _Responder:
 
 async def _on_error(exc: Exception) -> None:
     _log.warning("nats_error", error=f"{type(exc).__name__}: {exc}")
+
+
+async def _ignore_error(exc: Exception) -> None:
+    return None

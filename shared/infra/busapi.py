@@ -17,6 +17,7 @@ fresh namespace each, so they never collide on a shared server; two deployments 
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -38,6 +39,7 @@ __all__ = [
     "backoff_delay",
     "check_namespace",
     "dead_letter_for",
+    "received_at",
     "stream_for_subject",
     "subject_matches",
 ]
@@ -61,6 +63,23 @@ class Delivery:
     num_delivered: int
     stream_seq: int | None
     received_at: float
+
+
+_MAX_EPOCH_S = 1.0e11  # the year 5138; NaN and inf compare false
+
+
+def received_at(d: Delivery) -> float:
+    """The time in ``d``'s :data:`~shared.contracts.subjects.RECEIVED_AT_HEADER`, else when the
+    bus delivered the message (``d.received_at``).
+
+    A header that is not a plausible epoch time (not a number, not finite, not positive, or past
+    the year 5000, such as a forged ``1e308``) is not believed: the delivery time is used."""
+    raw = d.headers.get(subjects.RECEIVED_AT_HEADER)
+    try:
+        at = float(raw) if raw is not None else math.nan
+    except ValueError:
+        at = math.nan
+    return at if 0.0 < at < _MAX_EPOCH_S else d.received_at
 
 
 Responder = Callable[[bytes], Awaitable[bytes]]

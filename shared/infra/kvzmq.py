@@ -59,6 +59,8 @@ import zmq.asyncio
 
 from shared.contracts.errors import FrameError
 from shared.contracts.frames import REPLAY_END_SEQ, parse_seq, replay_request
+from shared.contracts.subjects import KV_SEQ_HEADER
+from shared.contracts.subjects import RECEIVED_AT_HEADER as KV_RECEIVED_AT_HEADER
 from shared.core.kvseq import SeqTracker
 
 from .logging import get_logger
@@ -72,11 +74,6 @@ __all__ = [
     "KvReplayError",
     "bridge_headers",
 ]
-
-KV_SEQ_HEADER: Final = "Tao-KV-Seq"
-"""NATS header of a bridged KV payload: its ``seq`` in decimal."""
-KV_RECEIVED_AT_HEADER: Final = "Tao-Received-At"
-"""NATS header of a bridged KV payload: when the bridge received it (epoch seconds)."""
 
 DEFAULT_REPLAY_TIMEOUT_S: Final = 2.0
 _RECONNECT_S: Final = 0.2

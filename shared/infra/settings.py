@@ -86,7 +86,7 @@ class NodeSpec:
     @property
     def metrics(self) -> str:
         """Where to scrape Prometheus metrics."""
-        return self.metrics_url or f"{self.url}/metrics"
+        return self.metrics_url or f"{self.url.rstrip('/')}/metrics"
 
 
 @dataclass(frozen=True, slots=True)

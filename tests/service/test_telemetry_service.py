@@ -78,6 +78,24 @@ class TestNodeScrapes:
         ]
         assert len(sent) == 1 and sent[0].capacity_tokens == 16_000 and sent[0].healthy
 
+    @pytest.mark.parametrize(
+        ("spec", "page"),
+        [
+            (NodeSpec("n1", "http://n1", metrics_url="http://n1:9/prom"), "http://n1:9/prom"),
+            (NodeSpec("n1", "http://n1/"), "http://n1/metrics"),
+        ],
+    )
+    async def test_metrics_page_is_the_specs(self, spec: NodeSpec, page: str) -> None:
+        """The page scraped is ``NodeSpec.metrics``: the configured URL, else ``<url>/metrics``."""
+        store, bus, fetch = FakeStore(), FakeBus(), StubFetch()
+        fetch.pages[page] = fetch.pages.pop("http://n1/metrics")
+        sc = scrapers(store, bus, fetch)
+        sc.nodes = [spec]
+        await sc.scrape_all()
+        rec = await store.get_node("n1")
+        assert rec is not None and rec.healthy and rec.capacity_tokens == 16_000
+        assert spec.metrics == page
+
     async def test_three_failures_mark_unhealthy(self) -> None:
         """The node stays healthy through two failed scrapes and is unhealthy after the third."""
         store, bus, fetch = FakeStore(), FakeBus(), StubFetch()

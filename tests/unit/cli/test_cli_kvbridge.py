@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from shared.cli.kvbridge import KvBridgeUsage, resolve
+from shared.cli.kvbridge import resolve
 from shared.cli.main import main
+from shared.cli.ops import OpsError
 
 NODES = """\
 [[node]]
@@ -58,6 +59,14 @@ class TestResolve:
         settings, *_ = resolve(args(node="a", nats=None), {**env, "TAO_NATS_URL": "nats://y:1"})
         assert settings.nats_url == "nats://y:1"
 
+    def test_corrupt_run_file_is_no_running_stack(self, env: dict[str, str]) -> None:
+        """An unreadable run file is read as no ``tao up``: NATS must then come from elsewhere."""
+        Path(env["TAO_RUN_FILE"]).write_text("{not json")
+        settings, node, events, _ = resolve(args(node="a"), env)
+        assert (node, events, settings.nats_url) == ("a", "tcp://h:5557", "nats://x:4222")
+        with pytest.raises(OpsError, match="no NATS"):
+            resolve(args(node="a", nats=None), env)
+
     @pytest.mark.parametrize(
         ("kw", "says"),
         [
@@ -71,7 +80,7 @@ class TestResolve:
     )
     def test_bad_input(self, env: dict[str, str], kw: dict[str, Any], says: str) -> None:
         """Each bad input is refused with a message naming what was wrong."""
-        with pytest.raises(KvBridgeUsage, match=says.replace(".", r"\.")):
+        with pytest.raises(OpsError, match=says.replace(".", r"\.")):
             resolve(args(**kw), env)
 
 

@@ -174,7 +174,7 @@ class TestAgreement:
 
     def test_constants(self) -> None:
         assert MAX_HOOK_BYTES == base.MAX_HOOK_BYTES
-        assert RECEIVED_AT_HEADER == base.RECEIVED_AT_HEADER
+        assert RECEIVED_AT_HEADER == subjects.RECEIVED_AT_HEADER == base.RECEIVED_AT_HEADER
 
     @pytest.mark.parametrize("namespace", ["", "t1234", "prod_a-b"])
     def test_subject(self, namespace: str) -> None:

@@ -1,4 +1,5 @@
-"""Helpers both buses share: subject matching, stream lookup, backoff, dead letters."""
+"""Helpers both buses share: subject matching, stream lookup, backoff, dead letters, the
+receive-time header."""
 
 from __future__ import annotations
 
@@ -6,9 +7,11 @@ import pytest
 
 from shared.contracts import subjects
 from shared.infra.busapi import (
+    Delivery,
     backoff_delay,
     check_namespace,
     dead_letter_for,
+    received_at,
     stream_for_subject,
     subject_matches,
 )
@@ -89,3 +92,25 @@ class TestAckFields:
 
         assert ack_fields("_INBOX.abc") == (1, None)
         assert ack_fields("$JS.ACK.S.C.x.y.1.2.3") == (1, None)
+
+
+class TestReceivedAt:
+    """The receive-time header is believed only when it is a plausible epoch time."""
+
+    @pytest.mark.parametrize(
+        ("header", "expected"),
+        [
+            ("1700000000.25", 1700000000.25),
+            (None, 5.0),
+            ("soon", 5.0),
+            ("nan", 5.0),
+            ("inf", 5.0),
+            ("-inf", 5.0),
+            ("0", 5.0),
+            ("-3", 5.0),
+            ("1e308", 5.0),
+        ],
+    )
+    def test_header_or_delivery_time(self, header: str | None, expected: float) -> None:
+        headers = {} if header is None else {subjects.RECEIVED_AT_HEADER: header}
+        assert received_at(Delivery("tao.v1.kv.n1", headers, 1, 1, 5.0)) == expected

@@ -35,6 +35,9 @@ DEFAULT_BLOCK_SIZE: Final = 16
 """vLLM's default KV block size in tokens (``--block-size``, ``vllm/config/cache.py``): assumed
 for a node that has not said its own."""
 
+_EMPTY: Final = blake2b(digest_size=8)
+"""An empty 8-byte blake2b state; :func:`chain_keys` copies it per block (never updated)."""
+
 
 def root_for(lora: int | str | None) -> int:
     """The root key for blocks computed under LoRA adapter ``lora`` (``None``: :data:`ROOT`)."""
@@ -63,17 +66,23 @@ def chain_keys(tokens: Sequence[int], block_size: int, root: int = ROOT) -> list
     """Keys of the full blocks of ``tokens`` in order (a trailing partial block has none).
 
     Raises :class:`ValueError` for a block size below 1 or a token id outside uint32.
+    The same values as :func:`block_key` block by block, computed faster: each block's hash
+    state is a ``copy()`` of one empty 8-byte blake2b (the constructor's keyword parsing costs
+    more than the hashing), and the parent's digest is fed as bytes, without the int round trip.
     """
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     raw = _tokens_bytes(tokens)
     step = 4 * block_size
-    full = len(tokens) // block_size
     keys: list[int] = []
-    parent = root
-    for j in range(full):
-        h = blake2b(parent.to_bytes(8, "little"), digest_size=8)
-        h.update(raw[j * step : (j + 1) * step])
-        parent = int.from_bytes(h.digest(), "little")
-        keys.append(parent)
+    append = keys.append
+    from_bytes = int.from_bytes
+    fresh = _EMPTY.copy
+    parent = root.to_bytes(8, "little")
+    for start in range(0, len(tokens) // block_size * step, step):
+        h = fresh()
+        h.update(parent)
+        h.update(raw[start : start + step])
+        parent = h.digest()
+        append(from_bytes(parent, "little"))
     return keys

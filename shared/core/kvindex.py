@@ -48,6 +48,13 @@ current prefix length extends the prefix (walking on while keys are resident); a
 inside the prefix cuts it there. Each change marks the (session, node) pair dirty with the
 caller's stamp (the observation time); :meth:`KvIndex.drain` returns the dirty pairs with their
 current prefix in tokens (blocks × the chain's block size).
+
+The reverse map is large (every key of every chain) and most stored or evicted blocks change
+no prefix, so two small counts per node filter them first: ``want``, the key right after each
+non-empty prefix (with the chains' first keys, the only keys whose store can extend one), and
+``held``, every key inside some prefix (the only keys whose eviction can cut one). A block whose
+key is in neither is counted in or out with no reverse-map lookup; the others go through the
+reverse map exactly as described above.
 """
 
 from __future__ import annotations
@@ -151,6 +158,11 @@ class _Node:
     refs: dict[int, int] = field(default_factory=dict)
     engine: dict[BlockHash, Any] = field(default_factory=dict)  # int key, or list[int] keys
     prefix: dict[str, int] = field(default_factory=dict)  # session -> resident blocks (> 0)
+    # Filters that spare most blocks the (large) reverse-map lookup; both are counts over the
+    # sessions in ``prefix``: ``want`` of the key right after each prefix (the key that would
+    # extend it), ``held`` of every key inside each prefix (a key whose eviction would cut it).
+    want: dict[int, int] = field(default_factory=dict)
+    held: dict[int, int] = field(default_factory=dict)
     group: object = _UNSET  # the counted group_idx (None: engine without groups)
     block_size: int | None = None
     tracker: SeqTracker = field(default_factory=SeqTracker)
@@ -194,6 +206,7 @@ class KvIndex:
         self._nodes: dict[str, _Node] = {}
         self._chains: dict[str, _Chain] = {}
         self._rev: dict[int, dict[str, int]] = {}  # own key -> {session: position in chain}
+        self._firsts: dict[int, int] = {}  # first key of a chain -> chains starting with it
         self._dirty: dict[tuple[str, str], float] = {}
         self._cleared: list[str] = []
 
@@ -240,14 +253,20 @@ class KvIndex:
             tracker.accept(seq)
         state.last_ts = batch.ts
         state.last_t_obs = t_obs
+        # Sessions whose prefix on this node changed, first change first; written to the
+        # dirty map (all stamped t_obs) before a clear and at the end, so its order is as if
+        # each change had been written at once.
+        touched: dict[str, None] = {}
         for ev in batch.events:
             if type(ev) is BlockStored:
-                self._store(node, state, ev, t_obs, result)
+                self._store(state, ev, touched, result)
             elif type(ev) is BlockRemoved:
-                self._remove(node, state, ev, t_obs, result)
+                self._remove(state, ev, touched, result)
             elif type(ev) is AllBlocksCleared:
+                self._flush(node, touched, t_obs)
                 self._clear(node, state, t_obs)
                 result.cleared = True
+        self._flush(node, touched, t_obs)
         state.orphans += result.orphans
         state.unknown_removals += result.unknown_removals
         return result
@@ -265,11 +284,22 @@ class KvIndex:
         for sid in state.prefix:
             dirty[(sid, node)] = t_obs
         state.prefix = {}
+        state.want = {}
+        state.held = {}
         self._cleared.append(node)
 
+    def _flush(self, node: str, touched: dict[str, None], t_obs: float) -> None:
+        if touched:
+            dirty = self._dirty
+            for sid in touched:
+                dirty[(sid, node)] = t_obs
+            touched.clear()
+
     def _store(
-        self, node: str, state: _Node, ev: BlockStored, t_obs: float, result: ApplyResult
+        self, state: _Node, ev: BlockStored, touched: dict[str, None], result: ApplyResult
     ) -> None:
+        """Count a run of blocks in; a key becoming resident (count 0 -> 1) extends the
+        prefixes that end right before it (walking on while keys are resident)."""
         kind = ev.kv_cache_spec_kind
         if ev.medium not in COUNTED_MEDIA or (
             kind is not None and kind not in FULL_ATTENTION_KINDS
@@ -296,17 +326,18 @@ class KvIndex:
         state.block_size = bs
         parent = ev.parent_block_hash
         engine = state.engine
+        engine_get = engine.get
         if parent is None:
             pkey = _lora_root(ev)
         else:
-            found = engine.get(parent)
+            found = engine_get(parent)
             if found is None:
                 pkey = _orphan_root(parent)
                 result.orphans += 1
             else:
                 pkey = found if type(found) is int else found[-1]
         try:
-            keys = chain_keys(tokens, bs, pkey)
+            keys = chain_keys(tokens, bs, pkey)  # exactly n keys
         except ValueError:  # a token id outside uint32: nothing here can match a session
             result.bad_events += 1
             return
@@ -314,28 +345,32 @@ class KvIndex:
         if extra:
             keys = _salt_chain(keys, tokens, bs, pkey, extra)
         refs = state.refs
-        rev = self._rev
-        for j in range(n):
-            key = keys[j]
-            h = hashes[j]
-            old = engine.get(h)
+        refs_get = refs.get
+        firsts = self._firsts
+        want = state.want
+        for key, h in zip(keys, hashes, strict=False):  # hashes may run past n
+            old = engine_get(h)
             if old is None:
                 engine[h] = key
             elif type(old) is int:
                 engine[h] = [old, key]
             else:
                 old.append(key)
-            count = refs.get(key, 0)
-            refs[key] = count + 1
-            if count == 0:
-                sessions = rev.get(key)
-                if sessions:
-                    self._resident(node, state, sessions, t_obs)
+            count = refs_get(key)
+            if count:
+                refs[key] = count + 1
+                continue
+            refs[key] = 1
+            # Only a key right after a prefix (a chain's first key for an empty one) extends
+            # it; any other key skips the reverse map.
+            if key in firsts or key in want:
+                self._resident(state, key, touched)
         result.stored += n
 
     def _remove(
-        self, node: str, state: _Node, ev: BlockRemoved, t_obs: float, result: ApplyResult
+        self, state: _Node, ev: BlockRemoved, touched: dict[str, None], result: ApplyResult
     ) -> None:
+        """Count blocks out; a key leaving (count 1 -> 0) cuts the prefixes that contain it."""
         if ev.medium not in COUNTED_MEDIA:
             result.filtered += 1
             return
@@ -344,12 +379,15 @@ class KvIndex:
             result.filtered += 1
             return
         engine = state.engine
+        engine_pop = engine.pop
         refs = state.refs
-        rev = self._rev
-        for h in ev.block_hashes:
-            found = engine.pop(h, None)
+        held = state.held
+        hashes = ev.block_hashes
+        unknown = 0
+        for h in hashes:
+            found = engine_pop(h, None)
             if found is None:
-                result.unknown_removals += 1
+                unknown += 1
                 continue
             if type(found) is int:
                 key: int = found
@@ -359,37 +397,63 @@ class KvIndex:
             count = refs[key]
             if count > 1:
                 refs[key] = count - 1
-            else:
-                del refs[key]
-                sessions = rev.get(key)
-                if sessions:
-                    self._evicted(node, state, sessions, t_obs)
-            result.removed += 1
+                continue
+            del refs[key]
+            if key in held:  # only a key inside some prefix cuts it
+                self._evicted(state, key, touched)
+        result.unknown_removals += unknown
+        result.removed += len(hashes) - unknown
 
-    def _resident(self, node: str, state: _Node, sessions: dict[str, int], t_obs: float) -> None:
-        """A key became resident: extend the prefixes that end right before it."""
+    def _resident(self, state: _Node, key: int, touched: dict[str, None]) -> None:
+        """``key`` became resident: extend the prefixes that end right before it."""
+        sessions = self._rev.get(key)
+        if not sessions:
+            return
         prefix = state.prefix
         refs = state.refs
+        held = state.held
+        want = state.want
+        chains = self._chains
         for sid, pos in sessions.items():
-            if prefix.get(sid, 0) != pos:
-                continue
-            keys = self._chains[sid].keys
-            end = pos + 1
-            while end < len(keys) and keys[end] in refs:
-                end += 1
-            prefix[sid] = end
-            self._dirty[(sid, node)] = t_obs
+            if prefix.get(sid, 0) == pos:  # then chain[pos] is key (its first position)
+                chain = chains[sid].keys
+                size = len(chain)
+                held[key] = held.get(key, 0) + 1
+                end = pos + 1
+                while end < size:
+                    nxt = chain[end]
+                    if nxt not in refs:
+                        break
+                    held[nxt] = held.get(nxt, 0) + 1
+                    end += 1
+                prefix[sid] = end
+                if pos:  # _moved(state, chain, pos, end), inline
+                    count = want[key]
+                    if count > 1:
+                        want[key] = count - 1
+                    else:
+                        del want[key]
+                if end < size:
+                    nxt = chain[end]
+                    want[nxt] = want.get(nxt, 0) + 1
+                touched[sid] = None
 
-    def _evicted(self, node: str, state: _Node, sessions: dict[str, int], t_obs: float) -> None:
-        """A key left: cut the prefixes that contain it."""
+    def _evicted(self, state: _Node, key: int, touched: dict[str, None]) -> None:
+        """``key`` left: cut the prefixes that contain it."""
+        sessions = self._rev.get(key)
+        if not sessions:
+            return
         prefix = state.prefix
+        chains = self._chains
         for sid, pos in sessions.items():
-            if pos < prefix.get(sid, 0):
+            blocks = prefix.get(sid, 0)
+            if pos < blocks:
                 if pos:
                     prefix[sid] = pos
                 else:
                     del prefix[sid]
-                self._dirty[(sid, node)] = t_obs
+                _moved(state, chains[sid].keys, blocks, pos)
+                touched[sid] = None
 
     # --- sessions ---------------------------------------------------------------------------
 
@@ -398,15 +462,24 @@ class KvIndex:
         each), replacing the previous one; pairs whose prefix changed are marked dirty."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        old = self._chains.get(session)
         self._unlink(session)
         chain = _Chain(list(keys), block_size)
         self._chains[session] = chain
         rev = self._rev
         for pos, key in enumerate(chain.keys):
             rev.setdefault(key, {}).setdefault(session, pos)
+        if chain.keys:
+            first = chain.keys[0]
+            self._firsts[first] = self._firsts.get(first, 0) + 1
         for node, state in self._nodes.items():
             blocks = self._walk(state.refs, chain.keys)
-            if blocks != state.prefix.get(session, 0):
+            before = state.prefix.get(session, 0)
+            if before and old is not None:
+                _moved(state, old.keys, before, 0)
+            if blocks:
+                _moved(state, chain.keys, 0, blocks)
+            if blocks != before:
                 if blocks:
                     state.prefix[session] = blocks
                 else:
@@ -422,15 +495,24 @@ class KvIndex:
     def forget(self, session: str) -> None:
         """Drop ``session`` (it ended); its dirty pairs are dropped too."""
         self._unlink(session)
-        self._chains.pop(session, None)
+        chain = self._chains.pop(session, None)
         for node, state in self._nodes.items():
-            state.prefix.pop(session, None)
+            blocks = state.prefix.pop(session, None)
+            if blocks and chain is not None:
+                _moved(state, chain.keys, blocks, 0)
             self._dirty.pop((session, node), None)
 
     def _unlink(self, session: str) -> None:
         old = self._chains.get(session)
         if old is None:
             return
+        if old.keys:
+            first = old.keys[0]
+            left = self._firsts[first] - 1
+            if left:
+                self._firsts[first] = left
+            else:
+                del self._firsts[first]
         rev = self._rev
         for key in old.keys:
             holders = rev.get(key)
@@ -538,6 +620,33 @@ class KvIndex:
             blocks = self.prefix_blocks(sid, node)
             out.append(Residency(sid, node, blocks * chain.block_size, stamp))
         return out
+
+
+def _moved(state: _Node, chain: list[int], old: int, new: int) -> None:
+    """Keep ``state.want`` and ``state.held`` counting after a session's prefix on the node
+    went from ``old`` to ``new`` blocks of ``chain``."""
+    held = state.held
+    if old < new:
+        for key in chain[old:new]:
+            held[key] = held.get(key, 0) + 1
+    else:
+        for key in chain[new:old]:
+            count = held[key]
+            if count > 1:
+                held[key] = count - 1
+            else:
+                del held[key]
+    want = state.want
+    if old and old < len(chain):
+        key = chain[old]
+        count = want[key]
+        if count > 1:
+            want[key] = count - 1
+        else:
+            del want[key]
+    if new and new < len(chain):
+        key = chain[new]
+        want[key] = want.get(key, 0) + 1
 
 
 def _salt_chain(

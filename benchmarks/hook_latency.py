@@ -40,6 +40,7 @@ from pathlib import Path
 
 from shared.contracts import subjects
 from shared.infra import Bus, EmbeddedServers, nats_answers
+from shared.infra.embedded import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURE = ROOT / "tests" / "fixtures" / "claude-code" / "pre-tool-use-bash.json"
@@ -75,13 +76,6 @@ def run_case(cmd: Sequence[str], env: dict[str, str], runs: int) -> tuple[list[f
 def pct(values: Sequence[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 @contextmanager

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -87,10 +89,50 @@ def stop_processes(procs: list[subprocess.Popen[bytes]], grace_s: float = 5.0) -
             proc.wait()
 
 
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
+_PORT_FLOOR = 20000  # above the registered services people commonly run on a dev machine
+_EPHEMERAL_DEFAULT = (32768, 60999)  # Linux's default net.ipv4.ip_local_port_range
+
+
+_issued: deque[int] = deque(maxlen=256)  # not handed out twice in a row, before its server binds
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux; the default elsewhere)."""
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def _bindable(port: int) -> bool:
+    """Whether ``port`` can be bound on every IPv4 interface (so on 127.0.0.1 too)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    """A TCP port that was free a moment ago, for a server started next.
+
+    Drawn at random from below the kernel's ephemeral range when there is room: a port that the
+    kernel handed out for ``bind(0)`` is one it also hands to outgoing connections, so between
+    this call and the server's bind a client elsewhere on the machine could take it. Outside
+    that range only another server can, and randomness makes that unlikely. Falls back to
+    ``bind(0)`` if the range below is tiny or every draw is taken.
+    """
+    lo, _ = _ephemeral_range()
+    if lo - _PORT_FLOOR >= 1000:
+        for _ in range(64):
+            port = _PORT_FLOOR + secrets.randbelow(lo - _PORT_FLOOR)
+            if port not in _issued and _bindable(port):
+                _issued.append(port)
+                return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
         return int(s.getsockname()[1])
 
 

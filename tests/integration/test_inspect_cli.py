@@ -4,7 +4,6 @@ with no telemetry, read from a real ZMQ publisher in vLLM's wire format (replay 
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -17,6 +16,7 @@ from shared.cli.main import main
 from shared.contracts.kv import BlockRemoved, BlockStored, KVEventBatch
 from shared.core.kvindex import KvIndex
 from shared.infra import Bus
+from shared.infra.embedded import free_port
 from shared.infra.fake_store import FakeStore
 from shared.infra.nodesfile import render_nodes_file
 from shared.infra.settings import NodeSpec
@@ -24,12 +24,6 @@ from tests.inspect_contract import NODE_KEYS
 
 BS = 16
 TOKENS = list(range(500, 500 + 3 * BS))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def batches() -> list[KVEventBatch]:

@@ -8,7 +8,6 @@ Synchronisation is on events: the test awaits the bus messages the gateway publi
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -31,6 +30,7 @@ from shared.contracts import (
     subjects,
 )
 from shared.infra import FakeBus, Settings
+from shared.infra.embedded import free_port
 from tests.service.gateway_util import Recorder
 
 GW = "gwtest"
@@ -182,12 +182,6 @@ class Harness:
         headers = {**({"X-Session-ID": session} if session else {}), **(headers or {})}
         payload = {"model": "m", "messages": [{"role": "user", "content": "hi there"}], **body}
         return await self.client.post("/v1/chat/completions", json=payload, headers=headers)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def make_harness(settings: Settings, node_url: str | None = None) -> AsyncIterator[Harness]:

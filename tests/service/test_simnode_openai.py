@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -14,6 +13,7 @@ import pytest
 from aiohttp import web
 
 from services.simnode import SimNodeConfig, create_app
+from shared.infra.embedded import free_port
 
 
 @pytest.fixture
@@ -21,9 +21,7 @@ async def base_url() -> AsyncIterator[str]:
     app = create_app(SimNodeConfig(node_id="oa", time_scale=1000.0, model="qwen-sim"))
     runner = web.AppRunner(app)
     await runner.setup()
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     site = web.TCPSite(runner, "127.0.0.1", port)
     await site.start()
     try:

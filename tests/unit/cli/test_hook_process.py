@@ -28,17 +28,10 @@ from shared.hookclient import (
     run_hook,
 )
 from shared.infra import runfile
+from shared.infra.embedded import free_port
 
 ROOT = Path(__file__).parents[3]
 FIXTURE = (ROOT / "tests" / "fixtures" / "claude-code" / "pre-tool-use-bash.json").read_bytes()
-
-
-def free_port() -> int:
-    """A port with nothing listening on it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-    return port
 
 
 def hook_process(

@@ -83,6 +83,7 @@ class Receiver(Generic[T]):
         self._stopping = False
         self._cb_task: asyncio.Task[Any] | None = None
         self._buffer: list[tuple[Msg, T, Delivery]] = []
+        self._returned: list[Msg] = []
 
     @property
     def name(self) -> str:
@@ -102,12 +103,13 @@ class Receiver(Generic[T]):
 
     async def _unsubscribe(self) -> None:
         with contextlib.suppress(nats.errors.Error):  # already closed: nothing to stop
-            await self.sub.drain()  # waits for the in-flight handler; queued ones are nak'ed
-        await self._nak_buffer()
-
-    async def _nak_buffer(self) -> None:
-        buffered, self._buffer = self._buffer, []
-        for msg, _, _ in buffered:
+            # UNSUB and a flush (the server has it), then the queued messages run through
+            # on_msg, which sets them aside: nak'ed before the server knew we left, they would
+            # come straight back to us, each bounce one more delivery towards a dead letter.
+            await self.sub.drain()
+        returned = [msg for msg, _, _ in self._buffer] + self._returned
+        self._buffer, self._returned = [], []
+        for msg in returned:  # back to the stream now, for the next consumer
             with contextlib.suppress(Exception):
                 await msg.nak()
 
@@ -116,8 +118,7 @@ class Receiver(Generic[T]):
         self._cb_task = asyncio.current_task()
         if self._stopping:
             if self.jetstream:
-                await msg.nak()  # back to the stream now, for the next consumer
-                await self._nak_buffer()
+                self._returned.append(msg)  # nak'ed once the unsubscribe is through
             return
         received_at = time.time()
         num, seq = ack_fields(msg.reply) if self.jetstream else (1, None)

@@ -27,15 +27,19 @@ class Collector:
         self.items.append((value, delivery))
         self._changed.set()
 
-    async def _until(self, ready: Callable[[], bool]) -> None:
-        async with asyncio.timeout(self.timeout_s):
-            while not ready():
-                self._changed.clear()
-                await self._changed.wait()
+    async def _until(self, ready: Callable[[], bool], want: str) -> None:
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                while not ready():
+                    self._changed.clear()
+                    await self._changed.wait()
+        except TimeoutError:
+            got = len(self.items)
+            raise AssertionError(f"{want} within {self.timeout_s:g} s; {got} arrived") from None
 
     async def wait(self, n: int) -> list[tuple[Any, Delivery]]:
         """All pairs, once at least ``n`` have arrived."""
-        await self._until(lambda: len(self.items) >= n)
+        await self._until(lambda: len(self.items) >= n, f"wanted {n} items")
         return self.items
 
     async def values(self, n: int = 1, pred: Callable[[Any], bool] | None = None) -> list[Any]:
@@ -44,7 +48,7 @@ class Collector:
         def found() -> list[Any]:
             return [v for v, _ in self.items if pred is None or pred(v)]
 
-        await self._until(lambda: len(found()) >= n)
+        await self._until(lambda: len(found()) >= n, f"wanted {n} matching values")
         return found()
 
 

@@ -90,6 +90,10 @@ class TestDurableResume:
         assert first == [f"c{i:03d}" for i in range(40)]
         assert sorted(rest) == [f"c{i:03d}" for i in range(40, 100)]
         assert len(second.items) == 60
+        # Set aside until the server had the unsubscribe, each came back exactly once more: a
+        # nak sent before would bounce straight back to the stopping consumer, every bounce a
+        # delivery counted towards the dead-letter limit.
+        assert {d.num_delivered for _, d in second.items} <= {1, 2}
 
 
 class TestDeadLetters:

@@ -40,7 +40,10 @@ own keys of prompt + completion token ids, ``block_size`` tokens each) as the se
 the index then keeps every (session, node) resident prefix incrementally. A response without
 ``block_keys``, or served by a node no KV events have come from, goes to
 :class:`UsageResidency` (the usage-based observation on the serving node). ``SessionEnd``
-forgets the chain.
+forgets the chain. A chain stamped before the one held (a redelivered response) is ignored.
+Each new chain is also written to the store (``put_chains``, with the prefixes), and dropped
+there on ``SessionEnd``; :meth:`KvResidency.start` registers the stored chains first, so after a
+restart the catch-up replay gives sessions their prefixes again without a new response.
 
 Writes: changed (session, node) prefixes are flushed to the store in batches, debounced by
 ``flush_s`` (50 ms): ``put_residencies`` with ``(session, node, k0 tokens, t_obs)`` (``k0 = 0``
@@ -179,12 +182,15 @@ class KvResidency:
         self._wake = asyncio.Event()
         self._retry: list[tuple[str, str, int, float]] = []
         self._retry_cleared: list[str] = []
+        self._chains_out: dict[str, tuple[int, list[int], float]] = {}  # to store
+        self._chains_gone: set[str] = set()  # to drop from the store
 
     # --- lifecycle --------------------------------------------------------------------------
 
     async def start(self, bus: MessageBus, service: str) -> list[Subscription]:
-        """Consume responses, session ends and bridged KV events (the ZMQ feeds and the
-        flusher run in :meth:`run`)."""
+        """Restore the stored chains, then consume responses, session ends and bridged KV
+        events (the ZMQ feeds and the flusher run in :meth:`run`)."""
+        await self.restore()
         responses = await bus.consume(
             subjects.STREAM_SESSION,
             service,
@@ -221,6 +227,26 @@ class KvResidency:
 
     # --- sessions ---------------------------------------------------------------------------
 
+    async def restore(self) -> int:
+        """Register the chains a previous run stored (the KV events replayed next then give
+        their prefixes again); the number restored. A store that cannot be read is logged and
+        the chains come back with each session's next response."""
+        try:
+            found = await self.store.chains()
+        except Exception as exc:
+            self.counts["restore_failures"] += 1
+            self.log.error("chains_restore_failed", error=f"{type(exc).__name__}: {exc}")
+            return 0
+        restored = sum(
+            self.index.register(sid, keys, bs, stamp) for sid, bs, keys, stamp in found.chains
+        )
+        self.counts["chains_restored"] += restored
+        if found.corrupt:
+            self.counts["chains_corrupt"] += len(found.corrupt)
+            self.log.warning("chains_corrupt_dropped", sessions=found.corrupt[:20])
+        self.log.info("chains_restored", chains=restored, corrupt=len(found.corrupt))
+        return restored
+
     def is_kv_node(self, node: str) -> bool:
         """Whether ``node``'s residency comes from KV events: some have arrived from it (a node
         configured with ``kv_events`` whose stream is silent stays on usage-based residency)."""
@@ -230,8 +256,12 @@ class KvResidency:
         """Register the response's chain; fall back to usage where KV events cannot tell."""
         keys, bs = ev.block_keys, ev.block_size
         if keys is not None and bs and ev.error is None:
-            self.index.register(ev.session_id, keys, bs, ev.finished_at)
+            if not self.index.register(ev.session_id, keys, bs, ev.finished_at):
+                self.counts["stale_chains"] += 1  # older than the chain we hold: nothing new
+                return
             self.counts["chains"] += 1
+            self._chains_out[ev.session_id] = (bs, list(keys), ev.finished_at)
+            self._chains_gone.discard(ev.session_id)
             if self.is_kv_node(ev.node_id):
                 self.index.touch(ev.session_id, ev.node_id, ev.finished_at)
                 self._wake.set()
@@ -250,6 +280,9 @@ class KvResidency:
 
     async def on_end(self, ev: SessionEnd, d: Delivery) -> None:
         self.index.forget(ev.session_id)
+        self._chains_out.pop(ev.session_id, None)
+        self._chains_gone.add(ev.session_id)
+        self._wake.set()
 
     # --- KV events --------------------------------------------------------------------------
 
@@ -396,24 +429,44 @@ class KvResidency:
                 self._wake.set()
 
     async def flush(self) -> bool:
-        """Write the changed prefixes (clears first); False if the store failed (kept)."""
+        """Write the changed prefixes (clears first) and the new or ended chains; False if the
+        store failed (all of it kept for the next try)."""
         cleared = self._retry_cleared + self.index.take_cleared()
         items = self._retry + [(r.session, r.node, r.tokens, r.stamp) for r in self.index.drain()]
         self._retry, self._retry_cleared = [], []
-        if not cleared and not items:
+        chains, gone = self._chains_out, self._chains_gone
+        self._chains_out, self._chains_gone = {}, set()
+        if not cleared and not items and not chains and not gone:
             return True
         try:
             for node in dict.fromkeys(cleared):
                 await self.store.clear_node_residency(node)
             if items:
                 await self.store.put_residencies(items)
+            if gone:
+                await self.store.drop_chains(sorted(gone))
+            if chains:
+                await self.store.put_chains((sid, *c) for sid, c in chains.items())
         except Exception as exc:
             self._retry, self._retry_cleared = items, cleared
+            self._keep_chains(chains, gone)
             self.counts["flush_failures"] += 1
             self.log.error("residency_flush_failed", error=f"{type(exc).__name__}: {exc}")
             return False
         self.counts["written"] += len(items)
+        self.counts["chains_written"] += len(chains)
         self.log.info(
             "residency_flush", source=self.name, pairs=len(items), cleared=cleared or None
         )
         return True
+
+    def _keep_chains(self, chains: dict[str, tuple[int, list[int], float]], gone: set[str]) -> None:
+        """Put back what a failed flush did not write, under what arrived meanwhile: a newer
+        chain or a later end of the same session wins."""
+        chains.update(self._chains_out)
+        gone |= self._chains_gone
+        for sid in self._chains_out:
+            gone.discard(sid)
+        for sid in self._chains_gone:
+            chains.pop(sid, None)
+        self._chains_out, self._chains_gone = chains, gone

@@ -151,6 +151,7 @@ class Residency:
 class _Chain:
     keys: list[int]
     block_size: int
+    stamp: float
 
 
 @dataclass(slots=True)
@@ -457,14 +458,18 @@ class KvIndex:
 
     # --- sessions ---------------------------------------------------------------------------
 
-    def register(self, session: str, keys: Sequence[int], block_size: int, stamp: float) -> None:
+    def register(self, session: str, keys: Sequence[int], block_size: int, stamp: float) -> bool:
         """Set ``session``'s chain (own keys of its latest token ids, ``block_size`` tokens
-        each), replacing the previous one; pairs whose prefix changed are marked dirty."""
+        each, from a response finished at ``stamp``), replacing the previous one; pairs whose
+        prefix changed are marked dirty. A chain older than the registered one (a redelivered
+        response, or a stored chain restored after a newer one arrived) is ignored: False."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         old = self._chains.get(session)
+        if old is not None and stamp < old.stamp:
+            return False
         self._unlink(session)
-        chain = _Chain(list(keys), block_size)
+        chain = _Chain(list(keys), block_size, stamp)
         self._chains[session] = chain
         rev = self._rev
         for pos, key in enumerate(chain.keys):
@@ -485,6 +490,7 @@ class KvIndex:
                 else:
                     del state.prefix[session]
                 self._dirty[(session, node)] = stamp
+        return True
 
     def touch(self, session: str, node: str, stamp: float) -> None:
         """Mark (``session``, ``node``) dirty even if its prefix did not change (a response

@@ -24,10 +24,11 @@ from shared.infra.keys import (
     check_session_id,
     tool_field,
 )
-from shared.infra.store_codec import encode_session
+from shared.infra.store_codec import encode_chain, encode_session, read_chain
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
     KEEP,
+    ChainsRead,
     NodeRecord,
     SessionFn,
     SessionFnWith,
@@ -57,6 +58,7 @@ class FakeStore:
         self._status: dict[str, NodeRecord] = {}
         self._reserved: dict[str, int] = {}
         self._residency: dict[str, dict[str, tuple[int, float]]] = {}
+        self._chains: dict[str, str] = {}  # sid -> encoded chain (no TTL here)
         self._tools: dict[str, ToolStats] = {}
         self._overall = ToolStats()
         self._counters: dict[str, int] = {}
@@ -150,6 +152,7 @@ class FakeStore:
         old = self._sessions.get(sid)
         self._write(sid, old, None)
         self._residency.pop(sid, None)
+        self._chains.pop(sid, None)
         return old is not None
 
     # --- nodes ------------------------------------------------------------------------------
@@ -241,6 +244,32 @@ class FakeStore:
             if not per:
                 del self._residency[sid]
 
+    # --- chains -----------------------------------------------------------------------------
+
+    async def put_chains(self, items: Iterable[tuple[str, int, Sequence[int], float]]) -> None:
+        encoded: dict[str, str] = {}
+        for sid, block_size, keys, stamp in items:
+            check_session_id(sid)
+            encoded[sid] = encode_chain(block_size, keys, stamp)
+        self._chains.update(encoded)  # all or nothing, as the Redis pipeline
+
+    async def chains(self) -> ChainsRead:
+        found: list[tuple[str, int, list[int], float]] = []
+        corrupt: list[str] = []
+        for sid in sorted(self._chains):
+            entry = read_chain(sid, self._chains[sid])
+            if entry is None:
+                corrupt.append(sid)
+                del self._chains[sid]
+            else:
+                found.append(entry)
+        return ChainsRead(found, corrupt)
+
+    async def drop_chains(self, sids: Iterable[str]) -> None:
+        for sid in sids:
+            check_session_id(sid)
+            self._chains.pop(sid, None)
+
     # --- tool statistics --------------------------------------------------------------------
 
     async def record_tool(self, tool: str, duration: float, *, censored: bool = False) -> None:
@@ -316,6 +345,6 @@ class FakeStore:
         )
 
     async def clear(self) -> int:
-        n = len(self._sessions) + len(self._status) + len(self._residency)
+        n = len(self._sessions) + len(self._status) + len(self._residency) + len(self._chains)
         self._reset()
         return n

@@ -135,6 +135,17 @@ class Keys:
         """``tao:{d}:res:<escaped sid>``: node -> "k0 t_obs" of the session's prefix."""
         return f"{self.base}res:{check_session_id(sid)}"
 
+    def chain(self, sid: str) -> str:
+        """``tao:{d}:chain:<escaped sid>``: the session's block-key chain (see
+        :func:`shared.infra.store_codec.encode_chain`), so a restarted telemetry service can
+        match it against the KV events again."""
+        return f"{self.base}chain:{check_session_id(sid)}"
+
+    @property
+    def chains(self) -> str:
+        """``tao:{d}:chains``: the ids of the sessions with a stored chain."""
+        return f"{self.base}chains"
+
     def node_residents(self, node: str) -> str:
         """``tao:{d}:nres:<node>``: ids of the sessions with residency recorded on ``node``."""
         return f"{self.base}nres:{check_node_id(node)}"

@@ -56,15 +56,19 @@ from shared.infra.store_codec import (
     decode_session,
     decode_session_values,
     decode_toolstats,
+    encode_chain,
     encode_node_fields,
     encode_residency,
     encode_session,
     encode_toolstats,
+    read_chain,
 )
 from shared.infra.store_ops import index_ops, reserve_ops, texts, write_args
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
+    CHAIN_TTL_S,
     KEEP,
+    ChainsRead,
     NodeRecord,
     SessionFn,
     SessionFnWith,
@@ -92,6 +96,7 @@ _APPLY: Final = load_script("apply")
 _PROBE: Final = load_script("probe")
 _BATCH_READ: Final = load_script("batch_read")
 _BATCH_WRITE: Final = load_script("batch_write")
+_CHAIN_PAGE: Final = 256  # chains read per MGET on restore
 
 
 class Store:
@@ -244,8 +249,9 @@ class Store:
                     old = decode_session(await pipe.hgetall(key))
                     res_nodes = [as_str(n) for n in await pipe.hkeys(res)]
                     pipe.multi()
-                    pipe.delete(key, res)
+                    pipe.delete(key, res, self.keys.chain(sid))
                     pipe.srem(self.keys.sessions, sid)
+                    pipe.srem(self.keys.chains, sid)
                     index_ops(pipe, self.keys, sid, old, None)
                     reserve_ops(pipe, self.keys, old, None)
                     for node in res_nodes:
@@ -373,6 +379,51 @@ class Store:
                     return
                 except WatchError:
                     continue
+
+    # --- chains -----------------------------------------------------------------------------
+
+    async def put_chains(self, items: Iterable[tuple[str, int, Sequence[int], float]]) -> None:
+        """Store each ``(sid, block_size, keys, stamp)`` chain, replacing the session's last
+        one and renewing its :data:`CHAIN_TTL_S`."""
+        async with self._pipe(True) as pipe:
+            n = 0
+            for sid, block_size, keys, stamp in items:
+                value = encode_chain(block_size, keys, stamp)
+                pipe.set(self.keys.chain(sid), value, ex=int(CHAIN_TTL_S))
+                pipe.sadd(self.keys.chains, sid)
+                n += 1
+            if n:
+                await pipe.execute()
+
+    async def chains(self) -> ChainsRead:
+        """Every stored chain; ids whose chain expired are unlisted, corrupt ones dropped (and
+        named in the result)."""
+        ids = sorted(await self._members(self.keys.chains))
+        found: list[tuple[str, int, list[int], float]] = []
+        gone: list[str] = []
+        corrupt: list[str] = []
+        for lo in range(0, len(ids), _CHAIN_PAGE):
+            page = ids[lo : lo + _CHAIN_PAGE]
+            raws = await self._r.mget([self.keys.chain(sid) for sid in page])
+            for sid, raw in zip(page, raws, strict=True):
+                entry = read_chain(sid, raw)
+                if entry is None:
+                    (gone if raw is None else corrupt).append(sid)
+                else:
+                    found.append(entry)
+        if gone or corrupt:
+            await self.drop_chains([*gone, *corrupt])
+        return ChainsRead(found, corrupt)
+
+    async def drop_chains(self, sids: Iterable[str]) -> None:
+        """Forget the chains of ``sids`` (ended sessions)."""
+        wanted = list(sids)
+        if not wanted:
+            return
+        async with self._pipe(True) as pipe:
+            pipe.delete(*(self.keys.chain(sid) for sid in wanted))
+            pipe.srem(self.keys.chains, *wanted)
+            await pipe.execute()
 
     # --- tool statistics --------------------------------------------------------------------
 

@@ -8,8 +8,12 @@ on the client's ``decode_responses``; every reader here accepts both.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
-from collections.abc import Mapping
+import sys
+from array import array
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any, Final
 
@@ -23,16 +27,19 @@ from shared.infra.store_types import NodeRecord
 __all__ = [
     "SESSION_FIELDS",
     "as_str",
+    "decode_chain",
     "decode_node",
     "decode_residency",
     "decode_session",
     "decode_session_fields",
     "decode_session_values",
     "decode_toolstats",
+    "encode_chain",
     "encode_node_fields",
     "encode_residency",
     "encode_session",
     "encode_toolstats",
+    "read_chain",
     "str_map",
 ]
 
@@ -217,6 +224,49 @@ def decode_residency(raw: Mapping[Any, Any]) -> dict[str, tuple[int, float]]:
         k0, _, t_obs = value.partition(" ")
         out[node] = (int(k0), float(t_obs))
     return out
+
+
+def encode_chain(block_size: int, keys: Sequence[int], stamp: float) -> str:
+    """``"block_size stamp base64"``: the keys as little-endian uint64, base64 (text-safe for
+    clients that decode replies)."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    try:
+        packed = array("Q", keys)
+    except (OverflowError, TypeError) as exc:
+        raise ValueError(f"block keys must be unsigned 64-bit integers: {exc}") from None
+    if sys.byteorder != "little":
+        packed.byteswap()
+    blob = base64.b64encode(packed.tobytes()).decode("ascii")
+    return f"{int(block_size)} {_float(stamp, 'stamp')} {blob}"
+
+
+def decode_chain(sid: str, text: bytes | str) -> tuple[int, list[int], float]:
+    """Inverse of :func:`encode_chain`: ``(block_size, keys, stamp)``; StoreError if corrupt."""
+    try:
+        bs, stamp, blob = as_str(text).split(" ")
+        raw = base64.b64decode(blob, validate=True)
+        packed = array("Q")
+        packed.frombytes(raw)
+        if sys.byteorder != "little":
+            packed.byteswap()
+        block_size, at = int(bs), float(stamp)
+        if block_size < 1 or not math.isfinite(at):
+            raise ValueError(f"block size {block_size}, stamp {at}")
+    except (ValueError, binascii.Error) as exc:
+        raise StoreError(f"corrupt chain of session {sid!r}: {exc}") from None
+    return block_size, packed.tolist(), at
+
+
+def read_chain(sid: str, raw: bytes | str | None) -> tuple[str, int, list[int], float] | None:
+    """A stored chain as ``(sid, block_size, keys, stamp)``; None if absent or corrupt."""
+    if raw is None:
+        return None
+    try:
+        block_size, keys, stamp = decode_chain(sid, raw)
+    except StoreError:
+        return None
+    return sid, block_size, keys, stamp
 
 
 def encode_toolstats(st: ToolStats) -> str:

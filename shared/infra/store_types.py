@@ -11,6 +11,9 @@ What the store holds per scheduling domain (key layout: :mod:`shared.infra.keys`
 * nodes (:class:`NodeRecord`): telemetry's status fields plus ``reserved``, the sum of the
   weights of the sessions admitted there, kept consistent with every session write;
 * residency: per (session, node) the resident prefix tokens ``k0`` observed at ``t_obs``;
+* chains: per session the block keys of its latest tokens (``block_size``, keys, stamp), kept
+  by the telemetry service so that a restart of it can match them against the KV events again
+  (a day's TTL, renewed on each write, bounds what sessions that never end leave behind);
 * tool statistics (:class:`shared.core.predictor.History`);
 * planner counters and recent solve times for ``tao status``.
 """
@@ -21,7 +24,7 @@ import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final, Generic, Protocol, TypeVar
+from typing import Any, Final, Generic, NamedTuple, Protocol, TypeVar
 
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, update
@@ -31,7 +34,9 @@ from shared.core.valuation import NodeView, free_capacity
 from shared.infra.keys import KeyNameError, StoreError, check_node_id
 
 __all__ = [
+    "CHAIN_TTL_S",
     "KEEP",
+    "ChainsRead",
     "Folded",
     "Keep",
     "KeyNameError",
@@ -61,6 +66,19 @@ class Keep(enum.Enum):
 
 
 KEEP: Final = Keep.KEEP
+
+CHAIN_TTL_S: Final = 24 * 3600
+"""How long a stored chain lives after its last write (the store's other session state is
+deleted when the session is; a chain of a session that was never ended expires)."""
+
+
+class ChainsRead(NamedTuple):
+    """What :meth:`StateStore.chains` found: ``(sid, block_size, keys, stamp)`` per stored
+    chain, and the ids whose stored chain could not be read (dropped)."""
+
+    chains: list[tuple[str, int, list[int], float]]
+    corrupt: list[str]
+
 
 SessionFn = Callable[[Session | None], Session | None]
 """A pure transition for :meth:`StateStore.update_session`; it may be called several times."""
@@ -345,6 +363,11 @@ class StateStore(Protocol):
     async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None: ...
     async def residency(self, sids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]: ...
     async def clear_node_residency(self, node: str) -> None: ...
+
+    # block-key chains (the telemetry service's, kept across its restarts)
+    async def put_chains(self, items: Iterable[tuple[str, int, Sequence[int], float]]) -> None: ...
+    async def chains(self) -> ChainsRead: ...
+    async def drop_chains(self, sids: Iterable[str]) -> None: ...
 
     # tool statistics
     async def record_tool(self, tool: str, duration: float, *, censored: bool = False) -> None: ...

@@ -21,8 +21,10 @@ from shared.core.session import (
     on_tool_start,
     release,
 )
+from shared.infra.fake_store import FakeStore
 from shared.infra.keys import KeyNameError
-from shared.infra.store_types import StateStore, StoreError
+from shared.infra.store import Store
+from shared.infra.store_types import CHAIN_TTL_S, StateStore, StoreError
 
 
 def _waiting(sid: str, tokens: int = 1000, at: float = 1.0) -> Session:
@@ -220,6 +222,60 @@ class TestResidency:
         await store.put_residency("a", "n2", 0, 4.0)
         await store.clear_node_residency("n1")
         assert await store.residency(["a", "b"]) == {"a": {}, "b": {}}
+
+
+async def _corrupt_chain(store: StateStore, sid: str) -> None:
+    """Overwrite ``sid``'s stored chain with text that is not one."""
+    if isinstance(store, FakeStore):
+        store._chains[sid] = "16 1.0 not*base64"
+    else:
+        assert isinstance(store, Store)
+        await store._r.set(store.keys.chain(sid), "16 1.0 not*base64")
+
+
+class TestChains:
+    async def test_round_trip_replace_and_drop(self, store: StateStore) -> None:
+        """Chains read back exactly (full 64-bit keys); a new one replaces; drop forgets."""
+        big = [0, 1, 2**63, 2**64 - 1, 12345678901234567890]
+        await store.put_chains([("a", 16, big, 1 / 3), ("b", 32, [], 2.0)])
+        assert (await store.chains()).chains == [("a", 16, big, 1 / 3), ("b", 32, [], 2.0)]
+        await store.put_chains([("a", 16, [7, 8], 5.0)])
+        await store.drop_chains(["b", "never-stored"])
+        assert await store.chains() == ([("a", 16, [7, 8], 5.0)], [])
+
+    async def test_deleting_the_session_deletes_its_chain(self, store: StateStore) -> None:
+        await _create(store, _waiting("a"))
+        await store.put_chains([("a", 16, [1, 2, 3], 1.0), ("b", 16, [4], 1.0)])
+        assert await store.delete_session("a")
+        assert [sid for sid, *_ in (await store.chains()).chains] == ["b"]
+
+    async def test_a_corrupt_chain_is_named_and_dropped(self, store: StateStore) -> None:
+        await store.put_chains([("a", 16, [1], 1.0), ("b", 16, [2], 1.0)])
+        await _corrupt_chain(store, "a")
+        assert await store.chains() == ([("b", 16, [2], 1.0)], ["a"])
+        assert await store.chains() == ([("b", 16, [2], 1.0)], [])
+
+    async def test_chains_expire_and_expired_ones_are_unlisted(self, store: StateStore) -> None:
+        """Redis: each write sets a day's TTL; a chain that expired leaves the id set."""
+        if not isinstance(store, Store):
+            pytest.skip("the in-memory store keeps no TTL")
+        await store.put_chains([("a", 16, [1], 1.0), ("b", 16, [2], 1.0)])
+        ttl = await store._r.ttl(store.keys.chain("a"))
+        assert CHAIN_TTL_S - 60 < ttl <= CHAIN_TTL_S
+        await store._r.delete(store.keys.chain("a"))  # as the TTL would
+        assert await store.chains() == ([("b", 16, [2], 1.0)], [])
+        assert await store._r.smembers(store.keys.chains) in ({b"b"}, {"b"})
+
+    async def test_bad_chains_are_refused_and_nothing_is_written(self, store: StateStore) -> None:
+        with pytest.raises(ValueError, match="unsigned 64-bit"):
+            await store.put_chains([("a", 16, [1], 1.0), ("b", 16, [-1], 1.0)])
+        with pytest.raises(ValueError, match="block_size"):
+            await store.put_chains([("a", 0, [1], 1.0)])
+        with pytest.raises(StoreError, match="stamp"):
+            await store.put_chains([("a", 16, [1], math.nan)])
+        with pytest.raises(KeyNameError):
+            await store.put_chains([("", 16, [1], 1.0)])
+        assert await store.chains() == ([], [])
 
 
 class TestToolStats:

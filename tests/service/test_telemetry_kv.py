@@ -4,7 +4,7 @@ fed vLLM payloads built with encode_kv_batch."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable, Sequence
 from dataclasses import dataclass
 
 import anyio
@@ -66,8 +66,8 @@ def response(
 class Rig:
     """A started KvResidency on a FakeBus and FakeStore, with helpers to feed it."""
 
-    def __init__(self, nodes: list[NodeSpec] | None = None) -> None:
-        self.store = FakeStore()
+    def __init__(self, nodes: list[NodeSpec] | None = None, store: FakeStore | None = None) -> None:
+        self.store = store or FakeStore()
         self.bus = FakeBus()
         self.kv = KvResidency(self.store, get_logger("test"), nodes or [], feeds=None)
 
@@ -202,6 +202,84 @@ class TestUsageFallback:
         await rig.bridged("n1", 1, payload(stored([2], 1, TOKENS[BS : 2 * BS])))
         assert (await rig.settle())["s1"] == {"n1": (BS, TS)}
         assert rig.kv.index.sessions() == 0
+        await rig.bus.drain()
+
+
+class FlakyStore(FakeStore):
+    """A FakeStore whose chain writes fail while ``down`` is set."""
+
+    down = False
+
+    async def put_chains(self, items: Iterable[tuple[str, int, Sequence[int], float]]) -> None:
+        if self.down:
+            raise ConnectionError("store down")
+        await super().put_chains(items)
+
+
+class TestChainsAcrossRestarts:
+    async def test_a_restarted_telemetry_matches_stored_chains_without_a_new_response(
+        self,
+    ) -> None:
+        """The chain outlives the process: after a restart the replayed KV stream makes the
+        session resident again, though no response has arrived since."""
+        store = FakeStore()
+        first = await Rig(store=store).start()
+        await first.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await first.settle()
+        assert (await store.chains()).chains == [("s1", BS, KEYS, TS)]
+        await first.bus.drain()
+
+        second = await Rig(store=store).start()
+        assert second.kv.counts["chains_restored"] == 1
+        await second.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS]), ts=TS + 5))
+        assert (await second.settle())["s1"] == {"n1": (2 * BS, TS + 5)}
+        await second.bus.drain()
+
+    async def test_without_the_stored_chain_a_restart_knows_nothing(self) -> None:
+        """The control: the same replay on a store without the chain makes nothing resident."""
+        second = await Rig().start()
+        await second.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS]), ts=TS + 5))
+        assert (await second.settle())["s1"] == {}
+        await second.bus.drain()
+
+    async def test_session_end_drops_the_stored_chain(self) -> None:
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bus.publish_msg(response("s2", "n1", keys=KEYS[:2]))
+        await rig.settle()
+        await rig.bus.publish_msg(SessionEnd(session_id="s1", ended_at=TS + 1))
+        await rig.settle()
+        assert [sid for sid, *_ in (await rig.store.chains()).chains] == ["s2"]
+        await rig.bus.drain()
+
+    async def test_an_older_response_does_not_replace_the_chain(self) -> None:
+        """A redelivered response older than the chain held changes neither index nor store."""
+        rig = await Rig().start()
+        await rig.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS])))
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS, finished_at=TS + 2))
+        assert (await rig.settle())["s1"] == {"n1": (2 * BS, TS + 2)}
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS[:1], finished_at=TS + 1))
+        assert (await rig.settle())["s1"] == {"n1": (2 * BS, TS + 2)}
+        assert rig.kv.counts["stale_chains"] == 1
+        assert (await rig.store.chains()).chains == [("s1", BS, KEYS, TS + 2)]
+        await rig.bus.drain()
+
+    async def test_a_failed_chain_write_is_kept_and_newer_news_wins(self) -> None:
+        """Store down: the chains stay queued; a newer chain and an end that came meanwhile win
+        over what the failed flush held."""
+        store = FlakyStore()
+        rig = await Rig(store=store).start()
+        store.down = True
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS[:2]))
+        await rig.bus.publish_msg(response("s2", "n1", keys=KEYS))
+        await rig.bus.settle()
+        assert not await rig.kv.flush()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS, finished_at=TS + 1))
+        await rig.bus.publish_msg(SessionEnd(session_id="s2", ended_at=TS + 1))
+        await rig.bus.settle()
+        store.down = False
+        assert await rig.kv.flush()
+        assert (await store.chains()).chains == [("s1", BS, KEYS, TS + 1)]
         await rig.bus.drain()
 
 

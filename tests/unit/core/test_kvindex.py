@@ -224,6 +224,19 @@ class TestSessions:
         assert [(r.node, r.tokens, r.stamp) for r in f.index.drain()] == [("n1", 8, 7.0)]
         assert f.index.prefix_tokens("s", "n1") == 8
 
+    def test_an_older_chain_is_ignored(self) -> None:
+        """Registering a chain stamped before the held one changes nothing (False); the same
+        stamp or a later one replaces it."""
+        f = Feeder()
+        other = chain_keys(list(range(300, 316)), BS)  # shares no block with A
+        f.send("n", stored([1, 2], None, A[:8]))
+        assert f.index.register("s", chain_keys(A, BS), BS, 5.0)
+        f.index.drain()
+        assert not f.index.register("s", other, BS, 4.0)
+        assert f.index.drain() == [] and f.index.prefix_tokens("s", "n") == 8
+        assert f.index.register("s", other, BS, 5.0)
+        assert f.index.prefix_tokens("s", "n") == 0
+
     def test_forget_drops_the_session_and_its_dirty_pairs(self) -> None:
         f = Feeder()
         f.index.register("s", chain_keys(A, BS), BS, 0.0)

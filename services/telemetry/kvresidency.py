@@ -40,7 +40,10 @@ own keys of prompt + completion token ids, ``block_size`` tokens each) as the se
 the index then keeps every (session, node) resident prefix incrementally. A response without
 ``block_keys``, or served by a node no KV events have come from, goes to
 :class:`UsageResidency` (the usage-based observation on the serving node). ``SessionEnd``
-forgets the chain. A chain stamped before the one held (a redelivered response) is ignored.
+forgets the chain. A chain stamped before the one held (a redelivered response) is ignored, as
+is a response finished before its session's end that is handled after the end (responses and
+ends come on separate consumers); keys outside 0..2^64-1 or a missing block size are logged,
+counted and sent to the usage fallback.
 Each new chain is also written to the store (``put_chains``, with the prefixes), and dropped
 there on ``SessionEnd``; :meth:`KvResidency.start` registers the stored chains first, so after a
 restart the catch-up replay gives sessions their prefixes again without a new response.
@@ -58,8 +61,9 @@ response is stamped with the response's ``finished_at`` (as the usage source doe
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Final, Protocol
 
@@ -74,6 +78,7 @@ from shared.contracts.kv import KVEventBatch, decode_kv_batch
 from shared.contracts.session import SessionEnd, SessionResponse
 from shared.contracts.subjects import KV_SEQ_HEADER
 from shared.contracts.subjects import RECEIVED_AT_HEADER as KV_RECEIVED_AT_HEADER
+from shared.core.blockkeys import KEY_MAX
 from shared.core.kvindex import ApplyResult, KvIndex
 from shared.infra.busapi import Delivery, MessageBus, Subscription, received_at
 from shared.infra.settings import NodeSpec
@@ -85,6 +90,23 @@ DEFAULT_FLUSH_S: Final = 0.05
 DEFAULT_SKEW_S: Final = 5.0
 DEFAULT_PATH_IDLE_S: Final = 5.0
 _RETRY_S: Final = 1.0
+ENDED_MEMORY: Final = 65_536
+"""Ended sessions remembered (id -> end time), so that a response processed after its session's
+end (the two arrive on separate consumers) does not bring the chain back."""
+
+
+def chain_fault(ev: SessionResponse) -> str | None:
+    """Why ``ev``'s block keys cannot be a chain, or None (they can, or there are none)."""
+    keys, bs = ev.block_keys, ev.block_size
+    if keys is None:
+        return None
+    if bs is None or bs < 1:
+        return f"block_size must be >= 1 with block_keys, got {bs!r}"
+    if not math.isfinite(ev.finished_at):
+        return f"finished_at must be finite, got {ev.finished_at!r}"
+    if keys and (min(keys) < 0 or max(keys) > KEY_MAX):
+        return f"block keys must lie in 0..{KEY_MAX}"
+    return None
 
 
 class KvMessageLike(Protocol):
@@ -184,6 +206,7 @@ class KvResidency:
         self._retry_cleared: list[str] = []
         self._chains_out: dict[str, tuple[int, list[int], float]] = {}  # to store
         self._chains_gone: set[str] = set()  # to drop from the store
+        self._ended: OrderedDict[str, float] = OrderedDict()  # see ENDED_MEMORY
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -254,34 +277,49 @@ class KvResidency:
 
     async def on_response(self, ev: SessionResponse, d: Delivery) -> None:
         """Register the response's chain; fall back to usage where KV events cannot tell."""
+        sid = ev.session_id
+        ended = self._ended.get(sid)
+        if ended is not None:
+            if ev.finished_at <= ended:
+                self.counts["after_end"] += 1  # the session is over: nothing to keep
+                return
+            del self._ended[sid]  # the id was used again
         keys, bs = ev.block_keys, ev.block_size
-        if keys is not None and bs and ev.error is None:
-            if not self.index.register(ev.session_id, keys, bs, ev.finished_at):
+        fault = chain_fault(ev)
+        if fault is not None:
+            self.counts["bad_chains"] += 1
+            self.log.warning("bad_chain", session=sid, node=ev.node_id, reason=fault)
+        elif keys is not None and bs and ev.error is None:
+            if not self.index.register(sid, keys, bs, ev.finished_at):
                 self.counts["stale_chains"] += 1  # older than the chain we hold: nothing new
                 return
             self.counts["chains"] += 1
-            self._chains_out[ev.session_id] = (bs, list(keys), ev.finished_at)
-            self._chains_gone.discard(ev.session_id)
+            self._chains_out[sid] = (bs, keys, ev.finished_at)
+            self._chains_gone.discard(sid)
+            self._wake.set()
             if self.is_kv_node(ev.node_id):
-                self.index.touch(ev.session_id, ev.node_id, ev.finished_at)
-                self._wake.set()
+                self.index.touch(sid, ev.node_id, ev.finished_at)
                 self.log.info(
                     "residency",
                     source=self.name,
-                    session=ev.session_id,
+                    session=sid,
                     node=ev.node_id,
                     blocks=len(keys),
-                    resident_tokens=self.index.prefix_tokens(ev.session_id, ev.node_id),
+                    resident_tokens=self.index.prefix_tokens(sid, ev.node_id),
                 )
                 return
-            self._wake.set()
         self.counts["usage_fallbacks"] += 1
         await self.usage.on_response(ev, d)
 
     async def on_end(self, ev: SessionEnd, d: Delivery) -> None:
-        self.index.forget(ev.session_id)
-        self._chains_out.pop(ev.session_id, None)
-        self._chains_gone.add(ev.session_id)
+        sid = ev.session_id
+        self.index.forget(sid)
+        self._chains_out.pop(sid, None)
+        self._chains_gone.add(sid)
+        self._ended[sid] = ev.ended_at
+        self._ended.move_to_end(sid)
+        if len(self._ended) > ENDED_MEMORY:
+            self._ended.popitem(last=False)
         self._wake.set()
 
     # --- KV events --------------------------------------------------------------------------
@@ -429,35 +467,50 @@ class KvResidency:
                 self._wake.set()
 
     async def flush(self) -> bool:
-        """Write the changed prefixes (clears first) and the new or ended chains; False if the
-        store failed (all of it kept for the next try)."""
+        """Write the changed prefixes (clears first), then the new or ended chains; False if
+        the store failed (what failed is kept for the next try, each part on its own)."""
+        wrote = await self._flush_residency()
+        return await self._flush_chains() and wrote
+
+    async def _flush_residency(self) -> bool:
         cleared = self._retry_cleared + self.index.take_cleared()
-        items = self._retry + [(r.session, r.node, r.tokens, r.stamp) for r in self.index.drain()]
+        pairs = {(r[0], r[1]): r for r in self._retry}  # the latest per pair, no repeats
+        for r in self.index.drain():
+            pairs[(r.session, r.node)] = (r.session, r.node, r.tokens, r.stamp)
+        items = list(pairs.values())
         self._retry, self._retry_cleared = [], []
-        chains, gone = self._chains_out, self._chains_gone
-        self._chains_out, self._chains_gone = {}, set()
-        if not cleared and not items and not chains and not gone:
+        if not cleared and not items:
             return True
         try:
             for node in dict.fromkeys(cleared):
                 await self.store.clear_node_residency(node)
             if items:
                 await self.store.put_residencies(items)
+        except Exception as exc:
+            self._retry, self._retry_cleared = items, cleared
+            self.counts["flush_failures"] += 1
+            self.log.error("residency_flush_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        self.counts["written"] += len(items)
+        self.log.info(
+            "residency_flush", source=self.name, pairs=len(items), cleared=cleared or None
+        )
+        return True
+
+    async def _flush_chains(self) -> bool:
+        chains, gone = self._chains_out, self._chains_gone
+        self._chains_out, self._chains_gone = {}, set()
+        try:
             if gone:
                 await self.store.drop_chains(sorted(gone))
             if chains:
                 await self.store.put_chains((sid, *c) for sid, c in chains.items())
         except Exception as exc:
-            self._retry, self._retry_cleared = items, cleared
             self._keep_chains(chains, gone)
-            self.counts["flush_failures"] += 1
-            self.log.error("residency_flush_failed", error=f"{type(exc).__name__}: {exc}")
+            self.counts["chain_flush_failures"] += 1
+            self.log.error("chain_flush_failed", error=f"{type(exc).__name__}: {exc}")
             return False
-        self.counts["written"] += len(items)
         self.counts["chains_written"] += len(chains)
-        self.log.info(
-            "residency_flush", source=self.name, pairs=len(items), cleared=cleared or None
-        )
         return True
 
     def _keep_chains(self, chains: dict[str, tuple[int, list[int], float]], gone: set[str]) -> None:

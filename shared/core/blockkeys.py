@@ -23,10 +23,21 @@ from collections.abc import Sequence
 from hashlib import blake2b
 from typing import Final
 
-__all__ = ["DEFAULT_BLOCK_SIZE", "ROOT", "TOKEN_MAX", "block_key", "chain_keys", "root_for"]
+__all__ = [
+    "DEFAULT_BLOCK_SIZE",
+    "KEY_MAX",
+    "ROOT",
+    "TOKEN_MAX",
+    "block_key",
+    "chain_keys",
+    "root_for",
+]
 
 ROOT: Final = 0
 """The parent key of a chain's first block (base model, no LoRA)."""
+
+KEY_MAX: Final = 2**64 - 1
+"""The largest block key (keys are 8-byte little-endian unsigned digests)."""
 
 TOKEN_MAX: Final = 2**32 - 1
 """The largest token id a block key takes (ids are hashed as little-endian uint32)."""

@@ -266,8 +266,10 @@ class FakeStore:
         return ChainsRead(found, corrupt)
 
     async def drop_chains(self, sids: Iterable[str]) -> None:
-        for sid in sids:
+        wanted = list(sids)
+        for sid in wanted:  # all checked first: a bad id drops nothing, as in Redis
             check_session_id(sid)
+        for sid in wanted:
             self._chains.pop(sid, None)
 
     # --- tool statistics --------------------------------------------------------------------

@@ -143,7 +143,8 @@ class Keys:
 
     @property
     def chains(self) -> str:
-        """``tao:{d}:chains``: the ids of the sessions with a stored chain."""
+        """``tao:{d}:chains``: the ids of the sessions with a stored chain (a sorted set
+        scored by when the chain expires)."""
         return f"{self.base}chains"
 
     def node_residents(self, node: str) -> str:

@@ -22,7 +22,6 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import nats.errors
 from nats.aio.msg import Msg
 
 from .busapi import BatchHandler, Decoder, Delivery, Handler, backoff_delay
@@ -84,6 +83,7 @@ class Receiver(Generic[T]):
         self._cb_task: asyncio.Task[Any] | None = None
         self._buffer: list[tuple[Msg, T, Delivery]] = []
         self._returned: list[Msg] = []
+        self._drained = False
 
     @property
     def name(self) -> str:
@@ -102,11 +102,14 @@ class Receiver(Generic[T]):
         await self._unsubscribe()
 
     async def _unsubscribe(self) -> None:
-        with contextlib.suppress(nats.errors.Error):  # already closed: nothing to stop
+        try:
             # UNSUB and a flush (the server has it), then the queued messages run through
             # on_msg, which sets them aside: nak'ed before the server knew we left, they would
             # come straight back to us, each bounce one more delivery towards a dead letter.
             await self.sub.drain()
+        except Exception as exc:  # closed already, or the flush timed out (reconnecting)
+            _log.info("drain_incomplete", service=self.service, error=f"{type(exc).__name__}")
+        self._drained = True  # from here on_msg naks at once (a drain that failed midway)
         returned = [msg for msg, _, _ in self._buffer] + self._returned
         self._buffer, self._returned = [], []
         for msg in returned:  # back to the stream now, for the next consumer
@@ -117,7 +120,12 @@ class Receiver(Generic[T]):
         """Handle one message; never raises."""
         self._cb_task = asyncio.current_task()
         if self._stopping:
-            if self.jetstream:
+            if not self.jetstream:
+                return
+            if self._drained:
+                with contextlib.suppress(Exception):
+                    await msg.nak()
+            else:
                 self._returned.append(msg)  # nak'ed once the unsubscribe is through
             return
         received_at = time.time()

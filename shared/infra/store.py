@@ -35,6 +35,7 @@ only keys of one domain (one hash tag), so it runs on a Redis Cluster as well.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, Final, TypeVar
@@ -251,7 +252,7 @@ class Store:
                     pipe.multi()
                     pipe.delete(key, res, self.keys.chain(sid))
                     pipe.srem(self.keys.sessions, sid)
-                    pipe.srem(self.keys.chains, sid)
+                    pipe.zrem(self.keys.chains, sid)
                     index_ops(pipe, self.keys, sid, old, None)
                     reserve_ops(pipe, self.keys, old, None)
                     for node in res_nodes:
@@ -385,20 +386,24 @@ class Store:
     async def put_chains(self, items: Iterable[tuple[str, int, Sequence[int], float]]) -> None:
         """Store each ``(sid, block_size, keys, stamp)`` chain, replacing the session's last
         one and renewing its :data:`CHAIN_TTL_S`."""
+        expires = time.time() + CHAIN_TTL_S
         async with self._pipe(True) as pipe:
             n = 0
             for sid, block_size, keys, stamp in items:
                 value = encode_chain(block_size, keys, stamp)
                 pipe.set(self.keys.chain(sid), value, ex=int(CHAIN_TTL_S))
-                pipe.sadd(self.keys.chains, sid)
+                pipe.zadd(self.keys.chains, {sid: expires})
                 n += 1
             if n:
+                # ids whose chain has expired leave the index here, not only on a restore
+                pipe.zremrangebyscore(self.keys.chains, "-inf", time.time())
                 await pipe.execute()
 
     async def chains(self) -> ChainsRead:
         """Every stored chain; ids whose chain expired are unlisted, corrupt ones dropped (and
         named in the result)."""
-        ids = sorted(await self._members(self.keys.chains))
+        members: list[Any] = await self._r.zrange(self.keys.chains, 0, -1)
+        ids = sorted(as_str(m) for m in members)
         found: list[tuple[str, int, list[int], float]] = []
         gone: list[str] = []
         corrupt: list[str] = []
@@ -422,7 +427,7 @@ class Store:
             return
         async with self._pipe(True) as pipe:
             pipe.delete(*(self.keys.chain(sid) for sid in wanted))
-            pipe.srem(self.keys.chains, *wanted)
+            pipe.zrem(self.keys.chains, *wanted)
             await pipe.execute()
 
     # --- tool statistics --------------------------------------------------------------------

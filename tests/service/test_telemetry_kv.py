@@ -264,6 +264,52 @@ class TestChainsAcrossRestarts:
         assert (await rig.store.chains()).chains == [("s1", BS, KEYS, TS + 2)]
         await rig.bus.drain()
 
+    async def test_a_failed_chain_write_is_written_on_the_next_flush(self) -> None:
+        """Store down for chains: the residency still lands; the chain waits and lands next."""
+        store = FlakyStore()
+        rig = await Rig(store=store).start()
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS])))
+        store.down = True
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bus.settle()
+        assert not await rig.kv.flush()
+        assert (await store.residency(["s1"]))["s1"] == {"n1": (BS, TS)}
+        assert (await store.chains()).chains == []
+        store.down = False
+        assert await rig.kv.flush()
+        assert (await store.chains()).chains == [("s1", BS, KEYS, TS)]
+        assert rig.kv.counts["chain_flush_failures"] == 1
+        await rig.bus.drain()
+
+    async def test_out_of_range_keys_fall_back_to_usage_and_block_nothing(self) -> None:
+        """Keys a store cannot hold (negative, past 64 bits) are refused at the door: usage
+        residency for that response, and other sessions' chains still get written."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=[1, -1]))
+        await rig.bus.publish_msg(response("s2", "n1", keys=[2**64]))
+        await rig.bus.publish_msg(response("s3", "n1", keys=KEYS))
+        got = await rig.settle()
+        assert got["s1"] == got["s2"] == {"n1": (120, TS)}
+        assert rig.kv.counts["bad_chains"] == 2
+        assert [sid for sid, *_ in (await rig.store.chains()).chains] == ["s3"]
+        await rig.bus.drain()
+
+    async def test_a_response_processed_after_the_end_does_not_bring_the_chain_back(
+        self,
+    ) -> None:
+        """Ends and responses come on separate consumers: a response of before the end that
+        is handled after it is ignored; a later response (the id used again) is not."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(SessionEnd(session_id="s1", ended_at=TS + 5))
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS, finished_at=TS + 4))
+        await rig.settle()
+        assert rig.kv.counts["after_end"] == 1
+        assert (await rig.store.chains()).chains == []
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS, finished_at=TS + 6))
+        await rig.settle()
+        assert (await rig.store.chains()).chains == [("s1", BS, KEYS, TS + 6)]
+        await rig.bus.drain()
+
     async def test_a_failed_chain_write_is_kept_and_newer_news_wins(self) -> None:
         """Store down: the chains stay queued; a newer chain and an end that came meanwhile win
         over what the failed flush held."""

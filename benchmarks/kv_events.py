@@ -23,7 +23,8 @@ what telemetry does per message: ``decode_kv_batch`` then ``KvIndex.apply``. Bes
 with a fresh index each; ``time.perf_counter``; GC left on.
 
 The last table is the session-walk cost: registering a chain (own keys of a long prompt) on
-an index holding the workload, and a ``walk`` of it on one node.
+an index holding it, for a new session and for a session whose previous chain was the same
+less one turn (only the new blocks are linked), and a ``walk`` of it on one node.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ from shared.core.kvindex import KvIndex
 
 BLOCK = 16
 SYSTEM_BLOCKS = 64
+TURN_BLOCKS = 32  # a turn's new blocks (~500 tokens of tool output and reply)
 
 
 class Workload:
@@ -201,8 +203,14 @@ def main(argv: list[str] | None = None) -> int:
         reps = max(10, 20_000 // blocks)
         t0 = time.perf_counter()
         for r in range(reps):
-            index.register(f"walk{r % 4}", keys, BLOCK, 0.0)
+            index.register(f"new{r}", keys, BLOCK, 0.0)
         reg = (time.perf_counter() - t0) / reps
+        for r in range(reps):  # the same sessions one turn earlier (not timed)
+            index.register(f"turn{r}", keys[:-TURN_BLOCKS], BLOCK, 0.0)
+        t0 = time.perf_counter()
+        for r in range(reps):
+            index.register(f"turn{r}", keys, BLOCK, 1.0)
+        turn = (time.perf_counter() - t0) / reps
         t0 = time.perf_counter()
         for _ in range(reps):
             assert index.walk("n0", keys) == blocks
@@ -211,7 +219,13 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(reps):
             chain_keys(tokens, BLOCK)
         hashing = (time.perf_counter() - t0) / reps
-        print(f"| register (replace a chain; walk it on 1 node) | {blocks:,} | {reg * 1e6:,.1f} |")
+        print(
+            f"| register (a new session's chain, walk on 1 node) | {blocks:,} | {reg * 1e6:,.1f} |"
+        )
+        print(
+            f"| register (the session's next turn: +{TURN_BLOCKS} blocks) | {blocks:,} "
+            f"| {turn * 1e6:,.1f} |"
+        )
         print(f"| walk (`tao inspect prefix`, 1 node) | {blocks:,} | {walk * 1e6:,.1f} |")
         print(f"| chain_keys (own keys of the token ids) | {blocks:,} | {hashing * 1e6:,.1f} |")
     return 0

@@ -260,9 +260,11 @@ class KvResidency:
             self.counts["restore_failures"] += 1
             self.log.error("chains_restore_failed", error=f"{type(exc).__name__}: {exc}")
             return 0
-        restored = sum(
-            self.index.register(sid, keys, bs, stamp) for sid, bs, keys, stamp in found.chains
-        )
+        restored = 0
+        for i, (sid, bs, keys, stamp) in enumerate(found.chains):
+            restored += self.index.register(sid, keys, bs, stamp)
+            if i % 256 == 255:
+                await asyncio.sleep(0)  # long contexts take a while: let the loop breathe
         self.counts["chains_restored"] += restored
         if found.corrupt:
             self.counts["chains_corrupt"] += len(found.corrupt)

@@ -468,22 +468,35 @@ class KvIndex:
         old = self._chains.get(session)
         if old is not None and stamp < old.stamp:
             return False
-        self._unlink(session)
         chain = _Chain(list(keys), block_size, stamp)
-        self._chains[session] = chain
+        new_keys = chain.keys
+        # A session's next chain usually extends its last one: only the keys past the common
+        # prefix c change in the reverse map and in the node counts, so a turn costs its new
+        # blocks, not the whole context.
+        old_keys: list[int] = [] if old is None else old.keys
+        c = 0 if old is None or old.block_size != block_size else _common(old_keys, new_keys)
         rev = self._rev
-        for pos, key in enumerate(chain.keys):
-            rev.setdefault(key, {}).setdefault(session, pos)
-        if chain.keys:
-            first = chain.keys[0]
-            self._firsts[first] = self._firsts.get(first, 0) + 1
+        if c:
+            for key in old_keys[c:]:
+                holders = rev.get(key)
+                if holders is not None and holders.get(session, -1) >= c:
+                    del holders[session]  # (a key also met before c keeps its first position)
+                    if not holders:
+                        del rev[key]
+        else:
+            self._unlink(session)
+            if new_keys:
+                first = new_keys[0]
+                self._firsts[first] = self._firsts.get(first, 0) + 1
+        for pos in range(c, len(new_keys)):
+            rev.setdefault(new_keys[pos], {}).setdefault(session, pos)
+        self._chains[session] = chain
         for node, state in self._nodes.items():
-            blocks = self._walk(state.refs, chain.keys)
             before = state.prefix.get(session, 0)
-            if before and old is not None:
-                _moved(state, old.keys, before, 0)
-            if blocks:
-                _moved(state, chain.keys, 0, blocks)
+            if c and before < c:
+                continue  # the walk stops where it did, on a key both chains share
+            blocks = c + self._walk(state.refs, new_keys[c:] if c else new_keys)
+            _rechain(state, old_keys, before, new_keys, blocks, c)
             if blocks != before:
                 if blocks:
                     state.prefix[session] = blocks
@@ -626,6 +639,50 @@ class KvIndex:
             blocks = self.prefix_blocks(sid, node)
             out.append(Residency(sid, node, blocks * chain.block_size, stamp))
         return out
+
+
+def _common(a: list[int], b: list[int]) -> int:
+    """The length of the common prefix of ``a`` and ``b``."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (an extended chain), compared in C
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def _rechain(
+    state: _Node, old: list[int], before: int, new: list[int], blocks: int, common: int
+) -> None:
+    """Keep ``state.want`` and ``state.held`` counting after a session's chain went from
+    ``old`` (``before`` blocks resident) to ``new`` (``blocks`` resident), the two sharing
+    their first ``common`` keys and both prefixes reaching that far (so the held counts of the
+    shared keys stand as they are)."""
+    held = state.held
+    for key in old[common:before]:
+        count = held[key]
+        if count > 1:
+            held[key] = count - 1
+        else:
+            del held[key]
+    for key in new[common:blocks]:
+        held[key] = held.get(key, 0) + 1
+    want = state.want
+    if before and before < len(old):
+        key = old[before]
+        count = want[key]
+        if count > 1:
+            want[key] = count - 1
+        else:
+            del want[key]
+    if blocks and blocks < len(new):
+        key = new[blocks]
+        want[key] = want.get(key, 0) + 1
 
 
 def _moved(state: _Node, chain: list[int], old: int, new: int) -> None:

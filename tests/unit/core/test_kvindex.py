@@ -362,3 +362,20 @@ def test_incremental_prefixes_equal_a_brute_force_walk(
                     brute += 1
                 assert idx.prefix_blocks(sid, node) == brute == idx.walk(node, keys)
                 assert shadow.get((sid, node), 0) == brute * BS
+            # The filters that spare blocks the reverse-map lookup, recounted from scratch.
+            held: Counter[int] = Counter()
+            want: Counter[int] = Counter()
+            for sid, keys in chains.items():
+                p = idx.prefix_blocks(sid, node)
+                held.update(keys[:p])
+                if 0 < p < len(keys):
+                    want[keys[p]] += 1
+            state = idx._nodes.get(node)
+            assert dict(held) == ({} if state is None else state.held)
+            assert dict(want) == ({} if state is None else state.want)
+        # The reverse map: each key to the sessions whose chain has it, at its first position.
+        rev: dict[int, dict[str, int]] = {}
+        for sid, keys in chains.items():
+            for pos, key in enumerate(keys):
+                rev.setdefault(key, {}).setdefault(sid, pos)
+        assert idx._rev == rev

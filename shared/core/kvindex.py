@@ -428,7 +428,7 @@ class KvIndex:
                     held[nxt] = held.get(nxt, 0) + 1
                     end += 1
                 prefix[sid] = end
-                if pos:  # _moved(state, chain, pos, end), inline
+                if pos:  # _moved(state, chain, pos, end), inline (a hot loop)
                     count = want[key]
                     if count > 1:
                         want[key] = count - 1
@@ -656,6 +656,14 @@ def _common(a: list[int], b: list[int]) -> int:
     return lo
 
 
+def _decrement(counts: dict[int, int], key: int) -> None:
+    count = counts[key]
+    if count > 1:
+        counts[key] = count - 1
+    else:
+        del counts[key]
+
+
 def _rechain(
     state: _Node, old: list[int], before: int, new: list[int], blocks: int, common: int
 ) -> None:
@@ -665,21 +673,12 @@ def _rechain(
     shared keys stand as they are)."""
     held = state.held
     for key in old[common:before]:
-        count = held[key]
-        if count > 1:
-            held[key] = count - 1
-        else:
-            del held[key]
+        _decrement(held, key)
     for key in new[common:blocks]:
         held[key] = held.get(key, 0) + 1
     want = state.want
     if before and before < len(old):
-        key = old[before]
-        count = want[key]
-        if count > 1:
-            want[key] = count - 1
-        else:
-            del want[key]
+        _decrement(want, old[before])
     if blocks and blocks < len(new):
         key = new[blocks]
         want[key] = want.get(key, 0) + 1
@@ -688,28 +687,7 @@ def _rechain(
 def _moved(state: _Node, chain: list[int], old: int, new: int) -> None:
     """Keep ``state.want`` and ``state.held`` counting after a session's prefix on the node
     went from ``old`` to ``new`` blocks of ``chain``."""
-    held = state.held
-    if old < new:
-        for key in chain[old:new]:
-            held[key] = held.get(key, 0) + 1
-    else:
-        for key in chain[new:old]:
-            count = held[key]
-            if count > 1:
-                held[key] = count - 1
-            else:
-                del held[key]
-    want = state.want
-    if old and old < len(chain):
-        key = chain[old]
-        count = want[key]
-        if count > 1:
-            want[key] = count - 1
-        else:
-            del want[key]
-    if new and new < len(chain):
-        key = chain[new]
-        want[key] = want.get(key, 0) + 1
+    _rechain(state, chain, old, chain, new, min(old, new))
 
 
 def _salt_chain(

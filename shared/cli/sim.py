@@ -1,8 +1,9 @@
 """``tao sim``: the trace-driven cluster simulator (shared/sim) from the command line.
 
 Runs every (workers × seed × policy) cell on the same tasks per seed, prints the comparison
-table (or ``--json``), and with ``--out DIR`` writes report.md, CSVs and PNG plots. Progress goes
-to stderr: a redrawn bar on a terminal, one line per finished run otherwise.
+table and the paired comparison against each baseline (or ``--json``: ``runs`` and ``paired``,
+see :mod:`shared.sim.report`), and with ``--out DIR`` writes report.md, CSVs and PNG plots.
+Progress goes to stderr: a redrawn bar on a terminal, one line per finished run otherwise.
 """
 
 from __future__ import annotations
@@ -150,7 +151,11 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--budget", type=_positive_int, default=DEFAULT_BUDGET, metavar="STATES",
                    help=f"DP state budget per solve (default {DEFAULT_BUDGET})")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="write report.md, CSVs and PNG plots here")
-    p.add_argument("--json", action="store_true", help="print {runs: [...]} as JSON")
+    p.add_argument(
+        "--json", action="store_true",
+        help="print {runs: [...], paired: [...]} as JSON (paired: each tao-family policy vs "
+        "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
+    )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.set_defaults(run=cmd_sim)
 
@@ -238,7 +243,12 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.snapshots > 0:
         study = _snapshot_study(make, config, workers, args.snapshots)
     if args.json:
-        doc: dict[str, object] = {"runs": [_run_doc(r) for r in runs]}
+        from shared.sim.report import paired_comparisons
+
+        doc: dict[str, object] = {
+            "runs": [_run_doc(r) for r in runs],
+            "paired": [row.doc() for row in paired_comparisons(runs)],
+        }
         if study is not None:
             doc["snapshots"] = {"compared": len(study.comparisons), "improved": study.improved,
                                 "equal": study.equal, "worse": study.worse}  # fmt: skip

@@ -17,22 +17,59 @@
 ``demand_capacity_mean``   mean over rounds with a pool of Σ pool weights / Σ usable capacity
 ``interrupts``             admissions released while in a tool (TAO interrupts, ThunderAgent
                            pauses)
+``preemptions``            engine recompute preemptions over all nodes (a running request
+                           evicted for blocks and later prefilled again)
+``recomputed_tokens``      prompt tokens the session had computed before and that were
+                           prefilled again: Σ over requests of
+                           max(0, min(prompt, prev_ctx) − cached), where prev_ctx = the same
+                           session's previous request's prompt + completion (0 for its first)
+``recompute_share``        recomputed_tokens / Σ prompt tokens
 ``requests``, ``tasks``    counts; ``completion_tokens`` Σ output tokens
 =========================  ===================================================================
 
 Percentiles are numpy's default linear interpolation. Null (``None``) means "does not apply".
+
+Paired comparison (:func:`paired_relative`; ``tao sim`` runs every policy on the same tasks per
+seed, common random numbers). For a policy P, a baseline B and a metric, per seed s with both
+values present::
+
+    d_s = (P_s − B_s) / B_s × 100        (0 when P_s = B_s = 0; the seed is dropped when
+                                           B_s = 0 ≠ P_s, where the ratio is undefined)
+    mean = (1/n) Σ d_s
+    sd   = sqrt(Σ (d_s − mean)² / (n − 1))
+    CI   = mean ± t_{0.975, n−1} · sd / sqrt(n)        (95 %, Student's t, n − 1 df)
+
+n is the number of seeds kept; with n = 1 there is no interval. The sign is raw (negative =
+P lower than B), so for latencies negative is better, for throughput and hit rate positive is;
+rates such as ``prefix_hit_rate`` are compared relatively too (not in percentage points). The
+interval "excludes zero" when ci_low > 0 or ci_high < 0. t quantiles come from the exact
+closed form of Student's t CDF for integer df (Abramowitz & Stegun 26.7.3-4) inverted by
+bisection (:func:`t_quantile`; equal to ``scipy.stats.t.ppf`` to ~1e-12, without making scipy a
+dependency).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from shared.sim.records import SimResult
 
-__all__ = ["LOWER_IS_BETTER", "METRICS", "compute_metrics", "mean", "pct"]
+__all__ = [
+    "HIGHER_IS_BETTER",
+    "LOWER_IS_BETTER",
+    "METRICS",
+    "Paired",
+    "compute_metrics",
+    "mean",
+    "paired_relative",
+    "pct",
+    "recomputed_tokens",
+    "t_quantile",
+]
 
 METRICS: tuple[str, ...] = (
     "latency_mean",
@@ -54,6 +91,9 @@ METRICS: tuple[str, ...] = (
     "solve_ms_p99",
     "demand_capacity_mean",
     "interrupts",
+    "preemptions",
+    "recomputed_tokens",
+    "recompute_share",
     "requests",
     "tasks",
     "completion_tokens",
@@ -72,6 +112,9 @@ LOWER_IS_BETTER = frozenset(
         "pause_wait_mean",
         "pause_wait_total",
         "makespan",
+        "preemptions",
+        "recomputed_tokens",
+        "recompute_share",
     }
 )
 HIGHER_IS_BETTER = frozenset({"decode_tps", "prefix_hit_rate"})
@@ -89,6 +132,19 @@ def mean(values: Sequence[float]) -> float | None:
     return float(np.mean(np.asarray(values, dtype=float))) if values else None
 
 
+def recomputed_tokens(res: SimResult) -> int:
+    """Σ over requests of max(0, min(prompt, prev_ctx) − cached): the part of a prompt the session
+    had already had computed (its previous request's prompt + completion; 0 for its first) that
+    was not served from the cache and so was prefilled again."""
+    prev: dict[str, int] = {}
+    total = 0
+    for r in sorted(res.requests, key=lambda r: (r.session, r.turn)):
+        ctx = prev.get(r.session, 0)
+        total += max(0, min(r.prompt, ctx) - r.cached)
+        prev[r.session] = r.prompt + r.completion
+    return total
+
+
 def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | None]:
     """Every metric of :data:`METRICS` for one run."""
     lat = [t.end - t.start for t in res.tasks]
@@ -104,6 +160,7 @@ def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | 
     dp_rounds = [t for t in res.ticks if t.pool > 0]
     solve = [t.solve_s * 1000.0 for t in res.ticks]
     ratios = [t.demand / t.capacity for t in res.ticks if t.pool > 0 and t.capacity > 0]
+    recomputed = recomputed_tokens(res)
     return {
         "latency_mean": mean(lat),
         "latency_p50": pct(lat, 50),
@@ -128,6 +185,9 @@ def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | 
         "solve_ms_p99": pct(solve, 99),
         "demand_capacity_mean": mean(ratios),
         "interrupts": res.counters.get("interrupts", 0),
+        "preemptions": res.preemptions,
+        "recomputed_tokens": recomputed,
+        "recompute_share": recomputed / prompt if prompt else None,
         "requests": len(reqs),
         "tasks": len(res.tasks),
         "completion_tokens": out_tokens,
@@ -143,3 +203,90 @@ def improvement(metric: str, ours: float | None, best: float | None) -> float | 
     if metric in HIGHER_IS_BETTER:
         return (ours - best) / best * 100.0
     return None
+
+
+def _t_coverage(t: float, df: int) -> float:
+    """P(|T| <= t) for Student's t with integer ``df`` >= 1 (A&S 26.7.3-4, exact)."""
+    theta = math.atan(t / math.sqrt(df))
+    s, c = math.sin(theta), math.cos(theta)
+    c2 = c * c
+    total = 0.0
+    if df % 2 == 1:
+        term = c  # cos θ, (2/3) cos³ θ, (2·4)/(3·5) cos⁵ θ, ... up to cos^(df−2) θ
+        for j in range((df - 1) // 2):
+            total += term
+            term *= c2 * (2 * j + 2) / (2 * j + 3)
+        return 2.0 / math.pi * (theta + s * total)
+    term = 1.0  # 1, (1/2) cos² θ, (1·3)/(2·4) cos⁴ θ, ... up to cos^(df−2) θ
+    for j in range(df // 2):
+        total += term
+        term *= c2 * (2 * j + 1) / (2 * j + 2)
+    return s * total
+
+
+def t_quantile(q: float, df: int) -> float:
+    """The ``q``-quantile of Student's t with integer ``df`` >= 1, for 0.5 <= q < 1 (what
+    ``scipy.stats.t.ppf(q, df)`` returns), by bisection on the exact CDF."""
+    if df < 1:
+        raise ValueError(f"df: must be >= 1, got {df}")
+    if not 0.5 <= q < 1.0:
+        raise ValueError(f"q: must be in [0.5, 1), got {q}")
+    p = 2.0 * q - 1.0  # two-sided coverage
+    lo, hi = 0.0, 1.0
+    while _t_coverage(hi, df) < p:
+        lo, hi = hi, hi * 2.0
+    for _ in range(200):
+        mid = (lo + hi) / 2.0
+        if mid in (lo, hi):
+            break
+        if _t_coverage(mid, df) < p:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2.0
+
+
+@dataclass(frozen=True, slots=True)
+class Paired:
+    """The paired relative difference of a policy against a baseline over seeds, in percent.
+
+    ``low``/``high`` bound the 95 % Student-t interval of the mean; None with one seed."""
+
+    n: int
+    mean: float
+    low: float | None
+    high: float | None
+
+    @property
+    def excludes_zero(self) -> bool:
+        """The interval lies wholly above or below zero (False without an interval)."""
+        return self.low is not None and self.high is not None and (self.low > 0 or self.high < 0)
+
+
+def paired_relative(
+    pairs: Sequence[tuple[float | None, float | None]], confidence: float = 0.95
+) -> Paired | None:
+    """Mean over seeds of (policy − baseline) / baseline × 100 with its Student-t interval.
+
+    ``pairs`` holds one (policy, baseline) value per seed. A pair with a None or NaN value is
+    skipped; baseline 0 counts as 0 % when the policy is 0 too and is skipped otherwise (the
+    ratio is undefined). None when no pair is left. See the module docstring for the formula.
+    """
+    diffs: list[float] = []
+    for ours, base in pairs:
+        if ours is None or base is None or math.isnan(ours) or math.isnan(base):
+            continue
+        if base == 0:
+            if ours == 0:
+                diffs.append(0.0)
+            continue
+        diffs.append((ours - base) / base * 100.0)
+    n = len(diffs)
+    if n == 0:
+        return None
+    m = math.fsum(diffs) / n
+    if n == 1:
+        return Paired(1, m, None, None)
+    sd = math.sqrt(math.fsum((d - m) ** 2 for d in diffs) / (n - 1))
+    half = t_quantile(0.5 + confidence / 2.0, n - 1) * sd / math.sqrt(n)
+    return Paired(n, m, m - half, m + half)

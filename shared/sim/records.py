@@ -74,7 +74,9 @@ class TickRecord:
 
 @dataclass(slots=True)
 class SimResult:
-    """Everything a run produced; :mod:`shared.sim.metrics` turns it into numbers."""
+    """Everything a run produced; :mod:`shared.sim.metrics` turns it into numbers.
+
+    ``preemptions``: Σ ``Engine.num_preemptions`` over the nodes, set at the end of the run."""
 
     policy: str
     seed: int
@@ -89,3 +91,4 @@ class SimResult:
     snapshots: list[tuple[float, Problem]] = field(default_factory=list)
     wall_s: float = 0.0
     end_time: float = 0.0
+    preemptions: int = 0

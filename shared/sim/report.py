@@ -5,6 +5,19 @@ metric), ``summary.csv`` (mean and sd over seeds per workers × policy), ``times
 (running / waiting / held / admitted over time per run), ``ticks.csv`` (one row per scheduling
 round of pooled policies), ``snapshots.csv`` (the DP vs short-first study, when captured) and the
 PNG plots of :mod:`shared.sim.plots`.
+
+Paired comparison (:func:`paired_comparisons`, :func:`paired_table`): for every workers value,
+every compared policy (:func:`is_compared`: the tao family and ``oracle``) against every
+baseline that ran (:func:`is_baseline`), and each metric of :data:`PAIRED_METRICS`, the seeds
+both ran are paired and :func:`shared.sim.metrics.paired_relative` gives
+
+    d_s = (policy_s − baseline_s) / baseline_s × 100 per seed s,
+    mean_pct = mean of d_s,  CI = mean_pct ± t_{0.975, n−1} · sd(d_s) / sqrt(n)
+
+(sd with n − 1 in the denominator; 0 % when both are 0; a seed whose baseline is 0 while the
+policy is not is dropped; no interval for n = 1). The sign is raw: negative = the policy's
+value is lower (better for latencies, preemptions, recomputation; worse for throughput and hit
+rate).
 """
 
 from __future__ import annotations
@@ -12,25 +25,52 @@ from __future__ import annotations
 import csv
 import math
 import os
+import textwrap
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from shared.sim.metrics import METRICS, improvement
+from shared.sim.metrics import (
+    HIGHER_IS_BETTER,
+    LOWER_IS_BETTER,
+    METRICS,
+    improvement,
+    paired_relative,
+)
 from shared.sim.runner import LOWER_BOUND, Run
 from shared.sim.snapshots import SnapshotStudy
 
 __all__ = [
     "BASELINE_NAMES",
+    "PAIRED_METRICS",
     "TABLE_METRICS",
+    "PairedRow",
     "aggregate",
     "comparison_table",
+    "is_baseline",
+    "is_compared",
+    "paired_comparisons",
+    "paired_docs",
+    "paired_table",
     "write_csvs",
     "write_report",
 ]
 
 BASELINE_NAMES = ("rr", "cache-aware", "kv-aware", "thunderagent", "short-first")
-"""Policies a TAO variant is compared against (the paper's baselines plus short-first)."""
+"""Policies a TAO variant is compared against (the paper's baselines plus short-first); any
+name starting with ``thunderagent`` is a baseline too (:func:`is_baseline`)."""
+
+
+def is_baseline(policy: str) -> bool:
+    """A baseline: one of :data:`BASELINE_NAMES` or a ``thunderagent*`` variant."""
+    return policy in BASELINE_NAMES or policy.startswith("thunderagent")
+
+
+def is_compared(policy: str) -> bool:
+    """A policy compared against the baselines: the tao family (``tao*``) and ``oracle``."""
+    return policy.startswith("tao") or policy == "oracle"
+
 
 TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("latency_mean", "latency s", "{:.1f}"),
@@ -42,8 +82,21 @@ TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("tool_to_first_mean", "tool→1st s", "{:.3f}"),
     ("pause_wait_mean", "pause s", "{:.3f}"),
     ("makespan", "makespan s", "{:.0f}"),
+    ("preemptions", "preempt", "{:.0f}"),
+    ("recomputed_tokens", "recomp tok", "{:.0f}"),
 )
 """(metric, column title, format) of the comparison table."""
+
+PAIRED_METRICS: tuple[tuple[str, str], ...] = (
+    ("latency_mean", "latency"),
+    ("ttft_mean", "TTFT"),
+    ("ttft_p99", "TTFT p99"),
+    ("prefix_hit_rate", "hit rate"),
+    ("decode_tps", "decode tok/s"),
+    ("preemptions", "preempt"),
+    ("recomputed_tokens", "recomp tok"),
+)
+"""(metric, column title) of the paired comparison (table and ``--json``'s ``paired``)."""
 
 Agg = dict[str, tuple[float | None, float | None, int]]
 
@@ -83,7 +136,7 @@ def _best_baseline(
 ) -> tuple[str, float] | None:
     best: tuple[str, float] | None = None
     for p in policies:
-        if p not in BASELINE_NAMES:
+        if not is_baseline(p) or (w, p) not in agg:
             continue
         mean = agg[(w, p)][metric][0]
         if mean is None:
@@ -93,13 +146,114 @@ def _best_baseline(
     return best
 
 
+@dataclass(frozen=True, slots=True)
+class PairedRow:
+    """One (workers, policy, baseline, metric) paired comparison; percentages, see the module
+    docstring. ``ci_low_pct``/``ci_high_pct`` are None with one seed."""
+
+    policy: str
+    baseline: str
+    workers: int | None
+    metric: str
+    n: int
+    mean_pct: float
+    ci_low_pct: float | None
+    ci_high_pct: float | None
+
+    @property
+    def excludes_zero(self) -> bool:
+        lo, hi = self.ci_low_pct, self.ci_high_pct
+        return lo is not None and hi is not None and (lo > 0 or hi < 0)
+
+    def doc(self) -> dict[str, object]:
+        """The ``--json`` object."""
+        return {"policy": self.policy, "baseline": self.baseline, "workers": self.workers,
+                "metric": self.metric, "n": self.n, "mean_pct": self.mean_pct,
+                "ci_low_pct": self.ci_low_pct, "ci_high_pct": self.ci_high_pct}  # fmt: skip
+
+
+def paired_comparisons(runs: Sequence[Run]) -> list[PairedRow]:
+    """Every compared policy against every baseline that ran, per workers value and metric of
+    :data:`PAIRED_METRICS`, paired by seed. A metric with no usable pair has no row."""
+    by_cell: dict[tuple[int | None, str], dict[int, Run]] = {}
+    for r in runs:
+        by_cell.setdefault((r.workers, r.policy), {})[r.seed] = r
+    workers = sorted({r.workers for r in runs}, key=_key)
+    policies = list(dict.fromkeys(r.policy for r in runs))
+    out: list[PairedRow] = []
+    for w in workers:
+        for p in policies:
+            if not is_compared(p) or (w, p) not in by_cell:
+                continue
+            ours = by_cell[(w, p)]
+            for b in policies:
+                if not is_baseline(b) or (w, b) not in by_cell:
+                    continue
+                base = by_cell[(w, b)]
+                seeds = sorted(set(ours) & set(base))
+                for m, _ in PAIRED_METRICS:
+                    pairs = [(_num(ours[s].metrics.get(m)), _num(base[s].metrics.get(m)))
+                             for s in seeds]  # fmt: skip
+                    st = paired_relative(pairs)
+                    if st is not None:
+                        out.append(PairedRow(p, b, w, m, st.n, st.mean, st.low, st.high))
+    return out
+
+
+def _num(v: float | int | None) -> float | None:
+    return None if v is None else float(v)
+
+
+def _paired_cell(row: PairedRow | None, n_row: int) -> str:
+    if row is None:
+        return "–"
+    text = f"{row.mean_pct:+.1f}"
+    if row.ci_low_pct is not None:
+        text += f" ± {row.mean_pct - row.ci_low_pct:.1f}" + ("*" if row.excludes_zero else "")
+    if row.n != n_row:
+        text += f" (n={row.n})"
+    return text
+
+
+def paired_docs() -> str:
+    """The legend of :func:`paired_table`."""
+    arrows = ", ".join(
+        f"{t} {'↓' if m in LOWER_IS_BETTER else '↑' if m in HIGHER_IS_BETTER else ''}"
+        for m, t in PAIRED_METRICS
+    )
+    return (
+        "Paired difference vs each baseline, % (mean over seeds of (policy − baseline) / "
+        "baseline ± the 95 % Student-t half-width, n − 1 df; * = the interval excludes 0; "
+        f"no ± with one seed).\nBetter is: {arrows}."
+    )
+
+
+def paired_table(rows: Sequence[PairedRow], *, markdown: bool = False) -> str | None:
+    """The paired comparison table of ``rows`` (one workers value; from
+    :func:`paired_comparisons`): a row per (policy vs baseline), a column per metric; None
+    for no rows."""
+    if not rows:
+        return None
+    cells: dict[tuple[str, str], dict[str, PairedRow]] = {}
+    for r in rows:
+        cells.setdefault((r.policy, r.baseline), {})[r.metric] = r
+    header = ["paired % vs baseline", "seeds", *(t for _, t in PAIRED_METRICS)]
+    body: list[list[str]] = []
+    for (p, b), per in cells.items():
+        n = max(r.n for r in per.values())
+        body.append([f"{p} vs {b}", str(n),
+                     *(_paired_cell(per.get(m), n) for m, _ in PAIRED_METRICS)])  # fmt: skip
+    return _render(header, body, markdown)
+
+
 def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
     """One table per workers value: policies × metrics (mean ± sd), then each non-baseline
     policy's improvement over the best baseline per metric (positive = better; the paper's
-    Table 1 'Rel. Imprv.')."""
+    Table 1 'Rel. Imprv.'); then the paired comparison (:func:`paired_table`) below it."""
     agg = aggregate(runs)
     workers = sorted({r.workers for r in runs}, key=_key)
     policies = list(dict.fromkeys(r.policy for r in runs))
+    all_paired = paired_comparisons(runs)
     blocks: list[str] = []
     for w in workers:
         header = ["policy", *(t for _, t, _ in TABLE_METRICS)]
@@ -110,7 +264,7 @@ def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
             a = agg[(w, p)]
             rows.append([p, *(_cell(a[m][0], a[m][1], f) for m, _, f in TABLE_METRICS)])
         for p in policies:
-            if p in BASELINE_NAMES or p == LOWER_BOUND or (w, p) not in agg:
+            if is_baseline(p) or p == LOWER_BOUND or (w, p) not in agg:
                 continue
             cells = [f"{p} vs best baseline"]
             for m, _, _ in TABLE_METRICS:
@@ -120,7 +274,15 @@ def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
             rows.append(cells)
         n = max((a[METRICS[0]][2] for (ww, _), a in agg.items() if ww == w), default=0)
         title = f"workers={w if w is not None else 'open-loop'} (seeds: {n})"
-        blocks.append(title + "\n" + _render(header, rows, markdown))
+        block = title + "\n" + _render(header, rows, markdown)
+        paired = paired_table([r for r in all_paired if r.workers == w], markdown=markdown)
+        if paired is not None:
+            block += "\n\n" + paired
+        blocks.append(block)
+    if all_paired:
+        legend = paired_docs().split("\n")
+        sep = " " if markdown else "\n"
+        blocks.append(sep.join(line if markdown else textwrap.fill(line, 100) for line in legend))
     return "\n\n".join(blocks)
 
 
@@ -239,7 +401,10 @@ def write_report(
         f"Command: `{command}`",
         "",
         "Mean ± sd over seeds. Improvement rows: relative to the best baseline "
-        f"({', '.join(BASELINE_NAMES)}) per metric; positive = better, negative = a loss.",
+        f"({', '.join(b for b in BASELINE_NAMES if not b.startswith('thunderagent'))}, "
+        "thunderagent*) per metric; positive = better, "
+        "negative = a loss. Below each table, the paired comparison against every baseline "
+        "(seeds paired: every policy ran the same tasks per seed).",
         "",
         comparison_table(runs, markdown=True),
         "",

@@ -41,7 +41,7 @@ class TestJson:
         )  # fmt: skip
         assert code == 0
         doc = json.loads(out)
-        assert set(doc) == {"runs"}
+        assert set(doc) == {"runs", "paired"}
         runs = doc["runs"]
         assert len(runs) == 2 * 2 * 3
         for r in runs:
@@ -50,6 +50,17 @@ class TestJson:
             assert r["nodes"] == 1 and r["workers"] in (2, 3) and r["seed"] in (0, 1)
             assert r["metrics"]["tasks"] == 3
         assert {r["policy"] for r in runs} == {"tao", "rr", "lower-bound"}
+        paired = doc["paired"]  # tao vs rr (not the bound), per workers and paired metric
+        assert {(p["policy"], p["baseline"]) for p in paired} == {("tao", "rr")}
+        assert {p["workers"] for p in paired} == {2, 3}
+        for p in paired:
+            assert set(p) == {"policy", "baseline", "workers", "metric", "n", "mean_pct",
+                              "ci_low_pct", "ci_high_pct"}  # fmt: skip
+            assert p["n"] <= 2
+            if p["n"] == 2:
+                assert p["ci_low_pct"] <= p["mean_pct"] <= p["ci_high_pct"]
+            else:
+                assert p["ci_low_pct"] is None and p["ci_high_pct"] is None
 
 
 class TestOut:
@@ -65,6 +76,8 @@ class TestOut:
         )  # fmt: skip
         assert code == 0
         assert "tao vs best baseline" in out
+        assert "tao vs short-first" in out  # the paired comparison
+        assert "tao vs short-first" in (out_dir / "report.md").read_text()
         assert "done" in err  # stderr is not a terminal: one line per finished run
         names = ["report.md", "runs.csv", "summary.csv", "timeseries.csv", "ticks.csv"]
         names += ["latency_cdf.png", "running.png", "ablation.png", "snapshots.csv"]

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import zlib
 
-from shared.core.engine import ROOT_HASH, chain_hash
+from shared.core.engine import ROOT_HASH, HashChain, chain_hash
 
 _FAMILY_SPACE = 1 << 24
 _SESSION_BASE = 1 << 40
@@ -36,7 +36,7 @@ class SessionTokens:
         self.shared_base = family_base(family)
         self.base = _SESSION_BASE + index * _SESSION_SPACE
         self._cache: list[int] = []
-        self._hashes: list[int] = []
+        self._hashes = HashChain()
         self._index: dict[int, int] = {}
 
     def take(self, start: int, stop: int) -> list[int]:
@@ -48,7 +48,8 @@ class SessionTokens:
     def block_hashes(self, nblocks: int, block_size: int) -> list[int]:
         """The engine's chain hashes (:func:`~shared.core.engine.chain_hash` from ``ROOT_HASH``)
         of the first ``nblocks`` full blocks, extended incrementally; the returned list may be
-        longer than ``nblocks`` (one ``block_size`` per session)."""
+        longer than ``nblocks`` (one ``block_size`` per session). It is a
+        :class:`~shared.core.engine.HashChain`, which the engine walks without converting."""
         hs = self._hashes
         if len(hs) < nblocks:
             if nblocks * block_size > len(self._cache):
@@ -56,10 +57,12 @@ class SessionTokens:
             toks = self._cache
             index = self._index
             parent = hs[-1] if hs else ROOT_HASH
+            new: list[int] = []
             for j in range(len(hs), nblocks):
                 parent = chain_hash(parent, toks[j * block_size : j * block_size + block_size])
-                hs.append(parent)
+                new.append(parent)
                 index.setdefault(parent, j)
+            hs.grow(new)
         return hs
 
     @property

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shared.core.engine.cache import ROOT_HASH, BlockPool, chain_hash
+from shared.core.engine.cache import ROOT_HASH, BlockPool, HashChain, chain_hash
 from shared.core.engine.engine import Engine
 from shared.core.engine.profiles import (
     DEFAULT_PROFILE,
@@ -28,6 +28,7 @@ __all__ = [
     "Completion",
     "Engine",
     "EngineRequest",
+    "HashChain",
     "Profile",
     "chain_hash",
     "decode_step_time",

@@ -32,8 +32,11 @@ from collections import OrderedDict, deque
 from collections.abc import Sequence
 from typing import Final
 
+import numpy as np
+
 from shared.contracts.kv import KVEvent
 from shared.core.engine.cache import ROOT_HASH, BlockPool, chain_hash
+from shared.core.engine.poolkernels import k_find_first as find_first
 from shared.core.engine.profiles import Profile, step_time
 from shared.core.engine.requests import (
     OUTPUT_VOCAB,
@@ -46,6 +49,8 @@ from shared.core.engine.requests import (
 __all__ = ["OUTPUT_VOCAB", "Completion", "Engine", "EngineRequest", "generated_token_ids"]
 
 _MASK64: Final = (1 << 64) - 1
+
+_NO_HASHES: Final = np.empty(0, dtype=np.uint64)
 
 _MEMO_SESSIONS: Final = 4096
 """Sessions whose last token sequence and block hashes are remembered to hash new turns fast."""
@@ -68,12 +73,16 @@ class Engine:
         self.num_gpu_blocks = profile.num_gpu_blocks
         self.closed_form = closed_form
         self._pool = BlockPool(self.num_gpu_blocks, self.block_size, emit_kv_events=emit_kv_events)
+        self._emit = emit_kv_events
         self._waiting: deque[ReqState] = deque()
         self._running: list[ReqState] = []
         self._by_id: dict[str, ReqState] = {}
         self._done: list[Completion] = []
-        self._memo: OrderedDict[str, tuple[list[int], list[int]]] = OrderedDict()
-        self._hit_memo: tuple[ReqState, int, int, list[int], int, int] | None = None
+        self._memo: OrderedDict[str, tuple[list[int], np.ndarray, int]] = OrderedDict()
+        """Per session: the last finished turn's tokens and ``(hashes, count)``."""
+        self._hit_memo: tuple[ReqState, int, int, np.ndarray, int, int, int] | None = None
+        """(request, pool generation, limit, hit blocks, hit length, evictable, evicted) of
+        the last :meth:`_hits` answer."""
         self._clock = 0.0
         self._now = -math.inf
         self.prefix_cache_queries = 0
@@ -148,7 +157,7 @@ class Engine:
                 f"{self.num_gpu_blocks * self.block_size} KV tokens"
             )
         self._run_until(now)
-        r = ReqState(req, output, now)
+        r = ReqState(req, output, now, self.block_size)
         self._seed_hashes(r)
         if not self._running and not self._waiting:
             self._clock = max(self._clock, now)
@@ -166,8 +175,8 @@ class Engine:
             self._running.remove(r)
         else:
             self._waiting.remove(r)
-        self._pool.release(r.blocks)
-        r.blocks = []
+        self._pool.release_arr(r.blocks, r.nblocks)
+        r.nblocks = 0
 
     def advance(self, now: float) -> list[Completion]:
         """Run up to ``now``; the requests finished at or before ``now``, in finishing order.
@@ -212,13 +221,18 @@ class Engine:
         ``session_id`` the session's remembered hashes are reused (faster, same answer)."""
         bs = self.block_size
         full = len(tokens) // bs
-        hashes: list[int] = []
-        if session_id is not None:
-            hashes = self._memo_prefix(session_id, tokens)[:full]
         n = 0
         parent = ROOT_HASH
-        for j in range(full):
-            h = hashes[j] if j < len(hashes) else chain_hash(parent, tokens[j * bs : j * bs + bs])
+        if session_id is not None:
+            mh, m = self._memo_prefix(session_id, tokens)
+            m = min(m, full)
+            if m:
+                n = self._pool.resident_run(mh, 0, m)
+                if n < m:
+                    return n * bs
+                parent = int(mh[m - 1])
+        for j in range(n, full):
+            h = chain_hash(parent, tokens[j * bs : j * bs + bs])
             if self._pool.lookup(h) is None:
                 break
             parent = h
@@ -248,19 +262,20 @@ class Engine:
 
     # -- hashing -----------------------------------------------------------------------------------
 
-    def _memo_prefix(self, session_id: str, tokens: Sequence[int]) -> list[int]:
-        """Remembered block hashes of the session that are valid for ``tokens``."""
+    def _memo_prefix(self, session_id: str, tokens: Sequence[int]) -> tuple[np.ndarray, int]:
+        """Remembered block hashes of the session and how many of them are valid for
+        ``tokens``."""
         memo = self._memo.get(session_id)
         if memo is None:
-            return []
-        mt, mh = memo
+            return _NO_HASHES, 0
+        mt, mh, mn = memo
         bs = self.block_size
-        n = min(len(mh), len(tokens) // bs)
+        n = min(mn, len(tokens) // bs)
         head = tokens[: n * bs]
         if not isinstance(head, list):
             head = list(head)
         if head == mt[: n * bs]:
-            return mh[:n]
+            return mh, n
         lo, hi = 0, n  # largest j with equal first j blocks
         while lo < hi:
             mid = (lo + hi + 1) // 2
@@ -268,28 +283,38 @@ class Engine:
                 lo = mid
             else:
                 hi = mid - 1
-        return mh[:lo]
+        return mh, lo
 
     def _seed_hashes(self, r: ReqState) -> None:
-        r.hashes = self._memo_prefix(r.session_id, r.tokens)
+        mh, n = self._memo_prefix(r.session_id, r.tokens)
+        if n:
+            r.hashes[:n] = mh[:n]
+        r.nhashes = n
 
     def _remember(self, r: ReqState) -> None:
-        self._memo[r.session_id] = (r.tokens, r.hashes)
+        self._memo[r.session_id] = (r.tokens, r.hashes, r.nhashes)
         self._memo.move_to_end(r.session_id)
         if len(self._memo) > _MEMO_SESSIONS:
             self._memo.popitem(last=False)
 
     def _hash_upto(self, r: ReqState, nblocks: int) -> None:
-        hs = r.hashes
-        if len(hs) >= nblocks:
+        have = r.nhashes
+        if have >= nblocks:
             return
+        hs = r.hashes
         bs = self.block_size
         toks = r.tokens
-        parent = hs[-1] if hs else ROOT_HASH
-        mask = _MASK64
-        for j in range(len(hs), nblocks):
-            parent = hash((parent, *toks[j * bs : j * bs + bs])) & mask  # == chain_hash, inlined
-            hs.append(parent)
+        parent = int(hs[have - 1]) if have else ROOT_HASH
+        if nblocks - have == 1:  # the decode path
+            hs[have] = hash((parent, *toks[have * bs : have * bs + bs])) & _MASK64
+        else:
+            mask = _MASK64
+            new: list[int] = []
+            for j in range(have, nblocks):
+                parent = hash((parent, *toks[j * bs : j * bs + bs])) & mask  # == chain_hash
+                new.append(parent)
+            hs[have:nblocks] = new
+        r.nhashes = nblocks
 
     def _cache_upto(self, r: ReqState, ntokens: int) -> None:
         """Offer the request's blocks that are full within its first ``ntokens`` to the cache."""
@@ -298,41 +323,47 @@ class Engine:
             return
         self._hash_upto(r, nfull)
         j = r.num_cached_blocks
-        parent = r.hashes[j - 1] if j else ROOT_HASH
-        self._pool.cache_many(r.blocks, r.hashes, j, nfull, parent, r.tokens)
+        parent = int(r.hashes[j - 1]) if j and self._emit else ROOT_HASH  # events only
+        self._pool.cache_arr(r.blocks, r.hashes, j, nfull, parent, r.tokens)
         r.num_cached_blocks = nfull
 
     # -- scheduling --------------------------------------------------------------------------------
 
-    def _hits(self, r: ReqState) -> tuple[list[int], int]:
-        """Cached blocks of ``r``'s longest prefix hit, never covering its last known token,
-        and how many of them are free (evictable). Remembered for the last request asked
-        until the pool changes (its generation) or the request's length does: the waiting
-        head is asked again by every step and every decode-run check while it is blocked."""
+    def _hits(self, r: ReqState) -> tuple[np.ndarray, int, int]:
+        """Cached blocks of ``r``'s longest prefix hit (``blocks[:n]``, ``n``), never covering
+        its last known token, and how many of them are free (evictable). Remembered for the
+        last request asked until the pool changes (its generation) or the request's length
+        does: the waiting head is asked again by every step and every decode-run check while
+        it is blocked."""
         limit = (r.num_tokens - 1) // self.block_size
         pool = self._pool
         memo = self._hit_memo
-        known: list[int] | None = None
+        start = 0
+        buf: np.ndarray | None = None
         if memo is not None and memo[0] is r and memo[2] == limit:
             if memo[1] == pool.generation:
-                return memo[3], memo[4]
-            if memo[5] == pool.evicted:  # nothing un-cached since: the old hit still holds
-                known = memo[3]
+                return memo[3], memo[4], memo[5]
+            buf = memo[3]
+            if memo[6] == pool.evicted:  # nothing un-cached since: the old hit still holds
+                start = memo[4]
+        if buf is None:
+            buf = np.empty(limit, dtype=np.int64)
         self._hash_upto(r, limit)
-        hit = pool.longest_hit(r.hashes, limit, known)
-        evictable = pool.count_free(hit)
-        self._hit_memo = (r, pool.generation, limit, hit, evictable, pool.evicted)
-        return hit, evictable
+        nhit = pool.hit_arr(r.hashes, start, limit, buf)
+        evictable = pool.count_free_arr(buf, nhit)
+        self._hit_memo = (r, pool.generation, limit, buf, nhit, evictable, pool.evicted)
+        return buf, nhit, evictable
 
-    def _admit_plan(self, r: ReqState, budget: int) -> tuple[list[int], int, int] | None:
-        """(hit blocks, new tokens, new blocks) if ``r`` can be admitted now, else ``None``."""
-        hit, evictable = self._hits(r)
-        hit_tokens = len(hit) * self.block_size
+    def _admit_plan(self, r: ReqState, budget: int) -> tuple[np.ndarray, int, int, int] | None:
+        """(hit blocks, hit length, new tokens, new blocks) if ``r`` can be admitted now, else
+        ``None``."""
+        hit, nhit, evictable = self._hits(r)
+        hit_tokens = nhit * self.block_size
         n = min(r.num_tokens - hit_tokens, budget)
-        need = -(-(hit_tokens + n) // self.block_size) - len(hit)
+        need = -(-(hit_tokens + n) // self.block_size) - nhit
         if need + evictable > self._pool.num_free:
             return None
-        return hit, n, need
+        return hit, nhit, n, need
 
     def _admissible(self, budget: int) -> bool:
         return (
@@ -343,25 +374,26 @@ class Engine:
         )
 
     def _allocate(self, r: ReqState, ntokens: int) -> bool:
-        need = -(-ntokens // self.block_size) - len(r.blocks)
+        need = -(-ntokens // self.block_size) - r.nblocks
         if need > 0:
             if need > self._pool.num_free:
                 return False
-            r.blocks.extend(self._pool.allocate(need))
+            self._pool.allocate_into(r.blocks, r.nblocks, need)
+            r.nblocks += need
         self._cache_upto(r, ntokens)
         return True
 
     def _preempt(self, r: ReqState) -> None:
-        self._pool.release(r.blocks)
-        r.blocks = []
+        self._pool.release_arr(r.blocks, r.nblocks)
+        r.nblocks = 0
         r.num_computed = 0
         r.num_cached_blocks = 0
         self._waiting.appendleft(r)
         self.num_preemptions += 1
 
     def _finish(self, r: ReqState, t: float) -> None:
-        self._pool.release(r.blocks)
-        r.blocks = []
+        self._pool.release_arr(r.blocks, r.nblocks)
+        r.nblocks = 0
         del self._by_id[r.id]
         self._remember(r)
         first = r.first_token_at if r.first_token_at is not None else t
@@ -422,12 +454,15 @@ class Engine:
                 plan = self._admit_plan(r, budget)
                 if plan is None:
                     break
-                hit, n, need = plan
+                hit, nhit, n, need = plan
                 self._waiting.popleft()
-                pool.touch(hit)
-                r.blocks = hit + pool.allocate(need)
-                r.num_computed = len(hit) * self.block_size
-                r.num_cached_blocks = len(hit)
+                blocks = r.blocks
+                blocks[:nhit] = hit[:nhit]
+                pool.touch_arr(blocks, nhit)
+                pool.allocate_into(blocks, nhit, need)
+                r.nblocks = nhit + need
+                r.num_computed = nhit * self.block_size
+                r.num_cached_blocks = nhit
                 if r.cached_tokens < 0:
                     r.cached_tokens = r.num_computed
                     self.prefix_cache_queries += r.prompt_len
@@ -482,7 +517,7 @@ class Engine:
         bs = self.block_size
         n = min(r.max_tokens - r.generated for r in running)
         n = self._stop_before_new_hit(n, self.profile.max_batched_tokens - batch)
-        k0 = [bs * len(r.blocks) - r.num_computed for r in running]
+        k0 = [bs * r.nblocks - r.num_computed for r in running]
         free = self._pool.num_free
 
         def allocs(m: int) -> int:
@@ -507,23 +542,22 @@ class Engine:
             return n
         head = self._waiting[0]
         bs = self.block_size
-        hit = len(self._hits(head)[0])
+        hit = self._hits(head)[1]
         if hit >= (head.num_tokens - 1) // bs:
             return n
         missing = head.hashes[hit]
         for r in self._running:
             j = r.num_computed // bs + 1  # next block count to become full
-            s = bs * j - 1 - r.num_computed
+            s = bs * j - 1 - r.num_computed  # the step after which block j-1 is full
             if s >= n:
                 continue
             last = (r.num_computed + n) // bs
             self._hash_upto(r, last)
-            while s < n:
-                if r.hashes[j - 1] == missing:
-                    n = s
-                    break
-                j += 1
-                s += bs
+            # blocks j-1, j, ... become full after steps s, s + bs, ... (< n): the first equal
+            count = (n - s + bs - 1) // bs
+            at = int(find_first(r.hashes, j - 1, j - 1 + count, missing))
+            if at >= 0:
+                n = s + (at - (j - 1)) * bs
         return n
 
     def _horizon(self) -> float:
@@ -559,7 +593,7 @@ class Engine:
         running = self._running
         events: list[tuple[int, int, int, int]] = []
         for i, r in enumerate(running):
-            s = bs * len(r.blocks) - r.num_computed
+            s = bs * r.nblocks - r.num_computed
             while s < k:
                 events.append((s, i, 0, 0))
                 s += bs
@@ -574,7 +608,8 @@ class Engine:
         for _s, i, kind, j in events:
             r = running[i]
             if kind == 0:
-                r.blocks.extend(pool.allocate(1))
+                pool.allocate_into(r.blocks, r.nblocks, 1)
+                r.nblocks += 1
             else:
                 self._cache_upto(r, j * bs)
         finished = False

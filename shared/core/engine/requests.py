@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+import numpy as np
+
 __all__ = ["OUTPUT_VOCAB", "Completion", "EngineRequest", "ReqState", "generated_token_ids"]
 
 OUTPUT_VOCAB: Final = 32_000
@@ -50,7 +52,11 @@ class Completion:
 
 
 class ReqState:
-    """Mutable scheduler state of one request (engine-internal)."""
+    """Mutable scheduler state of one request (engine-internal).
+
+    ``blocks[:nblocks]`` (int64) are the KV blocks it holds and ``hashes[:nhashes]`` (uint64)
+    the chain hashes of its first full blocks, both arrays sized once for the most it can ever
+    need (``prompt + max_tokens`` tokens), so the block pool's kernels work on them in place."""
 
     __slots__ = (
         "arrived_at",
@@ -62,6 +68,8 @@ class ReqState:
         "id",
         "last_token_at",
         "max_tokens",
+        "nblocks",
+        "nhashes",
         "num_cached_blocks",
         "num_computed",
         "prompt_len",
@@ -69,7 +77,9 @@ class ReqState:
         "tokens",
     )
 
-    def __init__(self, req: EngineRequest, output: Sequence[int], now: float) -> None:
+    def __init__(
+        self, req: EngineRequest, output: Sequence[int], now: float, block_size: int = 16
+    ) -> None:
         self.id = req.id
         self.session_id = req.session_id
         self.prompt_len = len(req.prompt)
@@ -80,8 +90,11 @@ class ReqState:
         self.last_token_at = -math.inf
         self.generated = 0
         self.num_computed = 0
-        self.blocks: list[int] = []
-        self.hashes: list[int] = []
+        total = len(self.tokens)
+        self.blocks = np.empty(-(-total // block_size), dtype=np.int64)
+        self.nblocks = 0
+        self.hashes = np.empty(total // block_size, dtype=np.uint64)
+        self.nhashes = 0
         self.num_cached_blocks = 0
         self.cached_tokens = -1
 

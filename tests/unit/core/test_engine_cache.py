@@ -123,3 +123,125 @@ class TestBlockPool:
             pool.check()
             used = sum(1 for b in range(6) if pool.ref(b) > 0)
             assert used + pool.num_free == 6
+
+
+class _RefPool:
+    """The obvious pure-Python pool (what :class:`BlockPool` was before its arrays and
+    kernels): ref list, insertion-ordered dict as the LRU free queue, hash dict."""
+
+    def __init__(self, n: int) -> None:
+        self.ref = [0] * n
+        self.hash: list[int | None] = [None] * n
+        self.free: dict[int, None] = dict.fromkeys(range(n))
+        self.cached: dict[int, int] = {}
+        self.log: list[int] = []
+        self.removed: list[int] = []  # evicted by allocation (BlockRemoved events)
+
+    def allocate(self, n: int) -> list[int]:
+        out = list(self.free)[:n]
+        for b in out:
+            del self.free[b]
+            self.ref[b] = 1
+            h = self.hash[b]
+            if h is not None:
+                del self.cached[h]
+                self.log.append(h)
+                self.removed.append(h)
+                self.hash[b] = None
+        return out
+
+    def release(self, blocks: list[int]) -> None:
+        for b in reversed(blocks):
+            self.ref[b] -= 1
+            if self.ref[b] == 0:
+                self.free[b] = None
+
+    def touch(self, blocks: list[int]) -> None:
+        for b in blocks:
+            if self.ref[b] == 0:
+                del self.free[b]
+            self.ref[b] += 1
+
+    def cache_many(self, blocks: list[int], hashes: list[int], start: int, stop: int) -> None:
+        for j in range(start, stop):
+            h, b = hashes[j], blocks[j]
+            if h not in self.cached and self.hash[b] is None:
+                self.cached[h] = b
+                self.hash[b] = h
+
+    def longest_hit(self, hashes: list[int], limit: int) -> list[int]:
+        out: list[int] = []
+        for h in hashes[:limit]:
+            if h not in self.cached:
+                break
+            out.append(self.cached[h])
+        return out
+
+    def reset(self) -> bool:
+        if len(self.free) != len(self.ref):
+            return False
+        self.log.extend(self.cached)
+        self.cached.clear()
+        self.hash = [None] * len(self.ref)
+        return True
+
+
+class TestAgainstReference:
+    """The array/kernel pool does exactly what the plain-Python one does, op by op: same blocks
+    handed out, free order, ref counts, hits, evictions (and their order) and KV events."""
+
+    @settings(max_examples=200, deadline=None)
+    @given(
+        st.integers(1, 24),
+        st.sampled_from([4, 40, 2**64]),
+        st.lists(st.tuples(st.sampled_from("aarrcchtzl"), st.integers(0, 2**32)), max_size=80),
+    )
+    def test_same_as_reference(self, n: int, hspace: int, ops: list[tuple[str, int]]) -> None:
+        """Random allocate/release/cache/hit+touch/reset/lookup sequences, hash collisions
+        included (a small hash space), on both pools."""
+        pool = BlockPool(n, 4, emit_kv_events=True)
+        ref = _RefPool(n)
+        held: list[list[int]] = []
+        for op, x in ops:
+            if op == "a":
+                k = x % (ref.ref.count(0) + 1)
+                got = pool.allocate(k)
+                assert got == ref.allocate(k)
+                held.append(got)
+            elif op == "r" and held:
+                blocks = held.pop(x % len(held))
+                pool.release(blocks)
+                ref.release(blocks)
+            elif op == "c" and held and held[x % len(held)]:
+                blocks = held[x % len(held)]
+                hashes = [(x * 7919 + 104729 * j) % hspace for j in range(len(blocks))]
+                start = x % len(blocks)
+                toks = list(range(4 * len(blocks)))
+                pool.cache_many(blocks, hashes, start, len(blocks), ROOT_HASH, toks)
+                ref.cache_many(blocks, hashes, start, len(blocks))
+            elif op in "ht":
+                hashes = [(x * 31 + 104729 * j) % hspace for j in range(x % 9)]
+                hit = pool.longest_hit(hashes, x % 10)
+                assert hit == ref.longest_hit(hashes, x % 10)
+                assert pool.count_free(hit) == [ref.ref[b] for b in hit].count(0)
+                assert pool.resident_run(hashes, 0, len(hashes)) == len(
+                    ref.longest_hit(hashes, len(hashes))
+                )
+                if op == "t" and hit:
+                    pool.touch(hit)
+                    ref.touch(hit)
+                    held.append(hit)
+            elif op == "z":
+                assert pool.reset_cache() == ref.reset()
+            elif op == "l":
+                h = x % hspace
+                assert pool.lookup(h) == ref.cached.get(h)
+            assert pool.free_order() == list(ref.free)
+            assert [pool.ref(b) for b in range(n)] == ref.ref
+            assert pool.num_cached == len(ref.cached)
+            assert pool.evicted == len(ref.log) and pool.evicted_since(0) == ref.log
+            pool.check()
+        removed = [
+            h for ev in pool.drain_events() if isinstance(ev, BlockRemoved) for h in ev.block_hashes
+        ]
+        assert removed == ref.removed  # a reset logs its hashes but emits AllBlocksCleared

@@ -2,8 +2,10 @@
 
 Subscribes (core NATS) to ``tao.v1.valuation.snapshot``; solves with the policy of
 ``TAO_POLICY`` (one policy object for the life of the process), budget ``TAO_PLANNER_BUDGET``
-and wall-clock limit ``TAO_PLANNER_TIME_LIMIT_MS``; publishes placements on
-``tao.v1.placement.<gateway>`` (JetStream) and the plan on ``tao.v1.plan``. The numba kernels
+and wall-clock limit ``TAO_PLANNER_TIME_LIMIT_MS`` (under ``thunderagent`` /
+``thunderagent-ideal``: ThunderAgent's state machine instead, its periodic check every
+``TAO_TA_INTERVAL_S``); publishes placements on ``tao.v1.placement.<gateway>`` (JetStream)
+and the plan on ``tao.v1.plan``. The numba kernels
 are loaded (or compiled) once at start. Run: ``python -m services.planner`` (needs NATS and
 Redis).
 """
@@ -38,6 +40,7 @@ def build(settings: Settings, store: StateStore, bus: MessageBus, *, name: str =
         policy=get_policy(settings.policy),
         budget=settings.planner_budget,
         time_limit_ms=float(settings.planner_time_limit_ms),
+        ta_interval_s=settings.ta_interval_s,
     )
 
 

@@ -8,10 +8,12 @@ limiter of 1; the kernels release the GIL), applies the decision with the store'
 longest prefix live capacity admits), then publishes one ``Placement`` per applied move on
 JetStream and the ``Plan`` on core NATS, and logs one line.
 
-With ``thunderagent``, TAO's interrupt rule gives way to ThunderAgent's own rules
-(:mod:`services.planner.thunder`): its pauses join the decision as interrupts (same atomic
-apply), and its forced resumes (1800 s of waiting) are admitted before the plan, outside the
-capacity-checked apply (:meth:`Planner._force_resume`).
+With ``thunderagent`` or ``thunderagent-ideal`` (:data:`THUNDERAGENT_POLICIES`) the snapshot
+drives ThunderAgent's state machine instead (:mod:`services.planner.thunder` over
+:mod:`shared.core.thunder`, the one the simulator runs): no solve; its resumes are the admits
+and its pauses the interrupts of one decision (same atomic apply, same version checks), and its
+forced resumes (1800 s of waiting) are admitted before it, outside the capacity-checked apply
+(:meth:`Planner._force_resume`).
 """
 
 from __future__ import annotations
@@ -26,13 +28,15 @@ import anyio.to_thread
 from structlog.typing import FilteringBoundLogger
 
 from services.planner.mapping import from_wire, held_from_wire
-from services.planner.thunder import Held, TAStep, ThunderState
+from services.planner.thunder import Held, TAStep, ThunderState, is_thunderagent
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Assignment, Objective, Placement, PlacementKind, Plan
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies.base import PlanOptions, Policy
+from shared.core.problem import ZERO, PlanResult
 from shared.core.session import Session, admit
+from shared.core.thunder import SCHEDULER_INTERVAL_S
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.store_types import StateStore
@@ -41,18 +45,25 @@ __all__ = ["Planner", "Snapshot", "decode_snapshot"]
 
 
 class Snapshot(NamedTuple):
-    """A received snapshot in core form, with each node's KV capacity from the wire and, under
-    ``thunderagent``, the admitted sessions outside a tool (``None`` when not listed)."""
+    """A received snapshot in core form, with each node's KV capacity and health from the wire
+    and, under a ThunderAgent policy, the admitted sessions outside a tool (``None`` when not
+    listed)."""
 
     core: TickSnapshot
     capacity: Mapping[str, int]
     held: tuple[Held, ...] | None = None
+    healthy: Mapping[str, bool] | None = None
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
     """Decode and map a ``ValuationSnapshot`` (a ContractError dead-letters it)."""
     msg = decode(data, ValuationSnapshot)
-    return Snapshot(from_wire(msg), {nd.id: nd.capacity for nd in msg.nodes}, held_from_wire(msg))
+    return Snapshot(
+        from_wire(msg),
+        {nd.id: nd.capacity for nd in msg.nodes},
+        held_from_wire(msg),
+        {nd.id: nd.healthy for nd in msg.nodes},
+    )
 
 
 def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
@@ -71,19 +82,14 @@ def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
     )
 
 
-def _without_forced(core: TickSnapshot, ta: TAStep) -> TickSnapshot:
-    """``core`` less the force-resumed candidates, their weights taken off their nodes' room."""
-    if not ta.forced:
-        return core
-    taken: dict[str, int] = {}
-    for m in ta.forced:
-        taken[m.node] = taken.get(m.node, 0) + m.weight
+def _thunder_decision(tick: int, ta: TAStep, policy: str) -> Decision:
+    """ThunderAgent's pauses and resumes as one decision (forced resumes are applied apart)."""
     forced = {m.session for m in ta.forced}
-    return replace(
-        core,
-        nodes=tuple(replace(nd, free=max(0, nd.free - taken.get(nd.id, 0))) for nd in core.nodes),
-        candidates=tuple(c for c in core.candidates if c.id not in forced),
+    admits = tuple(m for m in ta.admits if m.session not in forced)
+    result = PlanResult(
+        (), ZERO, False, policy, diagnostics={"marked": len(ta.marked), "checked": ta.checked}
     )
+    return Decision(tick, ta.pauses, admits, result)
 
 
 def _force(m: Move, at: float) -> Callable[[Session | None], tuple[Session | None, bool]]:
@@ -100,7 +106,8 @@ def _force(m: Move, at: float) -> Callable[[Session | None], tuple[Session | Non
 
 @dataclass(slots=True)
 class Planner:
-    """The planner service's state across ticks (one policy object: ``rr`` keeps state)."""
+    """The planner service's state across ticks (one policy object: ``rr`` keeps state; under
+    a ThunderAgent policy, ``thunder``, made from the policy name and ``ta_interval_s``)."""
 
     store: StateStore
     bus: MessageBus
@@ -113,7 +120,12 @@ class Planner:
     pending: Snapshot | None = None
     ready: anyio.Event = field(default_factory=anyio.Event)
     superseded: int = 0
-    thunder: ThunderState = field(default_factory=ThunderState)
+    ta_interval_s: float = SCHEDULER_INTERVAL_S
+    thunder: ThunderState | None = None
+
+    def __post_init__(self) -> None:
+        if self.thunder is None and is_thunderagent(self.policy.name):
+            self.thunder = ThunderState.for_policy(self.policy.name, self.ta_interval_s)
 
     async def on_snapshot(self, snap: Snapshot, d: Delivery) -> None:
         """Keep only the newest snapshot; the loop in :meth:`run` picks it up."""
@@ -142,26 +154,28 @@ class Planner:
         return decide(snap, self.policy, options)
 
     async def plan_once(self, snap: Snapshot) -> Applied | None:
-        """Solve, apply and publish one snapshot; ``None`` when there was nothing to plan (with
-        ``thunderagent`` and an empty pool: what the forced resume did, if anything)."""
+        """Solve, apply and publish one snapshot; ``None`` when there was nothing to plan
+        (under a ThunderAgent policy with no move: what the forced resume did, if anything)."""
         core = snap.core
         await self.store.incr(ticks=1)
-        pauses: tuple[Move, ...] = ()
         forced: Applied | None = None
         ta = TAStep()
-        if self.policy.name == "thunderagent":
-            ta = self.thunder.step(core, snap.capacity, snap.held)
-            pauses = ta.pauses
-            core = _without_forced(replace(core, interrupts=()), ta)  # pause rule replaces 3.3
+        if self.thunder is not None:
+            t0 = time.perf_counter()
+            ta = self.thunder.step(core, snap.capacity, snap.held, snap.healthy)
+            elapsed_ms = (time.perf_counter() - t0) * 1000.0
             forced = await self._force_resume(core.tick, ta)
-        if not core.candidates and not pauses and not core.overflow:
-            self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
-            return forced
-        t0 = time.perf_counter()
-        decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
-        elapsed_ms = (time.perf_counter() - t0) * 1000.0
-        if pauses:
-            decision = replace(decision, interrupts=pauses + decision.interrupts)
+            if not core.candidates and not ta.pauses and not ta.admits:
+                self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="no move")
+                return forced
+            decision = _thunder_decision(core.tick, ta, self.policy.name)
+        else:
+            if not core.candidates and not core.overflow:
+                self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
+                return forced
+            t0 = time.perf_counter()
+            decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
+            elapsed_ms = (time.perf_counter() - t0) * 1000.0
         shown = decision
         if forced is not None and forced.admitted:
             shown = replace(decision, admits=forced.admitted + decision.admits)
@@ -174,11 +188,8 @@ class Planner:
         await self.store.record_solve(
             elapsed_ms, r.method, r.exact, fallback=tao_family and not r.exact
         )
-        if self.policy.name == "thunderagent":
-            if applied.discarded:
-                self.thunder.discarded()
-            else:
-                self.thunder.admitted(m.session for m in applied.admitted)
+        if self.thunder is not None and not applied.discarded:
+            self.thunder.applied(applied.sessions)
         await self.bus.publish(
             subjects.plan(), encode(_plan_msg(shown, self.policy.name, elapsed_ms))
         )
@@ -195,6 +206,7 @@ class Planner:
             truncated=applied.truncated,
             forced=len(forced.admitted) if forced is not None else None,
             marked=list(ta.marked) or None,
+            checked=ta.checked if self.thunder is not None else None,
             placements=placed,
             method=r.method,
             exact=r.exact,
@@ -226,7 +238,8 @@ class Planner:
             await self._publish_placements(tick, applied)
         if done:
             await self.store.incr(sessions_admitted=len(done), forced_resumes=len(done))
-        self.thunder.admitted(m.session for m in done)
+        if self.thunder is not None:
+            self.thunder.applied(recs)
         self.log.info(
             "forced_resume",
             tick=tick,

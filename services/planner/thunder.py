@@ -1,52 +1,94 @@
-"""ThunderAgent's periodic rules in the live planner (``TAO_POLICY=thunderagent``, DESIGN 3.5).
+"""ThunderAgent in the live planner (``TAO_POLICY=thunderagent`` / ``thunderagent-ideal``).
 
-With ``thunderagent`` the placement is the policy (:class:`ThunderAgentPolicy`: the greedy
-resume), and TAO's interrupt rule (DESIGN 3.3) is replaced by ThunderAgent's own rules, shared
-with the offline simulator through :mod:`shared.core.policies.thunderagent`:
+Under these policies the planner drives the same state machine as the simulator:
+:class:`shared.core.thunder.ThunderAgent` (its module docstring cites ThunderAgent's router line
+by line; :class:`~shared.core.thunder.Variant` ``FAITHFUL`` for ``thunderagent``, ``IDEAL``
+for ``thunderagent-ideal``). TAO's valuation-driven placement and interrupt rule (DESIGN
+3.3) play no part; :class:`ThunderState` turns each valuation snapshot into the machine's
+events and its moves into the planner's:
 
-* **pause** (``_pause_until_safe``, :func:`thunderagent_pause`), every ``SCHEDULER_INTERVAL_S``
-  (5 s) of snapshot time: on a node whose remaining capacity ``capacity − Σ (tokens + 100)`` is
-  negative, ACTING programs are paused smallest first; REASONING programs are then *marked*.
-  ACTING = admitted and no model call in flight (in a tool: the snapshot's interrupt
-  candidates; or idle between turns), REASONING = admitted with a call in flight. Both of the
-  latter come from the snapshot's ``admitted`` list, which the valuation fills only under
-  ``thunderagent``.
-* **marked programs** are paused (released) on the first snapshot that shows their call ended
-  (the record left ``running``) — ThunderAgent pauses them in the response handler, here the
-  next valuation tick (≤ 1 s). A marked session that already started its next call before a
-  snapshot saw it between calls stays marked until that call ends: a running session is never
-  released (its request is on the node). Marks live in planner memory; a restarted planner
-  forgets them, and its next check (≤ 5 s) re-decides from the live state.
-* **forced resume** (``_wait_for_resume(timeout=1800)``, :func:`thunderagent_overdue`): a pooled
-  session with a pending request (phase ``new`` or ``reasoning``) that has waited 1800 s is
-  admitted regardless of capacity, on the node it was paused from when it is still eligible,
-  else on its eligible node with the most free room. Waiting starts at the first snapshot
-  that shows the session waiting (≤ 1 s late); a restarted planner starts the clocks again,
-  so a forced resume is never early, at worst late by the planner's downtime.
+* **snapshot → events.** The snapshot lists every live session: the pool (waiting, or in a
+  tool after an interrupt), the admitted sessions in a tool (interrupt candidates) and, under
+  these policies only, the admitted sessions outside a tool (``admitted``, :class:`Held`).
+  A session seen *busy* (a request pending or in flight: pooled ``new`` / ``reasoning``, or
+  admitted ``running``) after not being busy is ``on_request`` with its tokens (for a new
+  program: admitted at once only when the global queue is empty and a node has room for
+  ``tokens + 100``, else queued); one seen not busy (in a tool, idle) after being busy is
+  ``on_response`` with its tokens (a marked program is paused then); a session gone from the
+  snapshot is ``release``. Several changes between two snapshots (≤ 1 s apart) collapse into
+  the last one: a marked session whose next call started before any snapshot saw it between
+  calls stays marked until that call ends (a running session is never released). Capacity
+  per node is the snapshot's ``capacity`` (the engine's ``num_gpu_blocks × block_size``),
+  health its ``healthy`` flag.
+* **the store is the truth.** Where the machine and the snapshot disagree on whether a session
+  is admitted (a plan discarded or cut short by live capacity, a forced resume, a session
+  interrupted elsewhere) the program follows the snapshot: admitted → active on its node,
+  pooled → paused and queued. A snapshot older than the planner's own last write to a session
+  (its version below the applied one) is ignored for that session. A program paused while idle
+  between turns leaves the snapshot (the live pool holds only waiting and tool sessions, and
+  an idle session cannot be admitted), so it is released here and queued again by its next
+  request.
+* **the periodic check** (``check()``: resume, then pause) runs when ``interval_s`` (5 s,
+  router.py:65) of snapshot time has passed since the last one; the first snapshot checks at
+  once. ``FAITHFUL`` resumes only there; ``IDEAL`` also ``resume()`` s on every snapshot that
+  shows a program newly waiting, paused or gone (and again after the check's pauses).
+* **moves.** Resumes (and direct admissions) are admits through the store's atomic apply with
+  the snapshot's versions, reserving ``tokens + 100`` (``BUFFER_PER_PROGRAM``); the apply still
+  refuses an admission over a node's usable room (capacity × ``TAO_TARGET_UTILISATION``), and
+  the next snapshot then queues the program again. Only pooled sessions are admitted, on a node
+  in their eligible set (a resume elsewhere is dropped, and requeued the same way). Pauses
+  (the check's ACTING programs, a marked program whose call ended) are interrupts.
+* **forced resume** (``_wait_for_resume(timeout=1800)``, router.py:846–868): a queued program
+  with a pending request that has waited 1800 s is resumed with ``force()`` on its origin node
+  (else the machine's choice; else its eligible node with the most free room) regardless of
+  capacity, outside the capacity-checked apply (``Planner._force_resume``). Waiting starts at
+  the first snapshot that shows the request blocked (≤ 1 s late).
 
-Pure: the state object is updated from snapshots only; ``now`` is the snapshot's.
+Memory: the machine lives in planner memory. A restarted planner forgets marks, queue order,
+clocks and the last check: it adopts every listed session as the snapshot shows it (admitted
+ones active on their node, pooled ones queued), checks on its first snapshot, and starts the
+waiting clocks again, so a forced resume is never early, at worst late by the downtime.
+
+Pure: the state is updated from snapshots only; ``now`` is the snapshot's.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final, NamedTuple
 
-from shared.core.policies.thunderagent import (
-    WAIT_TIMEOUT_S,
-    TABackend,
-    TAProgram,
-    thunderagent_due,
-    thunderagent_overdue,
-    thunderagent_pause,
-)
 from shared.core.session import Session
+from shared.core.thunder import (
+    BUFFER_PER_PROGRAM,
+    FAITHFUL,
+    IDEAL,
+    SCHEDULER_INTERVAL_S,
+    WAIT_TIMEOUT_S,
+    Program,
+    ThunderAgent,
+    Variant,
+    variant_for,
+)
 from shared.core.tick import Move, TickCandidate, TickSnapshot
 
-__all__ = ["Held", "TAStep", "ThunderState", "held_sessions", "pause_moves"]
+__all__ = [
+    "THUNDERAGENT_POLICIES",
+    "Held",
+    "TAStep",
+    "ThunderState",
+    "held_sessions",
+    "is_thunderagent",
+]
 
-_REASONING = "\x00reasoning"  # the aggregate program's id: never a session id on the wire
-_ORIGIN_KEEP_S = 2 * WAIT_TIMEOUT_S  # forget where a paused session came from after this long
+THUNDERAGENT_POLICIES: Final[frozenset[str]] = frozenset({FAITHFUL.name, IDEAL.name})
+"""Policies the live planner runs with the ThunderAgent state machine (the valuation then
+publishes every tick and lists the admitted sessions outside a tool)."""
+
+
+def is_thunderagent(policy: str) -> bool:
+    """Whether ``policy`` is run by :class:`ThunderState` (one of ``THUNDERAGENT_POLICIES``)."""
+    return policy in THUNDERAGENT_POLICIES
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,177 +116,250 @@ def held_sessions(sessions: Iterable[Session]) -> list[Held]:
 @dataclass(frozen=True, slots=True)
 class TAStep:
     """What ThunderAgent does on one snapshot: ``pauses`` (interrupt moves: ACTING programs
-    paused by the check and marked programs whose call ended), ``forced`` (overdue waiting
-    sessions to admit regardless of capacity), ``marked`` (REASONING programs newly marked),
-    ``checked`` (the periodic check ran)."""
+    paused by the check, marked programs whose call ended), ``admits`` (resumes and direct
+    admissions, in the machine's order), ``forced`` (overdue programs to admit regardless of
+    capacity), ``marked`` (REASONING programs newly marked), ``checked`` (the periodic check
+    ran)."""
 
     pauses: tuple[Move, ...] = ()
+    admits: tuple[Move, ...] = ()
     forced: tuple[Move, ...] = ()
     marked: tuple[str, ...] = ()
     checked: bool = False
 
 
-def pause_moves(snapshot: TickSnapshot, capacity: Mapping[str, int]) -> tuple[Move, ...]:
-    """The pause rule when the snapshot lists no admitted sessions (a valuation not running
-    under ``thunderagent``): REASONING tokens are estimated per node as its reserved load minus
-    the ACTING programs' weights, entered as one aggregate program that is never paused."""
-    by_node: dict[str, list[TAProgram]] = {}
-    acting_weight: dict[str, int] = {}
-    for ic in snapshot.interrupts:
-        by_node.setdefault(ic.node, []).append(TAProgram(ic.id, "acting", ic.tokens))
-        acting_weight[ic.node] = acting_weight.get(ic.node, 0) + ic.weight
-    backends = []
-    for nd in snapshot.nodes:
-        programs = list(by_node.get(nd.id, ()))
-        rest = nd.load - acting_weight.get(nd.id, 0)
-        if rest > 0:
-            programs.append(TAProgram(_REASONING, "reasoning", rest))
-        backends.append(TABackend(capacity.get(nd.id, 0), programs))
-    paused = set(thunderagent_pause(backends, snapshot.now))
-    return tuple(
-        Move(ic.id, ic.node, ic.weight, snapshot.versions[ic.id])
-        for ic in snapshot.interrupts
-        if ic.id in paused
-    )
+class _Seen(NamedTuple):
+    """One session as the snapshot shows it."""
+
+    node: str | None
+    busy: bool
+    tokens: int
+    weight: int
+    version: int
+    new: bool = False
+    candidate: TickCandidate | None = None
 
 
-def _forced_node(c: TickCandidate, origin: str | None, room: Mapping[str, int]) -> str | None:
-    if origin is not None and origin in c.eligible:
-        return origin
-    if not c.eligible:
-        return None
-    return min(c.eligible, key=lambda b: (-room.get(b, 0), b))
+def _observe(snap: TickSnapshot, held: Sequence[Held]) -> dict[str, _Seen]:
+    seen: dict[str, _Seen] = {}
+    for c in snap.candidates:
+        busy = c.phase != "acting"
+        seen[c.id] = _Seen(None, busy, c.tokens, c.weight, c.version, c.phase == "new", c)
+    for ic in snap.interrupts:
+        seen[ic.id] = _Seen(ic.node, False, ic.tokens, ic.weight, snap.versions.get(ic.id, 0))
+    for h in held:
+        busy = h.activity in ("running", "waiting")
+        seen[h.id] = _Seen(h.node, busy, h.tokens, h.weight, h.version)
+    return seen
 
 
 @dataclass(slots=True)
 class ThunderState:
-    """ThunderAgent's memory across snapshots: the last check, marks (id → node), waiting
-    clocks (id → first seen waiting) and the node each paused session came from (with the
-    time; forgotten once it is admitted again, or after ``2 × WAIT_TIMEOUT_S`` not waiting)."""
+    """The planner's ThunderAgent: the core machine (``ta``, made on the first snapshot) and
+    what syncing it needs across snapshots — the last check, each session's last seen busy
+    flag, the waiting clocks of blocked requests (id → first seen blocked), and the versions
+    the planner's own applied moves left (id → version)."""
 
+    variant: Variant = FAITHFUL
+    ta: ThunderAgent | None = None
     last_check: float | None = None
-    marked: dict[str, str] = field(default_factory=dict)
+    busy: dict[str, bool] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
-    origin: dict[str, tuple[str, float]] = field(default_factory=dict)
-    releasing: dict[str, str] = field(default_factory=dict)
+    written: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def for_policy(cls, policy: str, interval_s: float = SCHEDULER_INTERVAL_S) -> ThunderState:
+        """The state for ``thunderagent`` or ``thunderagent-ideal`` (``ValueError`` else)."""
+        return cls(variant_for(policy, interval_s))
+
+    @property
+    def marked(self) -> set[str]:
+        """The programs marked to pause when their call ends."""
+        return set() if self.ta is None else {p.id for p in self.ta.programs.values() if p.marked}
 
     def step(
         self,
         snap: TickSnapshot,
         capacity: Mapping[str, int],
         held: Sequence[Held] | None,
+        healthy: Mapping[str, bool] | None = None,
     ) -> TAStep:
-        """Marks whose call ended, the periodic check when due, overdue waiting sessions."""
+        """Sync the machine from ``snap``, run the check when due, collect the moves.
+
+        ``held`` ``None`` (a valuation not running a ThunderAgent policy) counts as no admitted
+        session outside a tool."""
         now = snap.now
-        self._track_waiting(snap)
-        pauses = self._release_marked(snap, held)
+        if self.ta is None:
+            self.ta = ThunderAgent(capacity=dict(capacity), variant=self.variant)
+        ta = self.ta
+        ta.capacity = {n: int(c) for n, c in capacity.items()}
+        ta.healthy = dict(healthy or {})
+        seen = _observe(snap, held or ())
+        pauses: list[Move] = []
+        admits: list[Move] = []
+        event = self._sync(seen, pauses, admits)
+        forced = self._forced(seen, snap, now)
         marked: list[str] = []
-        checked = thunderagent_due(self.last_check, now)
+        checked = self.last_check is None or now - self.last_check >= self.variant.interval_s
         if checked:
             self.last_check = now
-            if held is None:
-                pauses += pause_moves(snap, capacity)
-            else:
-                gone = {m.session for m in pauses}
-                acting, newly = self._check(snap, capacity, held, gone)
-                pauses += acting
-                marked = newly
-        for m in pauses:
-            self.origin[m.session] = (m.node, now)
-        return TAStep(pauses, self._forced(snap), tuple(marked), checked)
+            check = ta.check()
+            self._moves(check.resumed, seen, admits)
+            self._pauses(check.paused, seen, pauses)
+            marked = list(check.marked)
+            event = event or bool(check.paused)
+        if self.variant.resume_on_event and event and ta.queue:
+            self._moves(ta.resume().resumed, seen, admits)
+        paused = {m.session for m in pauses}
+        admits = [m for m in admits if m.session not in paused]
+        return TAStep(tuple(pauses), tuple(admits), forced, tuple(marked), checked)
 
-    def discarded(self) -> None:
-        """The last step's plan was discarded: its marked programs stay marked (their release
-        is asked again on the next snapshot that shows them between calls)."""
-        self.marked.update(self.releasing)
-        self.releasing = {}
+    # -- sync ----------------------------------------------------------------------------
 
-    def admitted(self, sids: Iterable[str]) -> None:
-        """Forget the waiting clocks (and origins) of sessions the planner just admitted."""
-        for sid in sids:
-            self.waiting.pop(sid, None)
-            self.origin.pop(sid, None)
-
-    def _track_waiting(self, snap: TickSnapshot) -> None:
-        waiting = {c.id for c in snap.candidates if c.phase != "acting"}
-        for sid in list(self.waiting):
-            if sid not in waiting:
-                del self.waiting[sid]
-        for sid in sorted(waiting):
-            self.waiting.setdefault(sid, snap.now)
-        admitted = {ic.id for ic in snap.interrupts}
-        for sid, (_, since) in list(self.origin.items()):
-            if sid in admitted or (sid not in waiting and snap.now - since > _ORIGIN_KEEP_S):
-                del self.origin[sid]
-
-    def _release_marked(self, snap: TickSnapshot, held: Sequence[Held] | None) -> tuple[Move, ...]:
-        self.releasing = {}
-        if held is None:
-            return ()
-        out: list[Move] = []
-        live: set[str] = set()
-        for h in held:
-            live.add(h.id)
-            if h.id in self.marked and h.activity != "running":
-                out.append(Move(h.id, h.node, h.weight, h.version))
-        for ic in snap.interrupts:
-            live.add(ic.id)
-            if ic.id in self.marked:
-                out.append(Move(ic.id, ic.node, ic.weight, snap.versions[ic.id]))
-        released = {m.session for m in out}
-        self.releasing = {sid: self.marked[sid] for sid in released}
-        for sid in list(self.marked):
-            if sid in released or sid not in live:  # paused now, or released / ended already
-                del self.marked[sid]
-        return tuple(out)
-
-    def _check(
-        self,
-        snap: TickSnapshot,
-        capacity: Mapping[str, int],
-        held: Sequence[Held],
-        gone: set[str],
-    ) -> tuple[tuple[Move, ...], list[str]]:
-        programs: dict[str, list[TAProgram]] = {nd.id: [] for nd in snap.nodes}
-        moves: dict[str, Move] = {}
-        for ic in snap.interrupts:
-            if ic.id not in gone:
-                programs.setdefault(ic.node, []).append(TAProgram(ic.id, "acting", ic.tokens))
-                moves[ic.id] = Move(ic.id, ic.node, ic.weight, snap.versions[ic.id])
-        nodes: dict[str, str] = {}
-        for h in held:
-            if h.id in gone:
+    def _sync(self, seen: Mapping[str, _Seen], pauses: list[Move], admits: list[Move]) -> bool:
+        """Feed the snapshot's changes to the machine; True when a program newly waits, is
+        paused or left (what makes ``IDEAL`` resume)."""
+        ta = self.ta
+        assert ta is not None
+        event = False
+        for pid in [pid for pid in ta.programs if pid not in seen]:
+            ta.release(pid)
+            event = True
+        for sid in [sid for sid in self.busy if sid not in seen]:
+            del self.busy[sid]
+        for sid in [sid for sid in self.written if sid not in seen]:
+            del self.written[sid]
+        # admitted sessions first: a new program's direct admission sees their tokens
+        for sid, o in sorted(seen.items(), key=lambda kv: kv[1].node is None):
+            if o.version < self.written.get(sid, -1):
+                continue  # older than the planner's own write: the machine knows better
+            self.written.pop(sid, None)
+            p = ta.programs.get(sid)
+            was = self.busy.get(sid, False)
+            self.busy[sid] = o.busy
+            if p is None and not (o.new and o.node is None):
+                self._adopt(sid, o)
+                event = event or o.node is None
                 continue
-            if h.activity == "running":
-                prog = TAProgram(h.id, "reasoning", h.tokens, marked=h.id in self.marked)
-                nodes[h.id] = h.node
-            else:
-                prog = TAProgram(h.id, "acting", h.tokens)
-                moves[h.id] = Move(h.id, h.node, h.weight, h.version)
-            programs.setdefault(h.node, []).append(prog)
-        backends = [TABackend(capacity.get(n, 0), progs) for n, progs in programs.items()]
-        acting: list[Move] = []
-        newly: list[str] = []
-        for sid in thunderagent_pause(backends, snap.now):
-            if sid in moves:
-                acting.append(moves[sid])
-            else:
-                self.marked[sid] = nodes[sid]
-                newly.append(sid)
-        return tuple(acting), newly
+            if o.busy and (p is None or not was):
+                node = ta.on_request(sid, o.tokens)
+                if node is None:
+                    event = True
+                elif o.node is None:
+                    self._moves(((sid, node),), seen, admits)
+                    continue
+            elif not o.busy and was and p is not None and ta.on_response(sid, o.tokens):
+                self._pauses((sid,), seen, pauses)  # a marked program: paused as its call ended
+                event = True
+                continue
+            event = self._reconcile(ta.programs[sid], o) or event
+        return event
 
-    def _forced(self, snap: TickSnapshot) -> tuple[Move, ...]:
-        overdue = thunderagent_overdue(sorted(self.waiting.items()), snap.now)
-        if not overdue:
-            return ()
-        by_id = {c.id: c for c in snap.candidates}
+    def _adopt(self, sid: str, o: _Seen) -> None:
+        """A live session the machine does not know (a restarted planner, a session queued
+        again after a pause while idle): entered as the snapshot shows it."""
+        ta = self.ta
+        assert ta is not None
+        p = ta.programs[sid] = Program(
+            sid,
+            backend=o.node,
+            status="reasoning" if o.busy else "acting",
+            tokens=o.tokens,
+            steps=1 if o.new else 2,
+        )
+        if o.node is None:
+            self._queue(p, o.busy)
+
+    def _queue(self, p: Program, blocked: bool) -> None:
+        ta = self.ta
+        assert ta is not None
+        if p.backend is not None:
+            p.origin = p.backend
+        p.backend = None
+        p.paused = True
+        p.marked = False
+        p.blocked = blocked
+        p.paused_tokens = p.tokens
+        ta.queue[p.id] = None
+
+    def _reconcile(self, p: Program, o: _Seen) -> bool:
+        """Make ``p`` agree with the store on admission; True when it was queued again."""
+        ta = self.ta
+        assert ta is not None
+        if o.node is not None:
+            if p.paused or p.backend != o.node:
+                ta.queue.pop(p.id, None)
+                p.backend, p.origin, p.paused, p.blocked = o.node, None, False, False
+            return False
+        if not p.paused:
+            self._queue(p, o.busy)
+            return True
+        if p.id not in ta.queue:
+            ta.queue[p.id] = None
+        p.blocked = o.busy
+        return False
+
+    # -- moves ---------------------------------------------------------------------------
+
+    def _moves(
+        self, placed: Iterable[tuple[str, str]], seen: Mapping[str, _Seen], out: list[Move]
+    ) -> None:
+        """Admit moves for the machine's placements of pooled sessions on eligible nodes;
+        others are dropped (the next snapshot queues the program again)."""
+        ta = self.ta
+        assert ta is not None
+        for sid, node in placed:
+            o = seen.get(sid)
+            if o is None or o.candidate is None or node not in o.candidate.eligible:
+                continue
+            weight = ta.programs[sid].tokens + BUFFER_PER_PROGRAM
+            out.append(Move(sid, node, weight, o.version))
+
+    def _pauses(self, sids: Iterable[str], seen: Mapping[str, _Seen], out: list[Move]) -> None:
+        for sid in sids:
+            o = seen.get(sid)
+            if o is not None and o.node is not None:
+                out.append(Move(sid, o.node, o.weight, o.version))
+
+    def _forced(
+        self, seen: Mapping[str, _Seen], snap: TickSnapshot, now: float
+    ) -> tuple[Move, ...]:
+        """Clocks of blocked requests; the overdue ones resumed with ``force()``."""
+        ta = self.ta
+        assert ta is not None
+        blocked = {pid for pid, p in ta.programs.items() if p.paused and p.blocked}
+        for sid in [sid for sid in self.waiting if sid not in blocked]:
+            del self.waiting[sid]
         room = {nd.id: nd.free for nd in snap.nodes}
         out: list[Move] = []
-        for sid in overdue:
-            c = by_id[sid]
-            node = _forced_node(c, self.origin.get(sid, (None, 0.0))[0], room)
-            if node is None:  # no healthy node serves its model: nowhere to resume it
+        for sid in sorted(blocked):
+            since = self.waiting.setdefault(sid, now)
+            o = seen.get(sid)
+            if now - since < WAIT_TIMEOUT_S or o is None or o.candidate is None:
                 continue
-            room[node] = room.get(node, 0) - c.weight
-            out.append(Move(sid, node, c.weight, c.version))
+            c = o.candidate
+            if not c.eligible:
+                continue  # no healthy node serves its model: nowhere to resume it
+            origin = ta.programs[sid].origin
+            node = ta.force(sid)
+            if node is None:
+                continue
+            if node not in c.eligible:
+                node = origin if origin in c.eligible else None
+                if node is None:
+                    node = min(c.eligible, key=lambda b: (-room.get(b, 0), b))
+                ta.programs[sid].backend = node
+            weight = ta.programs[sid].tokens + BUFFER_PER_PROGRAM
+            room[node] = room.get(node, 0) - weight
+            out.append(Move(sid, node, weight, o.version))
         return tuple(out)
+
+    # -- after the apply -----------------------------------------------------------------
+
+    def applied(self, records: Mapping[str, Session]) -> None:
+        """The planner wrote these records: snapshots with older versions are ignored for
+        them, and admitted ones stop their waiting clocks."""
+        for sid, rec in records.items():
+            self.written[sid] = rec.version
+            if rec.node is not None:
+                self.waiting.pop(sid, None)

@@ -14,6 +14,7 @@ import time
 import anyio
 
 from services._common import store_from
+from services.planner.thunder import is_thunderagent
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode
@@ -91,7 +92,7 @@ async def run(
         params=params_from(settings),
         idle_timeout_s=settings.idle_timeout_s,
         clock=time.time,
-        thunderagent=settings.policy == "thunderagent",
+        thunderagent=is_thunderagent(settings.policy),
     )
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)

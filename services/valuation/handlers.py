@@ -10,7 +10,8 @@ node-overflow step runs only on over-committed nodes and ``select_interrupts`` f
 without a deficit), so the snapshot simply lists none. Consequence: the readiness probe marks
 of in-tool admitted sessions advance only on ticks where they are read (shortfall ticks); a
 probe mark matters only to the interrupt rule, which runs only on those ticks. Under
-``thunderagent`` the candidates are always read (its pause rule counts acting programs).
+``thunderagent`` / ``thunderagent-ideal`` the candidates are always read (its pause rule counts
+acting programs).
 
 Reads go through :class:`shared.infra.store_reads.SessionReader`: on Redis one script call per
 1,000 sessions that returns full fields only for sessions whose version changed since the
@@ -23,12 +24,13 @@ over-committed by reservations that grew after admission (the planner releases t
 sessions there); an empty, unchanged pool publishes nothing but the tick counter still
 advances.
 
-With ``TAO_POLICY=thunderagent`` (``thunderagent=True``) every tick publishes, empty pool or
-not (ThunderAgent's pause check runs every 5 s whatever the pool), and the snapshot lists the
-admitted sessions outside a tool (``admitted``: a model call in flight, or idle), which its pause
-rule counts. The store has no index of them, so that costs one read of the ``sessions`` id set
-and one pipelined record read per stored session outside the two index sets (ended ones not
-yet deleted included): O(stored sessions) per tick, under this policy only.
+With ``TAO_POLICY`` one of :data:`services.planner.thunder.THUNDERAGENT_POLICIES`
+(``thunderagent=True``) every tick publishes, empty pool or not (ThunderAgent's periodic check
+runs whatever the pool), and the snapshot lists the admitted sessions outside a tool
+(``admitted``: a model call in flight, or idle), which its state machine counts. The store has
+no index of them, so that costs one read of the ``sessions`` id set and one pipelined record
+read per stored session outside the two index sets (ended ones not yet deleted included):
+O(stored sessions) per tick, under these policies only.
 
 The idle sweep ends admitted sessions idle longer than ``TAO_IDLE_TIMEOUT_S``: it reads four
 fields of every session (:func:`shared.infra.store_reads.idle_candidates`), then ``on_end``

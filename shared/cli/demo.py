@@ -1,6 +1,8 @@
 """``tao demo``: bring the stack up and drive agent sessions through it, once per policy.
 
-For each policy (``tao`` and ``thunderagent`` by default) the demo starts a fresh stack
+For each policy (``tao``, ``thunderagent`` and ``thunderagent-ideal`` by default: TAO against
+ThunderAgent's router as its code runs and against its idealised variant, both driven by the
+planner through :mod:`shared.core.thunder`) the demo starts a fresh stack
 (:mod:`shared.cli.stack`: embedded NATS + Valkey unless ``TAO_NATS_URL`` / ``TAO_REDIS_URL``
 are set, two simulated vLLM nodes, the five services) and runs ``--sessions`` agent sessions
 concurrently with the unmodified ``openai`` client through the gateway. Each session is a
@@ -29,7 +31,11 @@ time is; ``--sessions`` / ``--turns`` cap the sessions replayed and the turns pe
 Measured per policy (all from the client side, except the planner counters, read from Redis):
 tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), tool end → first
 token mean (the time from reporting the tool's end to the next call's first token), prefix cache
-hit rate (Σ cached / Σ prompt tokens from ``usage``), plans applied / discarded.
+hit rate (Σ cached / Σ prompt tokens from ``usage``), interrupts per tool call (the planner's
+``sessions_interrupted`` over the tool calls the sessions ran), node moves per session (turns
+served by another node than the session's previous turn, read from the completion id a simnode
+gives, ``chatcmpl-<node>-<n>``; ``-`` against a gateway whose nodes do not name themselves
+there), plans applied / discarded.
 """
 
 from __future__ import annotations
@@ -111,6 +117,10 @@ class DemoResult:
     tool_to_token: list[float] = field(default_factory=list)
     prompt_tokens: int = 0
     cached_tokens: int = 0
+    tool_calls: int = 0
+    node_moves: int = 0
+    served_known: bool = False
+    """Some completion named the node that served it (simnode ids): node moves are known."""
     errors: list[str] = field(default_factory=list)
     planner: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
@@ -129,11 +139,29 @@ class DemoResult:
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens
             if self.prompt_tokens
             else None,
+            "interrupts_per_tool_call": _ratio(
+                self.planner.get("sessions_interrupted"), self.tool_calls
+            ),
+            "node_moves_per_session": self.node_moves / self.sessions
+            if self.served_known and self.sessions
+            else None,
             "plans_applied": self.planner.get("plans_applied"),
             "plans_discarded": self.planner.get("plans_discarded"),
             "errors": len(self.errors),
             "wall_s": self.wall_s,
         }
+
+
+def _ratio(num: object, den: int) -> float | None:
+    return float(num) / den if isinstance(num, int) and den > 0 else None
+
+
+def served_by(completion_id: str | None) -> str | None:
+    """The node named by a simnode's completion id ``chatcmpl-<node>-<n>``, else ``None``."""
+    if not completion_id or not completion_id.startswith("chatcmpl-"):
+        return None
+    node, sep, seq = completion_id[len("chatcmpl-") :].rpartition("-")
+    return node if sep and node and seq.isdigit() else None
 
 
 def _mean(xs: Sequence[float]) -> float | None:
@@ -268,6 +296,7 @@ async def _session(
     messages = script.opening(rng)
     started = time.monotonic()
     tool_end_at: float | None = None
+    node: str | None = None
     for turn in range(script.turns):
         last = turn == script.turns - 1
         reply: dict[str, Any] = {
@@ -285,6 +314,7 @@ async def _session(
         usage: Any = None
         tool_calls: dict[int, dict[str, str]] = {}
         content: list[str] = []
+        served: str | None = None
         stream = await client.chat.completions.create(
             model=args.model,
             messages=messages,
@@ -294,6 +324,7 @@ async def _session(
             extra_body={"tao_script": reply},
         )
         async for chunk in stream:
+            served = served or served_by(getattr(chunk, "id", None))
             if chunk.usage is not None:
                 usage = chunk.usage
             for choice in chunk.choices:
@@ -308,6 +339,11 @@ async def _session(
                     if tc.function is not None:
                         slot["name"] = tc.function.name or slot["name"]
                         slot["args"] += tc.function.arguments or ""
+        if served is not None:
+            result.served_known = True
+            if node is not None and served != node:
+                result.node_moves += 1
+            node = served
         if first is not None:
             result.ttfts.append(first - sent)
             if tool_end_at is not None:
@@ -338,6 +374,7 @@ async def _session(
         call = next(iter(tool_calls.values()))
         name, duration = planned
         began = time.time()
+        result.tool_calls += 1
         await bus.publish_msg(
             ToolStart(
                 session_id=sid,
@@ -460,7 +497,7 @@ def add_demo_parser(sub: Any) -> None:
     """Register ``tao demo``."""
     p = sub.add_parser(
         "demo",
-        help="bring the stack up and compare tao with thunderagent on live agent sessions",
+        help="bring the stack up and compare tao with ThunderAgent on live agent sessions",
         description="Drive agent sessions through the gateway, once per policy, and compare.",
     )
     p.add_argument(
@@ -476,7 +513,11 @@ def add_demo_parser(sub: Any) -> None:
         metavar="FILE",
         help="replay a session trace (tao trace import output) instead of the built-in task",
     )
-    p.add_argument("--policies", default="tao,thunderagent", help="comma-separated policies")
+    p.add_argument(
+        "--policies",
+        default="tao,thunderagent,thunderagent-ideal",
+        help="comma-separated policies (default tao,thunderagent,thunderagent-ideal)",
+    )
     p.add_argument("--sim-nodes", type=int, default=2, help="simulated nodes (default 2)")
     p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
@@ -616,6 +657,8 @@ def demo_table(results: Sequence[DemoResult]) -> str:
         ("TTFT p99", "ttft_p99_s", " s"),
         ("tool end -> first token", "tool_end_to_first_token_mean_s", " s"),
         ("prefix cache hit rate", "cache_hit_rate", "%"),
+        ("interrupts / tool call", "interrupts_per_tool_call", ""),
+        ("node moves / session", "node_moves_per_session", ""),
         ("plans applied", "plans_applied", ""),
         ("plans discarded", "plans_discarded", ""),
         ("errors", "errors", ""),

@@ -23,6 +23,7 @@ message names the variable, what is wrong and what was given
 | TAO_SCRAPE_S              | 1.0       | telemetry scrape period per node, s (> 0)               |
 | TAO_PLANNER_BUDGET        | 150000    | planner state budget per tick (> 0)                     |
 | TAO_PLANNER_TIME_LIMIT_MS | 200       | planner wall-clock limit per tick, ms (> 0)             |
+| TAO_TA_INTERVAL_S         | 5         | ThunderAgent policies' periodic check, s (> 0)          |
 | TAO_GATEWAY_ID            | gw0       | this gateway's id, [A-Za-z0-9_-]{1,128}                 |
 | TAO_GATEWAY_HOST          | 127.0.0.1 | gateway listen address                                  |
 | TAO_GATEWAY_PORT          | 8000      | gateway listen port, 0–65535 (0: any free port)         |
@@ -110,6 +111,7 @@ class Settings:
     scrape_s: float = 1.0
     planner_budget: int = 150_000
     planner_time_limit_ms: int = 200
+    ta_interval_s: float = 5.0
     gateway_id: str = "gw0"
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
@@ -276,6 +278,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "scrape_s": ("TAO_SCRAPE_S", _POSITIVE),
     "planner_budget": ("TAO_PLANNER_BUDGET", _integer(lo=1)),
     "planner_time_limit_ms": ("TAO_PLANNER_TIME_LIMIT_MS", _integer(lo=1)),
+    "ta_interval_s": ("TAO_TA_INTERVAL_S", _POSITIVE),
     "gateway_id": ("TAO_GATEWAY_ID", _name),
     "gateway_host": ("TAO_GATEWAY_HOST", _text),
     "gateway_port": ("TAO_GATEWAY_PORT", _integer(lo=0, hi=65535)),

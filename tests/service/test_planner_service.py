@@ -8,7 +8,7 @@ import pytest
 
 from services.planner.handlers import Planner, Snapshot, decode_snapshot
 from services.planner.mapping import to_wire
-from services.planner.thunder import pause_moves
+from services.planner.thunder import Held, ThunderState
 from services.valuation.handlers import Valuator
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
@@ -196,8 +196,10 @@ class TestLatestOnly:
 
 
 class TestThunderAgentPause:
-    def test_acting_programs_paused_smallest_first(self) -> None:
-        """On a node over capacity the smallest acting sessions are paused until it fits."""
+    @pytest.mark.parametrize("policy", ["thunderagent", "thunderagent-ideal"])
+    def test_acting_programs_paused_smallest_first(self, policy: str) -> None:
+        """On a node over ThunderAgent's capacity the check pauses the smallest ACTING programs
+        until it fits (``tokens + 100`` each, REASONING ones counted), under both variants."""
         snap = TickSnapshot(
             tick=1,
             now=NOW,
@@ -210,10 +212,11 @@ class TestThunderAgentPause:
             ),
             versions={"big": 3, "small": 5},
         )
-        # used = 4000+100 + 2000+100 + reasoning (9000-6000)+100 = 9300 > 8000
-        moves = pause_moves(snap, {"n1": 8000})
-        assert [(m.session, m.version) for m in moves] == [("small", 5)]
-        assert pause_moves(snap, {"n1": 20_000}) == ()
+        held = (Held("run", "n1", 3000, 3000, "running", 2),)
+        # used = 4000+100 + 2000+100 + 3000+100 = 9300 > 8000: pausing small leaves 7200
+        step = ThunderState.for_policy(policy).step(snap, {"n1": 8000}, held)
+        assert [(m.session, m.version) for m in step.pauses] == [("small", 5)]
+        assert ThunderState.for_policy(policy).step(snap, {"n1": 20_000}, held).pauses == ()
 
     async def test_thunderagent_planner_uses_pause_rule(self, store: FakeStore) -> None:
         """With TAO_POLICY=thunderagent the planner's interrupts come from the pause rule."""

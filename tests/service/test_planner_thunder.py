@@ -1,13 +1,23 @@
-"""ThunderAgent in the live planner (FakeBus + FakeStore): pause, marks, checks, forced resume."""
+"""ThunderAgent in the live planner (FakeBus + FakeStore): pause, marks, checks, forced resume.
+
+The planner drives :class:`shared.core.thunder.ThunderAgent` (the simulator's machine) from
+valuation snapshots, under both ``thunderagent`` (FAITHFUL: the code's router) and
+``thunderagent-ideal`` (IDEAL). Faithful semantics the tests pin (they replaced the earlier
+"until safe" pause rule of :mod:`shared.core.policies.thunderagent`): resumes happen only in the
+5 s check, except a new program admitted at once when the global queue is empty and a node has
+room for ``tokens + 100``; the pause loop marks *every* REASONING program on a node still
+over-full once its ACTING ones are gone; tokens change only at a request or a response; a
+resume reserves ``tokens + 100``.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
 from services.planner.handlers import Planner, Snapshot, decode_snapshot
-from services.planner.thunder import Held, ThunderState, held_sessions
+from services.planner.thunder import THUNDERAGENT_POLICIES, Held, ThunderState, held_sessions
 from services.valuation.handlers import Valuator
 from shared.contracts import subjects
 from shared.contracts.codec import decode
@@ -15,9 +25,10 @@ from shared.contracts.errors import ContractError
 from shared.contracts.plan import Placement
 from shared.core.policies import get_policy
 from shared.core.problem import Node
-from shared.core.session import Activity, Session, ToolCall, on_request, on_response
+from shared.core.session import Activity, Session, ToolCall, on_end, on_request, on_response
+from shared.core.thunder import BUFFER_PER_PROGRAM, FAITHFUL, IDEAL, Variant
 from shared.core.tick import TickCandidate, TickSnapshot
-from shared.core.valuation import DEFAULT_RESERVE, ValuationParams
+from shared.core.valuation import ValuationParams
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
@@ -60,8 +71,13 @@ class Rig:
         out = [decode(d, Placement) for s, d, _ in self.bus.published if ".placement." in s]
         return [(p.kind, p.session_id) for p in out]
 
+    @property
+    def thunder(self) -> ThunderState:
+        assert self.planner.thunder is not None
+        return self.planner.thunder
 
-async def rig(capacity: int) -> Rig:
+
+async def rig(capacity: int, policy: str = "thunderagent") -> Rig:
     store = FakeStore()
     await store.put_node_status(
         "n1", capacity_tokens=capacity, target_utilisation=1.0, healthy=True
@@ -74,7 +90,7 @@ async def rig(capacity: int) -> Rig:
         store=store,
         bus=bus,
         log=log,
-        policy=get_policy("thunderagent"),
+        policy=get_policy(policy),
         budget=150_000,
         time_limit_ms=5_000.0,
         clock=clock,
@@ -106,11 +122,133 @@ async def waiting(store: FakeStore, sid: str, tokens: int, at: float) -> None:
     await store.update_session(sid, lambda _o: s)
 
 
+async def respond(store: FakeStore, sid: str, tokens: int, at: float, tool: bool = True) -> None:
+    """The session's call ended with ``tokens`` of context (into a tool, or idle)."""
+    s = await store.get_session(sid)
+    assert s is not None
+    calls = [("c1", "bash")] if tool else []
+    done = on_response(s, at, total_tokens=tokens, tool_calls=calls)
+    await store.update_session(sid, lambda _o: done)
+
+
+async def request(store: FakeStore, sid: str, at: float) -> None:
+    """The session's next request arrived."""
+    s = await store.get_session(sid)
+    assert s is not None
+    again, _ = on_request(s, "r2", at)
+    await store.update_session(sid, lambda _o: again)
+
+
+async def end(store: FakeStore, sid: str, at: float) -> None:
+    s = await store.get_session(sid)
+    assert s is not None
+    await store.update_session(sid, lambda _o: on_end(s, at))
+
+
+POLICIES = sorted(THUNDERAGENT_POLICIES)
+
+
+class TestPolicies:
+    @pytest.mark.parametrize(
+        ("policy", "variant"), [("thunderagent", FAITHFUL), ("thunderagent-ideal", IDEAL)]
+    )
+    async def test_both_names_drive_the_machine(self, policy: str, variant: Variant) -> None:
+        """Both policy names get the ThunderAgent path, each with its variant."""
+        r = await rig(10_000, policy)
+        assert r.thunder.variant == variant
+        await waiting(r.store, "w", 1_000, T0)
+        await r.tick(T0)
+        assert r.placements() == [("admit", "w")]
+        assert r.thunder.ta is not None and r.thunder.ta.variant.name == policy
+
+    def test_other_policies_do_not(self) -> None:
+        p = Planner(FakeStore(), FakeBus(), get_logger("t"), get_policy("tao"), 1, 1.0)
+        assert p.thunder is None
+        with pytest.raises(ValueError, match="not a ThunderAgent variant"):
+            ThunderState.for_policy("tao")
+
+
+async def _case_fits(r: Rig, t: float) -> str:
+    """A new program arriving to an empty queue, with room for it: admitted at once."""
+    if t == 0:
+        await held(r.store, "a", "running", 6_000)
+    if t == 1:
+        await waiting(r.store, "w", 3_000, T0 + t)  # 10000 - 6100 = 3900 >= 3100
+    return "w"
+
+
+async def _case_behind_queue(r: Rig, t: float) -> str:
+    """A new program that fits, arriving while another waits in the queue: faithfully queued
+    until the check (router.py:249-281 admits directly only with an empty queue)."""
+    if t == 0:
+        await held(r.store, "a", "running", 6_000)
+    if t == 1:
+        await waiting(r.store, "q", 5_000, T0 + t)  # 5100 > 3900: queued
+    if t == 2:
+        await waiting(r.store, "w", 1_000, T0 + t)
+    return "w"
+
+
+async def _case_freed(r: Rig, t: float) -> str:
+    """A queued program, room freed by a session leaving at t+2."""
+    if t == 0:
+        await held(r.store, "a", "running", 6_000)
+    if t == 1:
+        await waiting(r.store, "q", 5_000, T0 + t)
+    if t == 2:
+        await end(r.store, "a", T0 + t)
+    return "q"
+
+
+async def _case_paused_request(r: Rig, t: float) -> str:
+    """An ACTING program paused by the first check; room is freed at t+1 and its next request
+    comes at t+2: faithfully it blocks until the next check (router.py:330-333)."""
+    if t == 0:
+        await held(r.store, "a", "tool", 6_000)
+        await held(r.store, "b", "running", 5_000)  # 6100 + 5100 > 10000: a is paused
+    if t == 1:
+        await end(r.store, "b", T0 + t)
+    if t == 2:
+        await request(r.store, "a", T0 + t)
+    return "a"
+
+
+class TestResumeTiming:
+    @pytest.mark.parametrize(
+        ("case", "faithful", "ideal"),
+        [
+            (_case_fits, 1, 1),
+            (_case_behind_queue, 5, 2),
+            (_case_freed, 5, 2),
+            (_case_paused_request, 5, 1),
+        ],
+        ids=["new-fits-empty-queue", "new-behind-queue", "room-freed", "paused-request"],
+    )
+    @pytest.mark.parametrize("policy", POLICIES)
+    async def test_first_admit(self, case: object, faithful: int, ideal: int, policy: str) -> None:
+        """``thunderagent`` resumes only in the check (every 5 s from the first snapshot), a new
+        program with an empty queue and room excepted; ``thunderagent-ideal`` resumes on the
+        snapshot that shows a program waiting, paused or gone."""
+        r = await rig(10_000, policy)
+        expected = faithful if policy == "thunderagent" else ideal
+        first: int | None = None
+        for t in range(7):
+            target = await case(r, t)  # type: ignore[operator]
+            await r.tick(T0 + t)
+            if first is None and ("admit", target) in r.placements():
+                first = t
+        assert first == expected
+        rec = await r.store.get_session(target)
+        assert rec is not None and rec.node == "n1"
+        assert rec.weight == rec.tokens + BUFFER_PER_PROGRAM  # a resume reserves tokens + 100
+
+
 class TestPauseActing:
-    async def test_over_capacity_pauses_acting_smallest_first(self) -> None:
+    @pytest.mark.parametrize("policy", POLICIES)
+    async def test_over_capacity_pauses_acting_smallest_first(self, policy: str) -> None:
         """On a node over ThunderAgent's capacity the smallest ACTING programs (idle or in a
         tool) are paused until it fits; larger ACTING and REASONING ones stay."""
-        r = await rig(8_000)
+        r = await rig(8_000, policy)
         await held(r.store, "a", "tool", 4_000)
         await held(r.store, "b", "tool", 2_000)
         await held(r.store, "c", "running", 3_000)
@@ -123,7 +261,7 @@ class TestPauseActing:
             assert rec is not None and rec.node is None
         kept = [await r.store.get_session(sid) for sid in ("a", "c")]
         assert [s.node for s in kept if s is not None] == ["n1", "n1"]
-        assert r.planner.thunder.marked == {}
+        assert r.thunder.marked == set()
 
     async def test_running_tokens_count_towards_capacity(self) -> None:
         """The REASONING programs' tokens make a node over capacity that its ACTING ones alone
@@ -144,82 +282,111 @@ class TestPauseActing:
 
 
 class TestMarkedReasoning:
-    async def test_marked_reasoning_paused_after_its_call_ends(self) -> None:
+    @pytest.mark.parametrize(
+        ("policy", "marked"),
+        [("thunderagent", {"r_big", "r_small"}), ("thunderagent-ideal", {"r_small"})],
+    )
+    async def test_marked_reasoning_paused_after_its_call_ends(
+        self, policy: str, marked: set[str]
+    ) -> None:
         """A REASONING program the check marks is not released while its call runs, and is
-        paused on the first snapshot after its call ended."""
-        r = await rig(8_000)
+        paused on the first snapshot after its call ended. The faithful loop marks every
+        REASONING program of a node still over-full (marks do not change its remaining
+        capacity, router.py:685-714); the ideal one only until safe."""
+        r = await rig(8_000, policy)
         await held(r.store, "r_big", "running", 6_000)
         await held(r.store, "r_small", "running", 3_000)
-        await r.tick(T0)  # used 9200 > 8000, no ACTING program: mark the smallest REASONING one
+        await r.tick(T0)  # used 9200 > 8000, no ACTING program: mark REASONING ones
         assert r.placements() == []
-        assert set(r.planner.thunder.marked) == {"r_small"}
+        assert r.thunder.marked == marked
         await r.tick(T0 + 1)  # still running: stays admitted and marked
         assert r.placements() == []
-        s = await r.store.get_session("r_small")
-        assert s is not None
-        done = on_response(s, T0 + 1.5, total_tokens=3_200, tool_calls=[("c1", "bash")])
-        await r.store.update_session("r_small", lambda _o: done)
+        await respond(r.store, "r_small", 3_200, T0 + 1.5)
         await r.tick(T0 + 2)  # not a check time (5 s): the mark alone releases it
         assert r.placements() == [("interrupt", "r_small")]
         rec = await r.store.get_session("r_small")
         assert rec is not None and rec.node is None and rec.pooled
         big = await r.store.get_session("r_big")
         assert big is not None and big.node == "n1"
-        assert r.planner.thunder.marked == {}
+        assert r.thunder.marked == marked - {"r_small"}
 
     async def test_marked_session_running_again_stays_marked(self) -> None:
         """A marked session whose next call started before any snapshot saw it between calls
         is not released while that call runs; it is released once that call ends."""
-        r = await rig(8_000)
+        r = await rig(8_000, "thunderagent-ideal")
         await held(r.store, "r_big", "running", 6_000)
         await held(r.store, "r_small", "running", 3_000)
         await r.tick(T0)
-        s = await r.store.get_session("r_small")
-        assert s is not None
-        done = on_response(s, T0 + 1.0, total_tokens=3_100)
-        again, _ = on_request(done, "r2", T0 + 1.2)
-        await r.store.update_session("r_small", lambda _o: again)
+        await respond(r.store, "r_small", 3_100, T0 + 1.0, tool=False)
+        await request(r.store, "r_small", T0 + 1.2)
         await r.tick(T0 + 2)
         assert r.placements() == []
-        assert set(r.planner.thunder.marked) == {"r_small"}
-        idle = on_response(again, T0 + 2.5, total_tokens=3_300)
-        await r.store.update_session("r_small", lambda _o: idle)
+        assert r.thunder.marked == {"r_small"}
+        await respond(r.store, "r_small", 3_300, T0 + 2.5, tool=False)
         await r.tick(T0 + 3)
         assert r.placements() == [("interrupt", "r_small")]
 
-    def test_discarded_plan_keeps_the_mark(self) -> None:
-        """When the plan that released a marked session is discarded, the mark is restored."""
-        state = ThunderState(last_check=T0, marked={"m": "n1"})
-        snap = TickSnapshot(1, T0 + 1, 512, (Node("n1", 0, 0),), ())
-        step = state.step(snap, {"n1": 8_000}, (Held("m", "n1", 10, 10, "idle", 4),))
-        assert [(m.session, m.version) for m in step.pauses] == [("m", 4)]
-        assert state.marked == {}
-        state.discarded()
-        assert state.marked == {"m": "n1"}
+    async def test_discarded_pause_follows_the_store(self) -> None:
+        """When the plan that paused a marked session is discarded (its version moved), the
+        next snapshot shows it still admitted and the machine takes it back as active."""
+        r = await rig(8_000, "thunderagent-ideal")
+        await held(r.store, "r_big", "running", 6_000)
+        await held(r.store, "r_small", "running", 3_000)
+        await r.tick(T0)
+        await respond(r.store, "r_small", 3_200, T0 + 1.5)
+        r.clock.t = T0 + 2
+        snap = await r.snapshot()
+        s = await r.store.get_session("r_small")
+        assert s is not None
+        moved = replace(s, version=s.version + 1)
+        await r.store.update_session("r_small", lambda _o: moved)
+        applied = await r.planner.plan_once(snap)
+        assert applied is not None and applied.discarded
+        ta = r.thunder.ta
+        assert ta is not None and ta.programs["r_small"].paused
+        await r.tick(T0 + 3)
+        prog = ta.programs["r_small"]
+        assert not prog.paused and prog.backend == "n1" and "r_small" not in ta.queue
 
     async def test_marked_session_ended_drops_its_mark(self) -> None:
-        """A marked session that is no longer admitted (ended, released) loses its mark."""
-        state = ThunderState(marked={"gone": "n1"})
-        r = await rig(8_000)
-        state.step((await r.snapshot()).core, {"n1": 8_000}, ())
-        assert state.marked == {}
+        """A marked session that is no longer listed (ended) leaves the machine."""
+        r = await rig(8_000, "thunderagent-ideal")
+        await held(r.store, "r_big", "running", 6_000)
+        await held(r.store, "r_small", "running", 3_000)
+        await r.tick(T0)
+        assert r.thunder.marked == {"r_small"}
+        await end(r.store, "r_small", T0 + 1)
+        await r.tick(T0 + 1)
+        assert r.thunder.marked == set()
+        assert r.thunder.ta is not None and "r_small" not in r.thunder.ta.programs
 
 
 class TestPeriodicCheck:
-    async def test_check_every_5s_even_with_empty_pool(self) -> None:
+    @pytest.mark.parametrize("policy", POLICIES)
+    async def test_check_every_5s_even_with_empty_pool(self, policy: str) -> None:
         """With an empty pool the valuation still publishes each tick and the planner runs the
-        pause check at 5 s of snapshot time, not before."""
-        r = await rig(10_000)
-        await held(r.store, "a", "tool", 5_000)
+        pause check at 5 s of snapshot time, not before (a program's tokens change at its
+        response, router.py:408)."""
+        r = await rig(10_000, policy)
+        await held(r.store, "a", "running", 5_000)
         await r.tick(T0)  # first check: fits
-        s = await r.store.get_session("a")
-        assert s is not None
-        grown = Session(**{**_fields(s), "tokens": 11_000, "version": s.version + 1})
-        await r.store.update_session("a", lambda _o: grown)
+        await respond(r.store, "a", 11_000, T0 + 0.5)
         for dt in (1.0, 2.0, 3.0, 4.0):
             await r.tick(T0 + dt)
             assert r.placements() == [], f"no check before 5 s (t+{dt})"
         await r.tick(T0 + 5.0)
+        assert r.placements() == [("interrupt", "a")]
+
+    async def test_interval_is_configurable(self) -> None:
+        """``TAO_TA_INTERVAL_S`` (the planner's ``ta_interval_s``) sets the check period."""
+        r = await rig(10_000)
+        r.planner.thunder = ThunderState.for_policy("thunderagent", 2.0)
+        await held(r.store, "a", "running", 5_000)
+        await r.tick(T0)
+        await respond(r.store, "a", 11_000, T0 + 0.5)
+        await r.tick(T0 + 1.0)
+        assert r.placements() == []
+        await r.tick(T0 + 2.0)
         assert r.placements() == [("interrupt", "a")]
 
     async def test_tao_valuation_skips_empty_pool(self) -> None:
@@ -230,15 +397,14 @@ class TestPeriodicCheck:
         assert not [s for s, _, _ in r.bus.published if s == subjects.valuation_snapshot()]
 
 
-def _fields(s: Session) -> dict[str, object]:
-    return {f: getattr(s, f) for f in Session.__dataclass_fields__}
-
-
 class TestForcedResume:
-    async def test_overdue_waiting_session_admitted_regardless_of_capacity(self) -> None:
+    @pytest.mark.parametrize("policy", POLICIES)
+    async def test_overdue_waiting_session_admitted_regardless_of_capacity(
+        self, policy: str
+    ) -> None:
         """A waiting session that does not fit is admitted on its node once it has waited
         1800 s, over the node's capacity, with an admit placement."""
-        r = await rig(10_000)
+        r = await rig(10_000, policy)
         await held(r.store, "big", "idle", 9_000)
         await waiting(r.store, "w", 3_000, T0)
         await r.tick(T0)
@@ -251,28 +417,36 @@ class TestForcedResume:
         w = await r.store.get_session("w")
         assert w is not None and w.node == "n1" and w.activity == "running"
         node = await r.store.get_node("n1")
-        assert node is not None and node.reserved == 9_000 + 3_000 + DEFAULT_RESERVE
+        assert node is not None and node.reserved == 9_000 + 3_000 + BUFFER_PER_PROGRAM
         stats = await r.store.planner_stats()
         assert stats["forced_resumes"] == 1
-        assert "w" not in r.planner.thunder.waiting
+        assert "w" not in r.thunder.waiting
 
-    @pytest.mark.parametrize(("origin", "node"), [("n1", "n1"), (None, "n2")])
-    def test_forced_node_is_origin_else_most_free(self, origin: str | None, node: str) -> None:
-        """A forced resume goes back to the node the session was paused from when it may still
-        go there, else to its eligible node with the most free room."""
-        state = ThunderState(last_check=T0 + 1800, waiting={"w": T0})
-        if origin is not None:
-            state.origin["w"] = (origin, T0)
-        cand = TickCandidate("w", 3, 500, 400, 1, {}, frozenset({"n1", "n2"}), "", "reasoning")
-        nodes = (Node("n1", 100, 0), Node("n2", 300, 0))
-        snap = TickSnapshot(1, T0 + 1800, 512, nodes, (cand,))
-        step = state.step(snap, {"n1": 1_000, "n2": 1_000}, ())
+    @pytest.mark.parametrize(
+        ("origin", "eligible", "node"),
+        [("n1", {"n1", "n2"}, "n1"), (None, {"n1", "n2"}, "n2"), ("n1", {"n2"}, "n2")],
+        ids=["origin", "fewest-programs", "origin-not-eligible"],
+    )
+    def test_forced_node(self, origin: str | None, eligible: set[str], node: str) -> None:
+        """A forced resume goes back to the node the program was paused from (router.py:
+        171-190), else to the node with the fewest programs; a node the session may not use
+        is replaced by its eligible node with the most free room."""
+        state = ThunderState.for_policy("thunderagent")
+        cap = {"n1": 1_000, "n2": 400}  # neither has room for 400 + 100: w stays queued
+        cand = TickCandidate("w", 3, 500, 400, 1, {}, frozenset(eligible), "", "reasoning")
+        nodes = (Node("n1", 100, 900), Node("n2", 300, 0))
+        hold = (Held("h", "n1", 900, 800, "running", 1),)
+        state.step(TickSnapshot(1, T0, 512, nodes, (cand,)), cap, hold)
+        assert state.ta is not None and "w" in state.ta.queue
+        state.ta.programs["w"].origin = origin
+        step = state.step(TickSnapshot(2, T0 + 1800, 512, nodes, (cand,)), cap, hold)
         assert [(m.session, m.node, m.weight, m.version) for m in step.forced] == [
-            ("w", node, 500, 3)
+            ("w", node, 400 + BUFFER_PER_PROGRAM, 3)
         ]
 
     async def test_forced_resume_refused_when_session_moved(self) -> None:
-        """A forced admit whose session changed since the snapshot is not applied."""
+        """A forced admit whose session changed since the snapshot is not applied; its clock
+        keeps running and it is retried."""
         r = await rig(10_000)
         await held(r.store, "big", "idle", 9_000)
         await waiting(r.store, "w", 3_000, T0)
@@ -281,12 +455,15 @@ class TestForcedResume:
         snap = await r.snapshot()
         s = await r.store.get_session("w")
         assert s is not None
-        moved = Session(**{**_fields(s), "version": s.version + 1})
+        moved = replace(s, version=s.version + 1)
         await r.store.update_session("w", lambda _o: moved)
         await r.planner.plan_once(snap)
         w = await r.store.get_session("w")
         assert w is not None and w.node is None
-        assert "w" in r.planner.thunder.waiting
+        assert "w" in r.thunder.waiting
+        await r.tick(T0 + 1801.0)
+        w = await r.store.get_session("w")
+        assert w is not None and w.node == "n1"
 
 
 class TestWire:

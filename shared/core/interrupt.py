@@ -23,6 +23,7 @@ Pure: values in, values out.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -32,6 +33,7 @@ __all__ = [
     "interrupt_key",
     "pool_deficit",
     "select_interrupts",
+    "select_releases",
 ]
 
 
@@ -45,6 +47,9 @@ class InterruptCandidate:
     credit: int
     ready: int
     tokens: int
+    remaining_s: float = math.inf
+    """Expected remaining seconds of its tool (0 once its end was observed; the hold rule of
+    :mod:`shared.core.rules` reads it; ``inf`` when unknown)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,5 +112,27 @@ def select_interrupts(
         freed=freed,
         satisfied=freed >= deficit,
         protected=protected,
+        freed_per_node=per_node,
+    )
+
+
+def select_releases(running: Sequence[InterruptCandidate], need: int) -> InterruptDecision:
+    """Release sessions in ascending value order, *whatever their readiness*, until ``need``
+    tokens are freed (the pay-back rule of :mod:`shared.core.rules`: an over-committed node
+    must come back within capacity, or the engine preempts)."""
+    chosen: list[str] = []
+    per_node: dict[str, int] = {}
+    freed = 0
+    for c in sorted(running, key=interrupt_key):
+        if freed >= need:
+            break
+        chosen.append(c.id)
+        freed += c.weight
+        per_node[c.node] = per_node.get(c.node, 0) + c.weight
+    return InterruptDecision(
+        interrupt=tuple(chosen),
+        deficit=max(0, need),
+        freed=freed,
+        satisfied=freed >= need,
         freed_per_node=per_node,
     )

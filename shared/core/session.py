@@ -37,6 +37,7 @@ from typing import Final, Literal
 
 from shared.core.predictor import ToolCallView
 from shared.core.problem import Phase
+from shared.core.rules import TaoRules, growth_reserve
 
 __all__ = [
     "INFERRED",
@@ -105,7 +106,14 @@ class ToolCall:
 
 @dataclass(frozen=True, slots=True)
 class Session:
-    """One agent task as the scheduler sees it (module docstring)."""
+    """One agent task as the scheduler sees it (module docstring).
+
+    ``waiting_since`` is when the pending request began to wait for admission (``None`` when
+    no request waits); ``home`` the node the session was last admitted on (kept after a
+    release: where its prefix may still be). ``last_total`` is the context size of the last
+    response and ``growth_*`` Welford's count, mean and sum of squared deviations of the
+    per-turn growth between responses (the growth rule's history, :mod:`shared.core.rules`).
+    """
 
     id: str
     version: int = 0
@@ -122,6 +130,12 @@ class Session:
     created_at: float = 0.0
     updated_at: float = 0.0
     ended: bool = False
+    waiting_since: float | None = None
+    home: str | None = None
+    last_total: int = 0
+    growth_n: int = 0
+    growth_mean: float = 0.0
+    growth_m2: float = 0.0
 
     @property
     def admitted(self) -> bool:
@@ -164,10 +178,12 @@ def on_request(
     if s.tool is not None and s.tool.open:
         ended = replace(s.tool, completed_at=at)
     created = s.created_at if s.version > 0 else at
+    waiting = s.node is None
     out = _touch(
         s,
         at,
-        activity="running" if s.node is not None else "waiting",
+        activity="running" if not waiting else "waiting",
+        waiting_since=(s.waiting_since if s.waiting_since is not None else at) if waiting else None,
         request_id=request_id,
         model=model if model is not None else s.model,
         gateway_id=gateway_id if gateway_id is not None else s.gateway_id,
@@ -187,6 +203,7 @@ def on_response(
     total_tokens: int,
     tool_calls: Sequence[tuple[str, str]] = (),
     reserve: int | None = None,
+    rules: TaoRules | None = None,
 ) -> Session:
     """A model request completed with ``total_tokens`` of context; ``tool_calls`` is a list of
     ``(call_id, tool name)``. With tool calls the session enters ``tool`` (the first call is the
@@ -194,24 +211,41 @@ def on_response(
 
     With ``reserve`` given, an admitted session's reservation follows its grown context:
     ``weight = total_tokens + reserve`` (the weight rule of DESIGN 3.2 with nothing shared), so
-    the node's reserved total keeps tracking what its sessions will need on their next turn."""
+    the node's reserved total keeps tracking what its sessions will need on their next turn.
+    With ``rules`` too, ``reserve`` is only the default of the growth rule
+    (:func:`shared.core.rules.growth_reserve` over the session's per-turn growth, this
+    response's included)."""
     tool = s.tool
     if tool_calls and (tool is None or tool.source == INFERRED):
         call_id, name = tool_calls[0]
         tool = ToolCall(call_id=call_id, tool=name, started_at=at, source=INFERRED)
     activity: Activity = "tool" if tool is not None else "idle"
+    total = max(0, total_tokens)
+    n, mean, m2 = s.growth_n, s.growth_mean, s.growth_m2
+    if s.turns > 0 and s.last_total > 0:
+        g = float(total - s.last_total)
+        n += 1
+        delta = g - mean
+        mean += delta / n
+        m2 += delta * (g - mean)
     weight = s.weight
     if reserve is not None and s.node is not None:
-        weight = max(0, total_tokens) + reserve
+        if rules is not None:
+            reserve = growth_reserve(n, mean, m2, reserve, rules)
+        weight = total + reserve
     return _touch(
         s,
         at,
         activity=activity,
         weight=weight,
-        tokens=max(0, total_tokens),
+        tokens=total,
         turns=s.turns + 1,
         request_id=None,
         tool=tool,
+        last_total=total,
+        growth_n=n,
+        growth_mean=mean,
+        growth_m2=m2,
     )
 
 
@@ -223,7 +257,7 @@ def on_cancel(s: Session, at: float, request_id: str | None = None) -> Session:
     if s.activity == "waiting" or (
         s.activity == "running" and request_id is not None and request_id == s.request_id
     ):
-        return _touch(s, at, activity="idle", request_id=None)
+        return _touch(s, at, activity="idle", request_id=None, waiting_since=None)
     return s
 
 
@@ -312,7 +346,15 @@ def on_tool_progress(
 def on_end(s: Session, at: float) -> Session:
     """The session is over: it leaves its node and the pool."""
     return _touch(
-        s, at, ended=True, activity="idle", node=None, weight=0, request_id=None, tool=None
+        s,
+        at,
+        ended=True,
+        activity="idle",
+        node=None,
+        weight=0,
+        request_id=None,
+        tool=None,
+        waiting_since=None,
     )
 
 
@@ -320,7 +362,7 @@ def admit(s: Session, node: str, weight: int, at: float) -> Session:
     """The planner admitted the session on ``node`` reserving ``weight`` tokens; a waiting
     request now runs there (a tool-running session stays in its tool: an early restart)."""
     activity: Activity = "running" if s.activity == "waiting" else s.activity
-    return _touch(s, at, node=node, weight=weight, activity=activity)
+    return _touch(s, at, node=node, weight=weight, activity=activity, waiting_since=None, home=node)
 
 
 def release(s: Session, at: float) -> Session:

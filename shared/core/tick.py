@@ -16,15 +16,22 @@ Pure: ``now`` / ``at`` are arguments.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from shared.core.decay import decayed_credits
-from shared.core.interrupt import InterruptCandidate, select_interrupts
+from shared.core.interrupt import (
+    InterruptCandidate,
+    interrupt_key,
+    select_interrupts,
+    select_releases,
+)
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.predictor import History, predict_end
 from shared.core.problem import Candidate, Node, Phase, PlanResult, Problem
 from shared.core.readiness import ReadinessState, readiness
+from shared.core.rules import PAPER, TaoRules, expected_remaining, growth_reserve
 from shared.core.session import Session, admit, release
 from shared.core.signature import eligibility_digest
 from shared.core.valuation import (
@@ -46,6 +53,8 @@ __all__ = [
     "apply_decision",
     "decide",
     "live_free",
+    "needs_gpu",
+    "policy_rules",
     "usable_capacity",
     "value_snapshot",
 ]
@@ -72,6 +81,8 @@ class TickCandidate:
     digest: str
     phase: Phase
     rule: str = ""
+    waiting_since: float | None = None
+    home: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,13 +163,20 @@ def value_snapshot(
     *,
     tick: int = 0,
     params: ValuationParams = _PARAMS,
+    rules: TaoRules = PAPER,
 ) -> TickSnapshot:
-    """Value the pool and the interrupt candidates at ``now`` (DESIGN 3.1–3.3)."""
+    """Value the pool and the interrupt candidates at ``now`` (DESIGN 3.1–3.3).
+
+    ``rules`` decide the candidates' reservation (the growth rule); every other rule acts in
+    :func:`decide`, which reads what the snapshot carries for them (the wait, the last node,
+    each tool's expected remaining time)."""
     planned = tuple(
         nd if nv.healthy else replace(nd, free=0)
         for nv, nd in zip(nodes, build_nodes(nodes), strict=True)
     )
     usable = {nv.id: usable_capacity(nv) for nv in nodes}
+    q = max(1, params.quantum)
+    largest = max(usable.values(), default=0) // q * q  # what the planner's quanta can place
     overflow = {b: -room for b, room in live_free(nodes).items() if room < 0}
     cands: list[TickCandidate] = []
     inter: list[InterruptCandidate] = []
@@ -186,6 +204,11 @@ def value_snapshot(
         if in_tool:
             node = s.node
             assert node is not None
+            remaining = (
+                math.inf
+                if pred is None or s.tool is None
+                else expected_remaining(pred.predicted_end, s.tool.started_at, now)
+            )
             inter.append(
                 InterruptCandidate(
                     id=s.id,
@@ -194,10 +217,14 @@ def value_snapshot(
                     credit=credits.get(node, 0),
                     ready=r.r,
                     tokens=s.tokens,
+                    remaining_s=0.0 if pred is not None and pred.observed else remaining,
                 )
             )
             continue
         weight = session_weight(s.tokens, 0, params.reserve)
+        if rules.growth:  # never so large that it fits nowhere the fixed reserve would fit
+            reserve = growth_reserve(s.growth_n, s.growth_mean, s.growth_m2, params.reserve, rules)
+            weight = max(weight, min(session_weight(s.tokens, 0, reserve), largest))
         ok = frozenset(
             nv.id
             for nv in nodes
@@ -215,6 +242,8 @@ def value_snapshot(
                 digest=eligibility_digest(ok),
                 phase=s.phase,
                 rule=r.rule,
+                waiting_since=s.waiting_since if s.activity == "waiting" else None,
+                home=s.home,
             )
         )
     return TickSnapshot(
@@ -235,11 +264,71 @@ def usable_capacity(nv: NodeView) -> int:
     return free_capacity(nv.capacity_tokens, nv.target_utilisation, ())
 
 
-def decide(snapshot: TickSnapshot, policy: Policy, options: PlanOptions = _OPTIONS) -> Decision:
-    """Interrupt rule, then the policy on the room the pool actually has (DESIGN 3.2–3.3)."""
+def policy_rules(policy: Policy) -> TaoRules:
+    """The rules a policy plans under: its ``rules`` attribute, else the paper's round."""
+    rules = getattr(policy, "rules", None)
+    return rules if isinstance(rules, TaoRules) else PAPER
+
+
+def _ablated(snapshot: TickSnapshot, rules: TaoRules) -> TickSnapshot:
+    """The snapshot with the credit or readiness signal switched off everywhere it acts."""
+    if rules.use_cache and rules.use_ready:
+        return snapshot
+    cands = tuple(
+        replace(
+            c,
+            credit=c.credit if rules.use_cache else {},
+            ready=c.ready if rules.use_ready else 0,
+        )
+        for c in snapshot.candidates
+    )
+    inter = tuple(
+        replace(
+            ic,
+            credit=ic.credit if rules.use_cache else 0,
+            ready=ic.ready if rules.use_ready else 0,
+        )
+        for ic in snapshot.interrupts
+    )
+    return replace(snapshot, candidates=cands, interrupts=inter)
+
+
+def needs_gpu(c: TickCandidate) -> bool:
+    """A pooled session that will use the GPU now: a request is pending, or ``r = 1``."""
+    return c.phase != "acting" or c.ready == 1
+
+
+def hold_threshold(ic: InterruptCandidate, rules: TaoRules) -> float:
+    """The expected remaining tool time below which the hold rule keeps ``ic`` admitted."""
+    return rules.hold_s + rules.hold_per_ktoken_s * ic.tokens / 1000.0
+
+
+def decide(
+    snapshot: TickSnapshot,
+    policy: Policy,
+    options: PlanOptions = _OPTIONS,
+    rules: TaoRules | None = None,
+) -> Decision:
+    """Interrupts, then the policy on the room the pool actually has (DESIGN 3.2–3.3, and
+    the rules of :mod:`shared.core.rules`; ``rules`` default to the policy's own).
+
+    1. *Pay-back*: on every over-committed node, tool-running sessions are released in
+       ascending value order until the reservations fit (``payback``: whatever their
+       readiness; else ``r = 1`` is protected); only room beyond the overflow is free.
+    2. *Aging* (``aging``): sessions whose request has waited ``starve_s`` are placed first,
+       oldest first, each on the eligible node where it fits with the most credit (its last
+       node, then the most room, on ties); one that fits nowhere clears the node where free
+       plus releasable room is largest, and that node takes no other admission this round.
+    3. *Demand*: while the pool's demand exceeds the free room, tool-running sessions are
+       released lowest value first (``r = 1`` protected). With ``need`` only sessions that will
+       use the GPU now count as demand and only they are placed; with ``hold`` a session is
+       released only when its tool is expected to run at least :func:`hold_threshold` longer.
+    4. The policy places the pool on the free room; with ``stay`` an admitted session goes to
+       its last node instead of a node of equal value when the room there allows.
+    """
+    rules = policy_rules(policy) if rules is None else rules
+    snapshot = _ablated(snapshot, rules)
     free = {nd.id: nd.free for nd in snapshot.nodes}
-    demand = sum(c.weight for c in snapshot.candidates)
-    total_free = sum(free.values())
     interrupts: list[Move] = []
     by_id = {c.id: c for c in snapshot.interrupts}
     chosen: set[str] = set()
@@ -250,27 +339,83 @@ def decide(snapshot: TickSnapshot, policy: Policy, options: PlanOptions = _OPTIO
             chosen.add(sid)
             interrupts.append(Move(sid, ic.node, ic.weight, snapshot.versions[sid]))
 
-    # 1. Over-committed nodes first: release their tool-running sessions (same order, r = 1
-    #    protected) until the reservations fit again; only room beyond the overflow is free.
+    # 1. Over-committed nodes first.
     for node, over in sorted(snapshot.overflow.items()):
         on_node = [c for c in snapshot.interrupts if c.node == node]
         if over <= 0 or not on_node:
             continue
-        first = select_interrupts(on_node, over, 0)
+        if rules.payback:
+            first = select_releases(on_node, over)
+        else:
+            first = select_interrupts(on_node, over, 0)
         take(first.interrupt)
         if node in free:
             free[node] += max(0, first.freed - over)
-    # 2. The pool's demand (DESIGN 3.3), from the sessions not released above.
-    if snapshot.candidates:
-        rest = [c for c in snapshot.interrupts if c.id not in chosen]
-        second = select_interrupts(rest, demand, sum(free.values()))
+    pool = (
+        [c for c in snapshot.candidates if needs_gpu(c)]
+        if rules.need
+        else list(snapshot.candidates)
+    )
+    # 2. Sessions waiting too long go first.
+    early: list[Move] = []
+    blocked: set[str] = set()
+    if rules.aging:
+        starving = sorted(
+            (
+                c
+                for c in pool
+                if c.waiting_since is not None and snapshot.now - c.waiting_since >= rules.starve_s
+            ),
+            key=lambda c: (c.waiting_since, c.id),
+        )
+        placed: set[str] = set()
+        for c in starving:
+            room = [
+                b for b in sorted(c.eligible) if b not in blocked and c.weight <= free.get(b, 0)
+            ]
+            if not room and not rules.starve_clear:
+                continue
+            if not room:
+                target = _clear_for(c, snapshot.interrupts, chosen, free, blocked)
+                if target is None:
+                    continue
+                node, release_ids = target
+                take(release_ids)
+                for sid in release_ids:
+                    free[node] += by_id[sid].weight
+                if c.weight > free[node]:
+                    if rules.starve_block:
+                        blocked.add(node)  # room accumulates here for the starving session
+                    continue
+                room = [node]
+            node = max(room, key=lambda b: (c.credit.get(b, 0), b == c.home, free[b], b))
+            free[node] -= c.weight
+            placed.add(c.id)
+            early.append(Move(c.id, node, c.weight, snapshot.versions[c.id]))
+        pool = [c for c in pool if c.id not in placed]
+    demand = sum(c.weight for c in pool)
+    total_free = sum(free.values())
+    # 3. The pool's demand (DESIGN 3.3), from the sessions not released above.
+    if pool:
+        rest = [
+            c
+            for c in snapshot.interrupts
+            if c.id not in chosen
+            and c.node not in blocked
+            and (not rules.hold or c.remaining_s >= hold_threshold(c, rules))
+        ]
+        second = select_interrupts(
+            rest, demand, sum(v for b, v in free.items() if b not in blocked)
+        )
         take(second.interrupt)
         for node, freed in second.freed_per_node.items():
             if node in free:
                 free[node] += freed
+    for b in blocked:
+        free[b] = 0
     nodes = tuple(replace(nd, free=free[nd.id]) for nd in snapshot.nodes)
     planned: list[Candidate] = []
-    for c in snapshot.candidates:
+    for c in pool:
         fits = frozenset(b for b in c.eligible if c.weight <= free.get(b, 0))
         planned.append(
             Candidate(
@@ -286,18 +431,81 @@ def decide(snapshot: TickSnapshot, policy: Policy, options: PlanOptions = _OPTIO
     problem = Problem(quantum=snapshot.quantum, nodes=nodes, candidates=tuple(planned))
     result = policy.plan(problem, options)
     weights = {c.id: c.weight for c in snapshot.candidates}
-    admits = tuple(
+    admits = [
         Move(a.session, a.node, weights[a.session], snapshot.versions[a.session])
         for a in result.assignments
-    )
+    ]
+    if rules.stay:
+        admits = _stay_home(admits, {c.id: c for c in pool}, free)
     return Decision(
         tick=snapshot.tick,
         interrupts=tuple(interrupts),
-        admits=admits,
+        admits=(*early, *admits),
         result=result,
         demand=demand,
         free=total_free,
     )
+
+
+def _clear_for(
+    c: TickCandidate,
+    running: Sequence[InterruptCandidate],
+    chosen: set[str],
+    free: Mapping[str, int],
+    blocked: set[str],
+) -> tuple[str, list[str]] | None:
+    """The node to clear for a starving candidate and whom to release there: the eligible
+    node with the most free plus releasable room (non-ready tool sessions not yet released),
+    and its releasable sessions in ascending value order until the candidate fits."""
+    best: tuple[int, str] | None = None
+    per_node: dict[str, list[InterruptCandidate]] = {}
+    for ic in running:
+        if ic.id not in chosen and not ic.ready:
+            per_node.setdefault(ic.node, []).append(ic)
+    for b in sorted(c.eligible):
+        if b in blocked:
+            continue
+        room = free.get(b, 0) + sum(ic.weight for ic in per_node.get(b, ()))
+        if best is None or room > best[0]:
+            best = (room, b)
+    if best is None:
+        return None
+    node = best[1]
+    need = c.weight - free.get(node, 0)
+    out: list[str] = []
+    for ic in sorted(per_node.get(node, ()), key=interrupt_key):
+        if need <= 0:
+            break
+        out.append(ic.id)
+        need -= ic.weight
+    return node, out
+
+
+def _stay_home(
+    admits: list[Move], cands: Mapping[str, TickCandidate], free: Mapping[str, int]
+) -> list[Move]:
+    """Move each admit to its session's last node when that node is of equal value (same
+    credit) and its room left after the plan allows; the plan's value is unchanged."""
+    room = dict(free)
+    for m in admits:
+        room[m.node] = room.get(m.node, 0) - m.weight
+    out: list[Move] = []
+    for m in admits:
+        c = cands.get(m.session)
+        home = None if c is None else c.home
+        if (
+            c is not None
+            and home is not None
+            and home != m.node
+            and home in c.eligible
+            and c.credit.get(home, 0) == c.credit.get(m.node, 0)
+            and room.get(home, 0) >= m.weight
+        ):
+            room[home] -= m.weight
+            room[m.node] += m.weight
+            m = replace(m, node=home)
+        out.append(m)
+    return out
 
 
 def apply_decision(

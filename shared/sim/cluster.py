@@ -25,20 +25,20 @@ Three families, all calling the real core code (never a re-implementation):
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal
 
 from shared.core.policies import PlanOptions, Policy, get_policy
-from shared.core.policies.thunderagent import (
-    TABackend,
-    TAProgram,
-    thunderagent_due,
-    thunderagent_overdue,
-    thunderagent_pause,
-)
 from shared.core.problem import Candidate, Node, PlanResult, Problem
 from shared.core.session import admit, release, set_probe_mark
+from shared.core.thunder import (
+    BUFFER_PER_PROGRAM,
+    WAIT_TIMEOUT_S,
+    Check,
+    ThunderAgent,
+    variant_for,
+)
 from shared.core.tick import (
     Applied,
     Decision,
@@ -46,6 +46,7 @@ from shared.core.tick import (
     apply_decision,
     decide,
     live_free,
+    policy_rules,
     usable_capacity,
     value_snapshot,
 )
@@ -57,6 +58,8 @@ __all__ = ["ROUTERS", "PooledScheduler", "RouterScheduler", "ThunderAgentSchedul
 
 ROUTERS = frozenset({"rr", "cache-aware", "kv-aware"})
 """Policies simulated as request routers (no pool)."""
+THUNDERAGENT = frozenset({"thunderagent", "thunderagent-ideal"})
+"""Policies simulated by the ThunderAgent state machine (:mod:`shared.core.thunder`)."""
 DP_POLICIES = frozenset({"tao", "tao-no-cache", "tao-no-ready", "tao-no-cache-no-ready", "oracle"})
 """Policies whose plan is the DP (their non-exact plans are fallbacks)."""
 
@@ -162,26 +165,47 @@ class _Recording:
 
 
 class PooledScheduler(_Base):
-    """The TAO pipeline (value → interrupt → plan → apply) on a 1 s tick plus wake-ups."""
+    """The TAO pipeline (value → interrupt → plan → apply) on a 1 s tick plus wake-ups, with
+    the live control loop's latency (:class:`shared.sim.des.ControlLatency`) in virtual time.
+
+    A wake-up event (a request that has to wait, a task ending) asks for a snapshot after the
+    debounce and the hop to the store; a periodic tick takes one at once. The plan of a
+    snapshot applies ``value + solve + apply`` later, against the live state at that moment
+    (the signature check discards it when a session it names has changed meanwhile), and an
+    admitted session's held request reaches its node ``forward_s`` after that. One round is in
+    flight at a time, as in the planner; a wake-up or tick meanwhile takes a new snapshot as
+    soon as the plan in flight is applied (the planner keeps only the newest snapshot)."""
 
     def __init__(self, sim: Simulator, policy_name: str) -> None:
         super().__init__(sim, "tao" if policy_name == "oracle" else policy_name)
         self.name = policy_name
+        self.rules = policy_rules(self.policy)
+        self.latency = sim.config.latency
         self.tick_no = 0
         self.next_wake: float | None = None
+        self.inflight: tuple[TickSnapshot, Decision, list[NodeView], float] | None = None
+        self.dirty = False
+        self.forwards: deque[tuple[str, ...]] = deque()
         self.recorder = _Recording(self.policy)
 
     def start(self) -> None:
         self.sim.timer(0.0, "tick")
 
     def wake(self, t: float) -> None:
-        at = t + self.sim.config.wake_delay_s
+        lat = self.latency
+        at = t + lat.debounce_s + lat.hop_in_s
         if self.next_wake is None or at < self.next_wake:
             self.next_wake = at
             self.sim.timer(at, "wake")
 
     def on_timer(self, name: str, t: float) -> None:
         sim = self.sim
+        if name == "apply":
+            self.apply(t)
+            return
+        if name == "forward":
+            self.forward(self.forwards.popleft())
+            return
         if name == "tick":
             if not sim.finished:
                 sim.timer(t + sim.config.tick_s, "tick")
@@ -189,6 +213,9 @@ class PooledScheduler(_Base):
             return  # a superseded wake-up
         else:
             self.next_wake = None
+        if self.inflight is not None:
+            self.dirty = True
+            return
         self.round(t)
 
     def on_request(self, sid: str, t: float) -> None:
@@ -205,6 +232,7 @@ class PooledScheduler(_Base):
         self.wake(t)
 
     def round(self, t: float) -> None:
+        """Take a snapshot at ``t``, decide, and apply after the loop's latency."""
         sim = self.sim
         live = sim.sessions
         involved = [
@@ -225,6 +253,7 @@ class PooledScheduler(_Base):
             t,
             tick=self.tick_no,
             params=sim.config.params,
+            rules=self.rules,
         )
         self.tick_no += 1
         if not sim.config.interrupts:
@@ -234,142 +263,153 @@ class PooledScheduler(_Base):
         if not snap.candidates and not any(v > 0 for v in snap.overflow.values()):
             return  # an empty pool and no over-committed node: the round would do nothing
         self.recorder.last = None
-        decision = decide(snap, self.recorder, self.options)
+        decision = decide(snap, self.recorder, self.options, self.rules)
         solve_s = time.perf_counter() - started
-        applied = apply_decision(decision, live, live_free(nodes), t)
         problem = self.recorder.last
         capture = len(sim.result.snapshots) < sim.config.capture_snapshots
         if capture and problem is not None and len(problem.candidates) > 1:
             sim.result.snapshots.append((t, problem))
+        lat = self.latency
+        delay = lat.value_s + lat.solve_time(len(involved)) + lat.apply_s
+        self.inflight = (snap, decision, nodes, solve_s)
+        if delay <= 0:
+            self.apply(t)
+        else:
+            sim.timer(t + delay, "apply")
+
+    def apply(self, t: float) -> None:
+        """Verify-and-apply the plan in flight against the live state at ``t``."""
+        assert self.inflight is not None
+        sim = self.sim
+        snap, decision, nodes, solve_s = self.inflight
+        self.inflight = None
+        live = sim.sessions
+        applied = apply_decision(decision, live, live_free(self.node_views()), t)
         if applied.discarded:
             sim.bump("plans_discarded")
-            return
-        live.update(applied.sessions)
-        sim.bump("interrupts", len(applied.interrupted))
-        sim.bump("admits", len(applied.admitted))
-        self.record_tick(t, snap, decision, applied, nodes, solve_s, len(applied.interrupted))
-        for m in applied.admitted:
-            if sim.agents[m.session].pending:
-                sim.submit(m.session, m.node)
+        else:
+            live.update(applied.sessions)
+            sim.bump("interrupts", len(applied.interrupted))
+            sim.bump("admits", len(applied.admitted))
+            if applied.truncated:
+                sim.bump("plans_truncated")
+            self.record_tick(t, snap, decision, applied, nodes, solve_s, len(applied.interrupted))
+            held = tuple(m.session for m in applied.admitted if sim.agents[m.session].pending)
+            if held:
+                if self.latency.forward_s <= 0:
+                    self.forward(held)
+                else:
+                    self.forwards.append(held)
+                    sim.timer(t + self.latency.forward_s, "forward")
+        if self.dirty or applied.discarded:
+            self.dirty = False
+            if not sim.finished:
+                self.round(t)
+
+    def forward(self, sids: tuple[str, ...]) -> None:
+        """The gateway forwards the held requests of sessions just admitted."""
+        sim = self.sim
+        for sid in sids:
+            s = sim.sessions.get(sid)
+            agent = sim.agents.get(sid)
+            if s is not None and s.node is not None and agent is not None and agent.pending:
+                sim.submit(sid, s.node)
 
 
-class ThunderAgentScheduler(PooledScheduler):
-    """ThunderAgent: greedy resume on the pool, 5 s pause checks, 1800 s forced resume."""
+class ThunderAgentScheduler(_Base):
+    """ThunderAgent (``thunderagent``, ``thunderagent-ideal``): the core state machine of
+    :mod:`shared.core.thunder` in the request path, as its router runs it — no control-loop
+    hops (the router is the proxy), the periodic check every ``ta_interval_s``, a blocked
+    request's 1800 s forced resume. The session records mirror its placement (admitted on
+    the program's backend with ``tokens + 100`` reserved) so the same samples and metrics
+    apply; TAO's interrupt rule and valuation play no part."""
 
     def __init__(self, sim: Simulator, policy_name: str) -> None:
         super().__init__(sim, policy_name)
-        self.last_check: float | None = None
-        self.marked: set[str] = set()
-        self.waiting_since: dict[str, float] = {}
+        self.variant = variant_for(policy_name, sim.config.ta_interval_s)
+        self.ta = ThunderAgent(
+            capacity=dict.fromkeys(sim.node_ids, sim.profile.kv_tokens), variant=self.variant
+        )
+        self.blocked_since: dict[str, float] = {}
 
     def start(self) -> None:
-        self.sim.timer(0.0, "check")
+        self.sim.timer(self.variant.interval_s, "check")
 
     def on_timer(self, name: str, t: float) -> None:
         sim = self.sim
         if name == "check":
             if not sim.finished:
-                sim.timer(t + sim.config.ta_interval_s, "check")
-            if thunderagent_due(self.last_check, t, sim.config.ta_interval_s):
-                self.last_check = t
-                self.pause(t)
-                self.force_resume(t)
-        elif self.next_wake is None or t != self.next_wake:
-            return
-        else:
-            self.next_wake = None
-        self.resume(t)
+                sim.timer(t + self.variant.interval_s, "check")
+            self._apply(self.ta.check(), t)
+        elif name.startswith("force "):
+            _, sid, since = name.split(" ")
+            if self.blocked_since.get(sid) == float(since):
+                node = self.ta.force(sid)
+                if node is not None:
+                    sim.bump("forced_resumes")
+                    self._place(sid, node, t)
 
-    def on_request(self, sid: str, t: float) -> None:
-        s = self.sim.sessions[sid]
-        if s.node is not None:
-            self.sim.submit(sid, s.node)
-        else:
-            self.waiting_since.setdefault(sid, t)
-            self.wake(t)
+    def _apply(self, check: Check, t: float) -> None:
+        sim = self.sim
+        for sid in check.paused:
+            self._unplace(sid, t)
+        sim.bump("marks", len(check.marked))
+        for sid, node in check.resumed:
+            self._place(sid, node, t)
+        if check.paused and self.variant.resume_on_event:
+            self._apply(self.ta.resume(), t)
 
-    def on_response(self, sid: str, t: float) -> None:
-        if sid in self.marked:  # a REASONING program marked to pause: its call just ended
-            self.marked.discard(sid)
-            self._pause(sid, t)
-
-    def on_task_end(self, sid: str, t: float) -> None:
-        self.marked.discard(sid)
-        self.waiting_since.pop(sid, None)
-        self.wake(t)
-
-    def _pause(self, sid: str, t: float) -> None:
+    def _place(self, sid: str, node: str, t: float) -> None:
         sim = self.sim
         s = sim.sessions[sid]
-        if s.node is None:
-            return
-        sim.sessions[sid] = release(s, t)
-        self.waiting_since.setdefault(sid, t)
-        sim.bump("interrupts")
-        self.wake(t)
+        weight = self.ta.programs[sid].tokens + BUFFER_PER_PROGRAM
+        if s.node != node:
+            sim.sessions[sid] = admit(s, node, weight, t)
+            sim.bump("admits")
+        self.blocked_since.pop(sid, None)
+        if sim.agents[sid].pending:
+            sim.submit(sid, node)
 
-    def pause(self, t: float) -> None:
+    def _unplace(self, sid: str, t: float) -> None:
         sim = self.sim
-        progs: dict[str, list[TAProgram]] = {n: [] for n in sim.node_ids}
-        for sid, s in sim.sessions.items():
-            if s.node is None:
-                continue
-            acting = s.activity == "tool"
-            since = s.tool.started_at if acting and s.tool is not None else None
-            state: Literal["acting", "reasoning"] = "acting" if acting else "reasoning"
-            progs[s.node].append(TAProgram(sid, state, s.tokens, since, sid in self.marked))
-        backends = [TABackend(sim.profile.kv_tokens, progs[n]) for n in sim.node_ids]
-        for sid in thunderagent_pause(backends, t):
+        s = sim.sessions[sid]
+        if s.node is not None:
+            sim.sessions[sid] = release(s, t)
+            sim.bump("interrupts")
+
+    def on_request(self, sid: str, t: float) -> None:
+        sim = self.sim
+        node = self.ta.on_request(sid, sim.agents[sid].prompt_len)
+        if node is not None:
+            self._place(sid, node, t)
+            return
+        self.blocked_since[sid] = t
+        sim.timer(t + WAIT_TIMEOUT_S, f"force {sid} {t!r}")
+        if self.variant.resume_on_event:
+            self._apply(self.ta.resume(), t)
+
+    def on_response(self, sid: str, t: float) -> None:
+        sim = self.sim
+        if self.ta.on_response(sid, sim.agents[sid].ctx):
+            self._unplace(sid, t)
+            if self.variant.resume_on_event:
+                self._apply(self.ta.resume(), t)
+        else:
             s = sim.sessions[sid]
-            if s.activity == "tool":
-                self._pause(sid, t)
-            else:
-                self.marked.add(sid)
+            if s.node is not None:
+                sim.sessions[sid] = replace(s, weight=sim.agents[sid].ctx + BUFFER_PER_PROGRAM)
 
-    def force_resume(self, t: float) -> None:
-        sim = self.sim
-        for sid in thunderagent_overdue(sorted(self.waiting_since.items()), t):
-            s = sim.sessions.get(sid)
-            if s is None or not s.pooled:
-                continue
-            nodes = self.node_views()
-            best = max(nodes, key=lambda nv: (usable_capacity(nv) - nv.reserved, nv.id))
-            weight = session_weight(s.tokens, 0, sim.config.params.reserve)
-            sim.sessions[sid] = admit(s, best.id, weight, t)
-            self.waiting_since.pop(sid, None)
-            sim.bump("forced_resumes")
-            if sim.agents[sid].pending:
-                sim.submit(sid, best.id)
-
-    def resume(self, t: float) -> None:
-        """The greedy resume: the policy on the pool, no TAO interrupt rule."""
-        sim = self.sim
-        live = sim.sessions
-        if not any(s.pooled for s in live.values()):
-            return
-        nodes = self.node_views()
-        started = time.perf_counter()
-        snap = value_snapshot(live.values(), nodes, {}, sim.history, t, params=sim.config.params)
-        snap = replace(snap, interrupts=())  # ThunderAgent pauses by its own rule, not TAO's
-        decision = decide(snap, self.policy, self.options)
-        solve_s = time.perf_counter() - started
-        applied = apply_decision(decision, live, live_free(nodes), t)
-        if applied.discarded:
-            sim.bump("plans_discarded")
-            return
-        live.update(applied.sessions)
-        sim.bump("admits", len(applied.admitted))
-        self.record_tick(t, snap, decision, applied, nodes, solve_s, 0)
-        for m in applied.admitted:
-            self.waiting_since.pop(m.session, None)
-            if sim.agents[m.session].pending:
-                sim.submit(m.session, m.node)
+    def on_task_end(self, sid: str, t: float) -> None:
+        self.ta.release(sid)
+        self.blocked_since.pop(sid, None)
+        if self.variant.resume_on_event:
+            self._apply(self.ta.resume(), t)
 
 
 def scheduler(policy_name: str) -> type[_Base]:
     """The scheduler class that simulates ``policy_name``."""
     if policy_name in ROUTERS:
         return RouterScheduler
-    if policy_name == "thunderagent":
+    if policy_name in THUNDERAGENT:
         return ThunderAgentScheduler
     return PooledScheduler

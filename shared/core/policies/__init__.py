@@ -7,14 +7,18 @@ from collections.abc import Callable
 from shared.core.policies.base import DEFAULT_BUDGET, PlanOptions, Policy
 from shared.core.policies.baselines import BASELINES
 from shared.core.policies.tao import ShortFirstPolicy, TaoBfdPolicy, TaoPolicy
+from shared.core.rules import ABLATIONS, TaoRules
+
+
+def _ablation(name: str, rules: TaoRules) -> Callable[[], Policy]:
+    return lambda: TaoPolicy(
+        name=name, use_cache=rules.use_cache, use_ready=rules.use_ready, rules=rules
+    )
+
 
 _FACTORIES: dict[str, Callable[[], Policy]] = {
     "tao": TaoPolicy,
-    "tao-no-cache": lambda: TaoPolicy(name="tao-no-cache", use_cache=False),
-    "tao-no-ready": lambda: TaoPolicy(name="tao-no-ready", use_ready=False),
-    "tao-no-cache-no-ready": lambda: TaoPolicy(
-        name="tao-no-cache-no-ready", use_cache=False, use_ready=False
-    ),
+    **{name: _ablation(name, rules) for name, rules in ABLATIONS.items()},
     "tao-bfd": TaoBfdPolicy,
     "short-first": ShortFirstPolicy,
     **BASELINES,

@@ -29,7 +29,8 @@ BASELINES: dict[str, Callable[[], Policy]] = {
     RoundRobinPolicy.name: RoundRobinPolicy,
     CacheAwarePolicy.name: CacheAwarePolicy,
     KvAwarePolicy.name: KvAwarePolicy,
-    ThunderAgentPolicy.name: ThunderAgentPolicy,
+    "thunderagent": ThunderAgentPolicy,
+    "thunderagent-ideal": lambda: ThunderAgentPolicy(name="thunderagent-ideal"),
 }
 """Baseline name → factory with the authors' defaults."""
 

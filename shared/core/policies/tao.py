@@ -24,6 +24,7 @@ from shared.core.problem import (
     objective_of,
     result_from_choice,
 )
+from shared.core.rules import DEFAULT_RULES, TaoRules
 
 
 def _ablate(d: Dense, *, cache: bool, ready: bool) -> Dense:
@@ -44,6 +45,8 @@ class TaoPolicy:
     name: str = "tao"
     use_cache: bool = True
     use_ready: bool = True
+    rules: TaoRules = DEFAULT_RULES
+    """The round's rules (:mod:`shared.core.rules`), read by :func:`shared.core.tick.decide`."""
 
     def plan(self, problem: Problem, options: PlanOptions) -> PlanResult:
         d = densify(problem)
@@ -68,6 +71,7 @@ class TaoBfdPolicy:
     tightest fit): the paper's DP→BFD ablation."""
 
     name: str = "tao-bfd"
+    rules: TaoRules = DEFAULT_RULES
 
     def plan(self, problem: Problem, options: PlanOptions) -> PlanResult:
         d = densify(problem)

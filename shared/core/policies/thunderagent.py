@@ -102,7 +102,8 @@ def thunderagent(d: Dense, problem: Problem) -> list[int]:
 class ThunderAgentPolicy:
     """``thunderagent``: class-ordered selection, largest first on the most free node."""
 
-    name = "thunderagent"
+    def __init__(self, name: str = "thunderagent") -> None:
+        self.name = name
 
     def plan(self, problem: Problem, options: PlanOptions) -> PlanResult:
         d = densify(problem)

@@ -9,7 +9,7 @@ import pytest
 
 from shared.core.engine import PROFILES, decode_step_time, prefill_time
 from shared.sim.cluster import DP_POLICIES, scheduler
-from shared.sim.des import SimConfig, Simulator
+from shared.sim.des import INSTANT, ControlLatency, SimConfig, Simulator
 from shared.sim.lowerbound import lower_bound_metrics, task_bound
 from shared.sim.metrics import compute_metrics
 from shared.sim.runner import simulate
@@ -41,7 +41,7 @@ class TestTiming:
     def test_alone_equals_lower_bound(self) -> None:
         """One task with tool calls on an idle node meets the analytic lower bound exactly."""
         task = Task("a", "x", 0, (Turn(200, 8, "t", 0.5), Turn(40, 6, "t", 1.5), Turn(10, 4)))
-        cfg = SimConfig(nodes=1, workers=1)
+        cfg = SimConfig(nodes=1, workers=1, latency=INSTANT)
         res = simulate([task], cfg, "tao", 0)
         lat, _, cached, prompt = task_bound(PROFILE, task)
         assert math.isclose(res.tasks[0].end - res.tasks[0].start, lat, rel_tol=1e-9)
@@ -49,6 +49,20 @@ class TestTiming:
         assert m["prefix_hit_rate"] == pytest.approx(cached / prompt)
         lb = lower_bound_metrics([task], cfg)
         assert lb["latency_mean"] == pytest.approx(lat)
+
+    def test_control_loop_latency_is_charged_once(self) -> None:
+        """With the control loop's latency, the task's first request waits exactly one round
+        trip — the periodic tick at t = 0 takes the snapshot at once (no debounce or hop),
+        then valuation, the solve of one session, apply and forward; it then stays admitted,
+        so the later turns pay nothing."""
+        task = Task("a", "x", 0, (Turn(200, 8, "t", 0.5), Turn(40, 6, "t", 1.5), Turn(10, 4)))
+        lat = ControlLatency()
+        res = simulate([task], SimConfig(nodes=1, workers=1, latency=lat), "tao", 0)
+        bound, *_ = task_bound(PROFILE, task)
+        trip = lat.value_s + lat.solve_time(1) + lat.apply_s + lat.forward_s
+        assert res.tasks[0].end - res.tasks[0].start == pytest.approx(bound + trip, rel=1e-9)
+        first = min(res.requests, key=lambda r: r.turn)
+        assert first.submitted - first.issued == pytest.approx(trip, rel=1e-9)
 
 
 class TestDeterminism:

@@ -1,0 +1,130 @@
+"""TAO's decision rules beyond the paper's placement, each switchable for its ablation.
+
+The paper's round (DESIGN 3.2–3.3) is: interrupt tool-running sessions in ascending value order
+while the pool's demand exceeds free capacity (never one with ``r = 1``), then place the pool by
+the lexicographic DP. Measured under load (docs/evaluation.md, "Why TAO lost"), that round
+churns and over-commits. :class:`TaoRules` holds the rules that replace it; every rule is one
+flag, so each has an ablation policy that switches it off *everywhere it acts*
+(:data:`ABLATIONS`), and :data:`PAPER` switches them all off (the paper's round, ``tao-paper``).
+
+Rules (derivations in docs/evaluation.md, "TAO's rules"):
+
+``payback``
+    A node whose admitted reservations grew past its usable capacity releases tool-running
+    sessions there, lowest value first, *whatever their readiness*, until the reservations fit.
+    (Paper round: ``r = 1`` sessions are protected here too, and almost every short tool is
+    ``r = 1``, so the over-commit stayed and the engine preempted.)
+``need``
+    Only pooled sessions that will use the GPU now — a request is pending, or ``r = 1`` — count
+    as demand for the interrupt rule, and under contention (their weights exceed free capacity)
+    only they are placed; the others are placed on what is left. A reservation held by a session
+    deep in a tool does nothing but keep others out.
+``hold``
+    A tool-running session is released for the pool only when its tool's expected remaining time
+    is at least ``hold_s`` plus ``hold_per_ktoken_s`` per thousand tokens of its context (the
+    longer its context, the more a release that evicts its prefix costs in recompute). A call
+    that has run past its prediction is expected to run as long again as it has so far.
+``growth``
+    The reservation for a session's next turn is its predicted growth — the mean per-turn growth
+    of its context plus ``growth_z`` standard deviations (a one-sided bound), from its own
+    history, between ``growth_min`` and ``growth_max`` tokens; the fixed ``reserve`` before it
+    has two observations. (Paper round: a fixed 512 tokens, below the median turn.)
+``aging``
+    A session whose request has waited ``starve_s`` or more is placed before every other, and
+    when it fits nowhere, the node with the most room it could have (free plus releasable) is
+    cleared for it: tool-running sessions there are released, lowest value first (``r = 1``
+    still protected, the hold rule not applied), and nothing else is admitted there this round.
+    Beyond the paper: it bounds the wait that pure value order leaves unbounded.
+``stay``
+    Among nodes of equal value for a session, the one it last ran on (where its prefix may still
+    be, although its decayed credit rounds to the same value) is preferred, so a session never
+    moves between equal nodes; and a released session is not admitted again before it needs
+    the GPU (which ``need`` gives under contention, and this gives always).
+
+Pure: values only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Final
+
+__all__ = [
+    "ABLATIONS",
+    "DEFAULT_RULES",
+    "PAPER",
+    "TaoRules",
+    "expected_remaining",
+    "growth_reserve",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TaoRules:
+    """Which of TAO's rules act (module docstring), and their constants.
+
+    ``use_cache`` / ``use_ready`` switch the credit and readiness signals off wherever they
+    act: in the planner's values, in the interrupt order and ``r = 1`` protection, and (for
+    readiness) in what counts as needing the GPU.
+    """
+
+    use_cache: bool = True
+    use_ready: bool = True
+    payback: bool = True
+    need: bool = True
+    hold: bool = True
+    growth: bool = True
+    aging: bool = False
+    stay: bool = True
+    hold_s: float = 2.0
+    hold_per_ktoken_s: float = 0.1
+    growth_z: float = 0.0
+    growth_min: int = 256
+    growth_max: int = 16_384
+    starve_s: float = 300.0
+    starve_clear: bool = False
+    starve_block: bool = False
+
+
+DEFAULT_RULES: Final = TaoRules()
+"""``tao``: every rule on, the constants of the documented sweep (docs/evaluation.md)."""
+
+PAPER: Final = TaoRules(
+    payback=False, need=False, hold=False, growth=False, aging=False, stay=False
+)
+"""``tao-paper``: the paper's round (DESIGN 3.2–3.3) with the over-commit pay-back of commit
+32161fe, which protects ``r = 1`` sessions."""
+
+ABLATIONS: Final[dict[str, TaoRules]] = {
+    "tao-no-cache": replace(DEFAULT_RULES, use_cache=False),
+    "tao-no-ready": replace(DEFAULT_RULES, use_ready=False),
+    "tao-no-cache-no-ready": replace(DEFAULT_RULES, use_cache=False, use_ready=False),
+    "tao-no-payback": replace(DEFAULT_RULES, payback=False),
+    "tao-no-need": replace(DEFAULT_RULES, need=False),
+    "tao-no-hold": replace(DEFAULT_RULES, hold=False),
+    "tao-no-growth": replace(DEFAULT_RULES, growth=False),
+    "tao-aging": replace(DEFAULT_RULES, aging=True),
+    "tao-no-stay": replace(DEFAULT_RULES, stay=False),
+    "tao-paper": PAPER,
+}
+"""Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
+``tao-paper``, which switches off every rule)."""
+
+
+def growth_reserve(n: int, mean: float, m2: float, default: int, rules: TaoRules) -> int:
+    """Tokens to reserve for the next turn from ``n`` observed per-turn growths (Welford's
+    ``mean`` and ``m2``): ``mean + z·sd`` clipped to ``[growth_min, growth_max]``; ``default``
+    with fewer than two observations or with the rule off."""
+    if not rules.growth or n < 2:
+        return default
+    sd = (max(m2, 0.0) / (n - 1)) ** 0.5
+    est = mean + rules.growth_z * sd
+    return int(min(max(est, rules.growth_min), rules.growth_max) + 0.5)
+
+
+def expected_remaining(predicted_end: float, started_at: float, now: float) -> float:
+    """Expected remaining seconds of a running call: until its predicted end, or, once it has
+    run past that, as long again as it has run so far (the hold rule's cost horizon)."""
+    if now < predicted_end:
+        return predicted_end - now
+    return max(0.0, now - started_at)

@@ -1,0 +1,359 @@
+"""ThunderAgent's TR scheduler as its code runs it: one state machine, events in, moves out.
+
+Source: github ThunderAgent-org/ThunderAgent at commit a7eef77 (2026-03-06; ``ThunderAgent/``
+is unchanged since 702d284). ``router.py`` = ``ThunderAgent/scheduler/router.py``, ``state.py``
+= ``ThunderAgent/backend/state.py``, ``program.py`` = ``ThunderAgent/program/state.py``. Every
+rule below is the code's, with its lines:
+
+* **Accounting** (state.py:23, 89–104, 182–191): a backend's remaining capacity is
+  ``capacity − (Σ REASONING tokens + w × Σ ACTING tokens) + shared − 100 × programs``, with
+  ``w = acting_token_weight`` (1.0, router.py:67) and ``capacity = block_size ×
+  num_gpu_blocks`` from ``vllm:cache_config_info`` (vllm_metrics.py:19–25). ``shared_tokens``
+  is 0: ``update_shared_tokens`` is never called (state.py:54, 126). No quanta, no target
+  utilisation. A program's tokens are re-estimated from the request at every request
+  (router.py:302–303: JSON characters / a char-per-token ratio learned from ``prompt_tokens``,
+  router.py:393–405 — here the prompt's token count, which that ratio converges to) and set to
+  the response's ``usage.total_tokens`` after it (router.py:408).
+* **A request** (``update_program_before_request``, router.py:290–372): a paused program's
+  request sets it REASONING and *blocks until it is resumed* (router.py:330–333); a new
+  program (first request, no backend) is admitted at once only when the global queue is empty
+  and some healthy backend has ``remaining ≥ estimate + 100`` — the one with the fewest active
+  program tokens (router.py:249–281, 341–351); otherwise it is queued and blocks
+  (router.py:352–361). An active program's request goes to its backend.
+* **A response** (``update_program_after_request``, router.py:374–412): the program turns
+  ACTING; if it was marked, the mark is cleared and it is paused at once (router.py:410–412,
+  588–604).
+* **The periodic check** (``_scheduler_loop``, router.py:660–669; ``_scheduled_check``,
+  671–683): every ``scheduler_interval`` (5 s, router.py:65), first **resume**, then **pause** on
+  every backend whose remaining capacity is negative.
+* **Resume** (``_greedy_resume``, router.py:719–844): backends whose remaining capacity exceeds
+  100 take part, with that remaining capacity; the paused programs are grouped REASONING with
+  ``step > 1`` (a pending request), new (``step == 1``), ACTING, each ascending by the tokens
+  recorded when it was paused (router.py:492–505, 758–778); a program is selected when the
+  cumulative ``tokens + 100`` still fits the total remaining capacity (780–788); the selected
+  are placed largest first, each on the backend with the most remaining capacity if it fits
+  there (a program too large is skipped; the walk stops when the smallest selected fits
+  nowhere), and a backend left with 100 or less drops out (793–838). Where the program's cache
+  lives plays no part.
+* **Pause** (``_pause_until_safe``, router.py:685–714): while the backend's remaining capacity
+  is negative, pause its smallest ACTING program (unregistered, queued, router.py:545–572);
+  once none is left, *mark* its smallest unmarked REASONING program (router.py:574–586). The
+  loop tests ``remaining_capacity()``, which marks do not change (``future_paused_tokens`` is
+  not part of it, state.py:182–191), so on a backend still over-full after its ACTING programs
+  are gone it marks **every** REASONING program.
+* **Forced resume** (``_wait_for_resume(timeout=1800.0)``, router.py:846–868): a request that
+  has blocked 1800 s resumes its program regardless of capacity, on its origin backend, or a
+  new program on the backend with the fewest programs (router.py:171–190).
+* **Release** (``release_program``, router.py:428–461): the program leaves its backend or
+  the queue.
+
+:class:`Variant` ``ideal`` (``thunderagent-ideal``) is a stronger reference than the code:
+it resumes at once whenever a program waits, is paused or leaves (not only at the check), and
+marks REASONING programs only until the marks make the backend safe (the wiki's intent).
+
+Pure: ``now`` is an argument; the caller runs the clock (the check timer, the 1800 s
+timeouts) and applies the moves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Final, Literal
+
+__all__ = [
+    "BUFFER_PER_PROGRAM",
+    "FAITHFUL",
+    "IDEAL",
+    "SCHEDULER_INTERVAL_S",
+    "WAIT_TIMEOUT_S",
+    "Check",
+    "Program",
+    "ThunderAgent",
+    "Variant",
+    "variant_for",
+]
+
+BUFFER_PER_PROGRAM: Final = 100
+"""state.py:23: tokens counted per active program for decode headroom."""
+SCHEDULER_INTERVAL_S: Final = 5.0
+"""router.py:65: seconds between periodic checks (``--scheduler-interval``)."""
+WAIT_TIMEOUT_S: Final = 1800.0
+"""router.py:846: seconds a blocked request waits before its program is force-resumed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """``resume_on_event``: resume whenever a program waits, pauses or leaves (else only in
+    the periodic check); ``mark_until_safe``: marks count as releasing their tokens in the
+    pause loop (else the code's loop, which marks every REASONING program)."""
+
+    name: str
+    resume_on_event: bool
+    mark_until_safe: bool
+    interval_s: float = SCHEDULER_INTERVAL_S
+    acting_weight: float = 1.0
+
+
+FAITHFUL: Final = Variant("thunderagent", resume_on_event=False, mark_until_safe=False)
+IDEAL: Final = Variant("thunderagent-ideal", resume_on_event=True, mark_until_safe=True)
+
+
+def variant_for(policy: str, interval_s: float = SCHEDULER_INTERVAL_S) -> Variant:
+    """The variant a policy name runs (``thunderagent`` or ``thunderagent-ideal``)."""
+    if policy == FAITHFUL.name:
+        return Variant(FAITHFUL.name, False, False, interval_s)
+    if policy == IDEAL.name:
+        return Variant(IDEAL.name, True, True, interval_s)
+    raise ValueError(f"policy: not a ThunderAgent variant: {policy!r}")
+
+
+@dataclass(slots=True)
+class Program:
+    """program.py:33–47: ``status`` REASONING / ACTING, ``state`` ACTIVE / PAUSED."""
+
+    id: str
+    backend: str | None = None
+    origin: str | None = None
+    status: Literal["reasoning", "acting"] = "reasoning"
+    paused: bool = False
+    tokens: int = 0
+    steps: int = 0
+    marked: bool = False
+    blocked: bool = False
+    """A request is blocked waiting for its program's resume (``waiting_event`` awaited)."""
+    paused_tokens: int = 0
+    """``PausedInfo.total_tokens``: the tokens when it was queued (the resume order's key)."""
+    queued_at: int = 0
+    """Insertion order into the global queue (``dict`` order, router.py:485)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """What one resume / pause pass did: ``resumed`` (program, backend) in placement order,
+    ``paused`` ACTING programs taken off their backend, ``marked`` REASONING programs marked."""
+
+    resumed: tuple[tuple[str, str], ...] = ()
+    paused: tuple[str, ...] = ()
+    marked: tuple[str, ...] = ()
+
+
+@dataclass(slots=True)
+class ThunderAgent:
+    """The router's program and backend state (``MultiBackendRouter``); see the module doc."""
+
+    capacity: dict[str, int]
+    variant: Variant = FAITHFUL
+    healthy: dict[str, bool] = field(default_factory=dict)
+    programs: dict[str, Program] = field(default_factory=dict)
+    queue: dict[str, None] = field(default_factory=dict)
+    """The global waiting queue's program ids, in insertion order (router.py:93)."""
+    _seq: int = 0
+
+    # -- accounting ----------------------------------------------------------------------
+
+    def _on(self, backend: str) -> list[Program]:
+        return [p for p in self.programs.values() if p.backend == backend and not p.paused]
+
+    def active_tokens(self, backend: str) -> float:
+        """state.py:101–104: REASONING tokens + w × ACTING tokens."""
+        w = self.variant.acting_weight
+        return sum(p.tokens if p.status == "reasoning" else w * p.tokens for p in self._on(backend))
+
+    def remaining(self, backend: str) -> float:
+        """state.py:182–191 (``shared_tokens`` = 0)."""
+        progs = self._on(backend)
+        w = self.variant.acting_weight
+        used = sum(p.tokens if p.status == "reasoning" else w * p.tokens for p in progs)
+        return self.capacity[backend] - (int(used) + BUFFER_PER_PROGRAM * len(progs))
+
+    def _healthy(self, backend: str) -> bool:
+        return self.healthy.get(backend, True)
+
+    # -- events ----------------------------------------------------------------------------
+
+    def on_request(self, pid: str, tokens: int) -> str | None:
+        """A request of ``pid`` with an estimated ``tokens``: the backend it goes to now, or
+        ``None`` when it blocks until a resume (router.py:290–372)."""
+        p = self.programs.get(pid)
+        if p is None:
+            p = self.programs[pid] = Program(pid)
+        p.steps += 1
+        p.tokens = tokens
+        p.status = "reasoning"
+        if p.paused:
+            p.blocked = True
+            return None
+        if p.steps == 1 and p.backend is None:
+            backend = self._direct(tokens)
+            if backend is None:
+                self._enqueue(p)
+                p.blocked = True
+                return None
+            p.backend = backend
+            return backend
+        return p.backend
+
+    def _direct(self, tokens: int) -> str | None:
+        """router.py:249–281: a new program's backend, when the queue is empty and one fits."""
+        if self.queue:
+            return None
+        best: str | None = None
+        least = float("inf")
+        for b in self.capacity:
+            if not self._healthy(b) or self.remaining(b) < tokens + BUFFER_PER_PROGRAM:
+                continue
+            active = self.active_tokens(b)
+            if active < least:
+                best, least = b, active
+        return best
+
+    def on_response(self, pid: str, total_tokens: int) -> bool:
+        """The call ended with ``usage.total_tokens``: ACTING; a marked program is paused now
+        (router.py:374–412). Returns whether it was paused."""
+        p = self.programs[pid]
+        p.status = "acting"
+        p.tokens = total_tokens
+        if p.marked:
+            p.marked = False
+            self._pause(p)
+            return True
+        return False
+
+    def release(self, pid: str) -> None:
+        """The program ended (router.py:428–461)."""
+        p = self.programs.pop(pid, None)
+        if p is not None:
+            self.queue.pop(pid, None)
+
+    def force(self, pid: str) -> str | None:
+        """A request blocked ``WAIT_TIMEOUT_S``: resume regardless of capacity, on the origin
+        backend or (a new program) the backend with the fewest programs (router.py:846–868,
+        171–190). Returns the backend, or ``None`` when the program is no longer queued."""
+        p = self.programs.get(pid)
+        if p is None or not p.paused or pid not in self.queue:
+            return None
+        del self.queue[pid]
+        target = p.origin if p.origin in self.capacity else None
+        if target is None:
+            counts = {b: 0 for b in self.capacity}
+            for q in self.programs.values():
+                if q.backend in counts:
+                    counts[q.backend] += 1
+            healthy = [b for b in self.capacity if self._healthy(b)] or list(self.capacity)
+            target = min(healthy, key=lambda b: counts[b])
+        self._resume(p, target)
+        return target
+
+    # -- the periodic check ----------------------------------------------------------------
+
+    def check(self) -> Check:
+        """``_scheduled_check``: resume, then pause every over-full backend."""
+        resumed = self.resume()
+        paused: list[str] = []
+        marked: list[str] = []
+        for b in self.capacity:
+            if self.remaining(b) < 0:
+                pa, ma = self._pause_until_safe(b)
+                paused += pa
+                marked += ma
+        return Check(resumed.resumed, tuple(paused), tuple(marked))
+
+    def resume(self) -> Check:
+        """``_greedy_resume`` (router.py:719–844)."""
+        caps: list[tuple[str, int]] = []
+        total = 0
+        for b in self.capacity:
+            if not self._healthy(b):
+                continue
+            rem = int(self.remaining(b))
+            if rem > BUFFER_PER_PROGRAM:
+                caps.append((b, rem))
+                total += rem
+        if not caps or total <= 0 or not self.queue:
+            return Check()
+        queued = sorted(
+            (self.programs[pid] for pid in self.queue if pid in self.programs),
+            key=lambda p: p.paused_tokens,  # stable: ties keep queue order (router.py:505)
+        )
+        reasoning = [p for p in queued if p.steps != 1 and p.status == "reasoning"]
+        new = [p for p in queued if p.steps == 1]
+        acting = [p for p in queued if p.steps != 1 and p.status != "reasoning"]
+        selected: list[Program] = []
+        cumulative = 0
+        for p in reasoning + new + acting:
+            need = p.tokens + BUFFER_PER_PROGRAM
+            if cumulative + need <= total:
+                selected.append(p)
+                cumulative += need
+        if not selected:
+            return Check()
+        selected.sort(key=lambda p: -p.tokens)
+        caps.sort(key=lambda x: -x[1])
+        smallest = selected[-1].tokens + BUFFER_PER_PROGRAM
+        out: list[tuple[str, str]] = []
+        for p in selected:
+            if not caps:
+                break
+            need = p.tokens + BUFFER_PER_PROGRAM
+            if smallest > caps[0][1]:
+                break
+            if need > caps[0][1]:
+                continue
+            b, rem = caps[0]
+            self.queue.pop(p.id, None)
+            self._resume(p, b)
+            out.append((p.id, b))
+            left = rem - need
+            if left > BUFFER_PER_PROGRAM:
+                caps[0] = (b, left)
+                caps.sort(key=lambda x: -x[1])
+            else:
+                caps.pop(0)
+        return Check(resumed=tuple(out))
+
+    def _pause_until_safe(self, b: str) -> tuple[list[str], list[str]]:
+        """router.py:685–714; with ``mark_until_safe`` the marks' tokens count as released."""
+        paused: list[str] = []
+        marked: list[str] = []
+        future = 0
+        while self.remaining(b) + (future if self.variant.mark_until_safe else 0) < 0:
+            acting = sorted(
+                (p for p in self._on(b) if p.status == "acting"), key=lambda p: p.tokens
+            )
+            if acting:
+                self._pause(acting[0])
+                paused.append(acting[0].id)
+                continue
+            reasoning = sorted(
+                (p for p in self._on(b) if p.status == "reasoning" and not p.marked),
+                key=lambda p: p.tokens,
+            )
+            if reasoning:
+                reasoning[0].marked = True
+                future += reasoning[0].tokens
+                marked.append(reasoning[0].id)
+                continue
+            break
+        return paused, marked
+
+    def _pause(self, p: Program) -> None:
+        """router.py:545–572."""
+        p.origin = p.backend
+        p.backend = None
+        p.paused = True
+        self._enqueue(p)
+
+    def _enqueue(self, p: Program) -> None:
+        """router.py:474–485: ``PausedInfo.total_tokens`` is the tokens now."""
+        p.paused = True
+        p.paused_tokens = p.tokens
+        self._seq += 1
+        p.queued_at = self._seq
+        self.queue[p.id] = None
+
+    def _resume(self, p: Program, b: str) -> None:
+        """router.py:606–639: registered on ``b``; a blocked request proceeds."""
+        p.backend = b
+        p.origin = None
+        p.paused = False
+        p.blocked = False

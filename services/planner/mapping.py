@@ -5,7 +5,8 @@ The valuation service values the pool with :func:`shared.core.tick.value_snapsho
 before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load)   ↔ NodeView(id, free, load, capacity, healthy)
-    TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase)
+    TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
+                  waiting_since, home)
                                                ↔ Candidate(..., signature=Signature(id,
                                                   version, eligibility_digest=digest))
     core InterruptCandidate + versions[id]     ↔ InterruptCandidate(..., signature=Signature)
@@ -21,6 +22,7 @@ planner (an unhealthy node already has ``free == 0`` and is in no candidate's el
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Final, cast
 
@@ -76,6 +78,8 @@ def to_wire(
             eligible=sorted(c.eligible),
             phase=c.phase,
             signature=Signature(session_id=c.id, version=c.version, eligibility_digest=c.digest),
+            waiting_since=c.waiting_since,
+            home=c.home,
         )
         for c in snapshot.candidates
     ]
@@ -88,6 +92,7 @@ def to_wire(
             ready=ic.ready,
             credit=ic.credit,
             signature=Signature(session_id=ic.id, version=snapshot.versions.get(ic.id, 0)),
+            remaining_s=None if math.isinf(ic.remaining_s) else ic.remaining_s,
         )
         for ic in snapshot.interrupts
     ]
@@ -164,6 +169,8 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
                 eligible=all_nodes if c.eligible is None else frozenset(c.eligible),
                 digest=c.signature.eligibility_digest,
                 phase=_phase(c, i),
+                waiting_since=c.waiting_since,
+                home=c.home,
             )
         )
     inter: list[core_interrupt.InterruptCandidate] = []
@@ -181,6 +188,7 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
                 credit=ic.credit,
                 ready=ic.ready,
                 tokens=ic.tokens,
+                remaining_s=math.inf if ic.remaining_s is None else ic.remaining_s,
             )
         )
     return TickSnapshot(

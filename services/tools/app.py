@@ -15,6 +15,9 @@ from shared.contracts import subjects
 from shared.contracts.codec import decode_session_event, decode_tool_event
 from shared.contracts.session import SessionEvent
 from shared.contracts.tool import ToolEvent
+from shared.core.policies import get_policy
+from shared.core.rules import TaoRules
+from shared.core.tick import policy_rules
 from shared.infra.busapi import MessageBus, Subscription
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
@@ -41,11 +44,17 @@ def decode_tool(data: bytes) -> ToolEvent:
 
 
 async def start(
-    store: StateStore, bus: MessageBus, *, name: str = NAME, reserve: int | None = 512
+    store: StateStore,
+    bus: MessageBus,
+    *,
+    name: str = NAME,
+    reserve: int | None = 512,
+    rules: TaoRules | None = None,
 ) -> tuple[ToolsHandlers, list[Subscription]]:
     """Start both consumers; returns the handlers and the subscriptions (to stop them).
-    ``reserve`` is ``TAO_RESERVE_TOKENS`` (``None``: admitted weights are never re-weighed)."""
-    h = ToolsHandlers(store=store, bus=bus, log=get_logger(name), reserve=reserve)
+    ``reserve`` is ``TAO_RESERVE_TOKENS`` (``None``: admitted weights are never re-weighed);
+    ``rules`` the policy's (its growth rule sets the reserve from each session's history)."""
+    h = ToolsHandlers(store=store, bus=bus, log=get_logger(name), reserve=reserve, rules=rules)
     subs = [
         await bus.consume_batch(subjects.STREAM_SESSION, name, decode_session, h.on_session_batch),
         await bus.consume_batch(subjects.STREAM_TOOL, name, decode_tool, h.on_tool_batch),
@@ -60,5 +69,8 @@ async def start(
 async def main(settings: Settings, ctx: ServiceContext) -> None:
     """Service entry point for the runner."""
     store = store_from(settings, ctx)
-    await start(store, ctx.require_bus(), name=ctx.name, reserve=settings.reserve_tokens)
+    rules = policy_rules(get_policy(settings.policy))
+    await start(
+        store, ctx.require_bus(), name=ctx.name, reserve=settings.reserve_tokens, rules=rules
+    )
     await serve_forever()

@@ -33,6 +33,7 @@ from shared.contracts.session import (
 )
 from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from shared.contracts.wake import WAKE_ARRIVAL, WAKE_CANCEL, WAKE_END, WAKE_TOOL_END, Wake
+from shared.core.rules import TaoRules
 from shared.core.session import Session, on_end
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.store_types import SessionFn, StateStore
@@ -66,6 +67,8 @@ class ToolsHandlers:
     bus: MessageBus
     log: FilteringBoundLogger
     reserve: int | None = None
+    rules: TaoRules | None = None
+    """The policy's rules (``TAO_POLICY``): the growth rule sets the reserve."""
     handled: int = 0
 
     async def _wake(self, reason: str, sid: str | None) -> None:
@@ -113,7 +116,7 @@ class ToolsHandlers:
             case SessionRequest():
                 return request_step(ev, out)
             case SessionResponse():
-                return response_step(ev, out, self.reserve)
+                return response_step(ev, out, self.reserve, self.rules)
             case SessionCancel():
                 return cancel_step(ev, out)
             case SessionEnd():

@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 from shared.contracts.session import SessionCancel, SessionRequest, SessionResponse
 from shared.contracts.tool import ToolEnd, ToolProgress, ToolStart
+from shared.core.rules import TaoRules
 from shared.core.session import (
     Session,
     ToolCall,
@@ -101,9 +102,15 @@ def _current(s: Session | None, request_id: str, out: Outcome) -> Session | None
     return cur
 
 
-def response_step(ev: SessionResponse, out: Outcome, reserve: int | None = None) -> SessionFn:
+def response_step(
+    ev: SessionResponse,
+    out: Outcome,
+    reserve: int | None = None,
+    rules: TaoRules | None = None,
+) -> SessionFn:
     """A request completed: tokens from usage, tool calls start an inferred tool; with
-    ``reserve`` an admitted session's weight follows its grown context (tokens + reserve)."""
+    ``reserve`` an admitted session's weight follows its grown context (tokens + reserve;
+    with ``rules`` the growth rule's reserve, ``reserve`` its default)."""
 
     def step(s: Session | None) -> Session | None:
         cur = _current(s, ev.request_id, out)
@@ -120,6 +127,7 @@ def response_step(ev: SessionResponse, out: Outcome, reserve: int | None = None)
             total_tokens=total if total > 0 else cur.tokens,
             tool_calls=[(tc.id, tc.name) for tc in ev.tool_calls],
             reserve=reserve,
+            rules=rules,
         )
 
     return step

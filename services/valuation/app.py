@@ -19,6 +19,8 @@ from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode
 from shared.contracts.wake import Wake
+from shared.core.policies import get_policy
+from shared.core.tick import policy_rules
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
@@ -93,6 +95,7 @@ async def run(
         idle_timeout_s=settings.idle_timeout_s,
         clock=time.time,
         thunderagent=is_thunderagent(settings.policy),
+        rules=policy_rules(get_policy(settings.policy)),
     )
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)

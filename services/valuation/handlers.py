@@ -53,6 +53,7 @@ from services.planner.thunder import Held, held_sessions
 from shared.contracts import subjects
 from shared.contracts.codec import encode
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
+from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
 from shared.core.tick import TickSnapshot, value_snapshot
 from shared.core.valuation import ValuationParams
@@ -143,6 +144,8 @@ class Valuator:
     published: int = 0
     last_nonempty: bool = False
     thunderagent: bool = False
+    rules: TaoRules = PAPER
+    """The policy's rules (``TAO_POLICY``): the growth rule sets the candidates' reserve."""
     reader: SessionReader | None = field(default=None)
 
     def __post_init__(self) -> None:
@@ -160,7 +163,14 @@ class Valuator:
         views = await self.store.node_views()
         history = await self.store.history()
         snap = value_snapshot(
-            pool, views, residency, history, now, tick=self.tick, params=self.params
+            pool,
+            views,
+            residency,
+            history,
+            now,
+            tick=self.tick,
+            params=self.params,
+            rules=self.rules,
         )
         sessions = pool
         read_tool = self.thunderagent or interrupts_matter(snap)
@@ -171,7 +181,14 @@ class Valuator:
             snap = with_interrupts(
                 snap,
                 value_snapshot(
-                    tool, views, tool_res, history, now, tick=self.tick, params=self.params
+                    tool,
+                    views,
+                    tool_res,
+                    history,
+                    now,
+                    tick=self.tick,
+                    params=self.params,
+                    rules=self.rules,
                 ),
             )
             sessions = pool + tool

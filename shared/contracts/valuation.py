@@ -64,7 +64,9 @@ class Candidate(Record, frozen=True, kw_only=True):
     ``credit`` maps node id → decayed, rounded cache credit k in tokens (absent = 0); ``ready``
     is r ∈ {0, 1}; ``tokens`` is t. ``eligible`` lists the node ids it may go to (``None`` =
     every node). ``phase`` (``reasoning`` | ``new`` | ``acting``) is read only by the
-    ``thunderagent`` baseline.
+    ``thunderagent`` baseline. ``waiting_since`` (epoch s; its request waits since then) and
+    ``home`` (the node it last ran on) are read by TAO's aging and stay rules
+    (``shared.core.rules``).
     """
 
     id: str
@@ -76,6 +78,8 @@ class Candidate(Record, frozen=True, kw_only=True):
     eligible: list[str] | None = None
     phase: str | None = None
     model: str | None = None
+    waiting_since: float | None = None
+    home: str | None = None
 
 
 class InterruptCandidate(Record, frozen=True, kw_only=True):
@@ -83,6 +87,8 @@ class InterruptCandidate(Record, frozen=True, kw_only=True):
 
     Ordered for interruption ascending by (``credit`` on its node, ``ready``, ``tokens``);
     sessions with ``ready == 1`` are never interrupted. Releasing it frees ``weight`` tokens.
+    ``remaining_s`` is its tool's expected remaining time (``None`` = unknown), which TAO's
+    hold rule reads.
     """
 
     id: str
@@ -92,6 +98,7 @@ class InterruptCandidate(Record, frozen=True, kw_only=True):
     signature: Signature
     ready: int = 0
     credit: int = 0
+    remaining_s: float | None = None
 
 
 class AdmittedSession(Record, frozen=True, kw_only=True):

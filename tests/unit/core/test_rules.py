@@ -1,0 +1,251 @@
+"""TAO's rules (shared/core/rules.py) as shared/core/tick.decide applies them: one table per
+rule, each case run with the rule on and off (its ablation), on hand-built snapshots."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from shared.core.interrupt import InterruptCandidate
+from shared.core.policies import get_policy
+from shared.core.problem import Node
+from shared.core.rules import (
+    ABLATIONS,
+    DEFAULT_RULES,
+    PAPER,
+    TaoRules,
+    expected_remaining,
+    growth_reserve,
+)
+from shared.core.session import Session, on_request, on_response
+from shared.core.tick import TickCandidate, TickSnapshot, decide, policy_rules
+
+Q = 512
+
+
+def cand(
+    sid: str,
+    weight: int = 4 * Q,
+    *,
+    ready: int = 1,
+    phase: str = "reasoning",
+    credit: dict[str, int] | None = None,
+    eligible: tuple[str, ...] = ("n0", "n1"),
+    waiting_since: float | None = None,
+    home: str | None = None,
+) -> TickCandidate:
+    return TickCandidate(
+        id=sid,
+        version=1,
+        weight=weight,
+        tokens=weight,
+        ready=ready,
+        credit=credit or {},
+        eligible=frozenset(eligible),
+        digest="",
+        phase=phase,  # type: ignore[arg-type]
+        waiting_since=waiting_since,
+        home=home,
+    )
+
+
+def tool(
+    sid: str,
+    node: str = "n0",
+    weight: int = 4 * Q,
+    *,
+    ready: int = 0,
+    credit: int = 0,
+    remaining_s: float = math.inf,
+) -> InterruptCandidate:
+    return InterruptCandidate(sid, node, weight, credit, ready, weight, remaining_s)
+
+
+def snap(
+    nodes: dict[str, int],
+    cands: list[TickCandidate],
+    tools: list[InterruptCandidate] = (),  # type: ignore[assignment]
+    *,
+    now: float = 100.0,
+    overflow: dict[str, int] | None = None,
+) -> TickSnapshot:
+    versions = {c.id: c.version for c in cands} | {t.id: 1 for t in tools}
+    return TickSnapshot(
+        tick=0,
+        now=now,
+        quantum=Q,
+        nodes=tuple(Node(n, f) for n, f in nodes.items()),
+        candidates=tuple(cands),
+        interrupts=tuple(tools),
+        versions=versions,
+        overflow=overflow or {},
+    )
+
+
+def run(s: TickSnapshot, rules: TaoRules) -> tuple[list[str], list[tuple[str, str]]]:
+    d = decide(s, get_policy("tao"), rules=rules)
+    return [m.session for m in d.interrupts], [(m.session, m.node) for m in d.admits]
+
+
+class TestPayback:
+    """An over-committed node comes back within capacity whatever the readiness."""
+
+    @pytest.mark.parametrize(
+        ("rules", "released"),
+        [(DEFAULT_RULES, ["ready"]), (replace(DEFAULT_RULES, payback=False), [])],
+    )
+    def test_ready_session_released_for_overflow(
+        self, rules: TaoRules, released: list[str]
+    ) -> None:
+        s = snap({"n0": 0}, [], [tool("ready", ready=1)], overflow={"n0": Q})
+        assert run(s, rules)[0] == released
+
+    def test_lowest_value_first(self) -> None:
+        s = snap(
+            {"n0": 0},
+            [],
+            [tool("keep", credit=4 * Q, ready=1), tool("cheap", credit=0, ready=1)],
+            overflow={"n0": Q},
+        )
+        assert run(s, DEFAULT_RULES)[0] == ["cheap"]
+
+
+class TestNeed:
+    """Only sessions that use the GPU now claim room or cause interrupts."""
+
+    @pytest.mark.parametrize(
+        ("rules", "interrupted", "admitted"),
+        [
+            (DEFAULT_RULES, [], []),  # a deep-in-a-tool pooled session claims nothing
+            (replace(DEFAULT_RULES, need=False), ["t"], [("pooled", "n0")]),
+        ],
+    )
+    def test_pooled_tool_session(
+        self, rules: TaoRules, interrupted: list[str], admitted: list[tuple[str, str]]
+    ) -> None:
+        s = snap(
+            {"n0": 0},
+            [cand("pooled", phase="acting", ready=0, eligible=("n0",))],
+            [tool("t", remaining_s=600.0)],
+        )
+        assert run(s, rules) == (interrupted, admitted)
+
+    def test_pending_request_is_needy(self) -> None:
+        s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", remaining_s=600.0)])
+        assert run(s, DEFAULT_RULES) == (["t"], [("w", "n0")])
+
+
+class TestHold:
+    """A session is released for the pool only when its tool will run long enough."""
+
+    @pytest.mark.parametrize(
+        ("remaining_s", "hold", "released"),
+        [
+            (0.5, True, []),  # a short tool: keep it
+            (600.0, True, ["t"]),  # a long one: release
+            (0.5, False, ["t"]),  # the ablation releases whatever the tool
+        ],
+    )
+    def test_threshold(self, remaining_s: float, hold: bool, released: list[str]) -> None:
+        rules = replace(DEFAULT_RULES, hold=hold)
+        s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", remaining_s=remaining_s)])
+        assert run(s, rules)[0] == released
+
+    def test_threshold_grows_with_context(self) -> None:
+        # 3 s left: above hold_s (2 s) but below 2 s + 0.1 s per 1,000 of 20,480 tokens
+        big = tool("big", weight=40 * Q, remaining_s=3.0)
+        s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [big])
+        assert run(s, DEFAULT_RULES)[0] == []
+
+
+class TestAging:
+    """A request that has waited ``starve_s`` is placed first (the opt-in ``tao-aging``)."""
+
+    def test_starving_placed_before_higher_credit(self) -> None:
+        rules = replace(DEFAULT_RULES, aging=True, starve_s=30.0)
+        old = cand("old", waiting_since=0.0, eligible=("n0",))
+        rich = cand("rich", credit={"n0": 4 * Q}, waiting_since=99.0, eligible=("n0",))
+        s = snap({"n0": 4 * Q}, [rich, old])
+        assert run(s, rules)[1] == [("old", "n0")]
+        assert run(s, replace(rules, aging=False))[1] == [("rich", "n0")]
+
+    def test_clearing_releases_and_blocks(self) -> None:
+        rules = replace(
+            DEFAULT_RULES, aging=True, starve_s=30.0, starve_clear=True, starve_block=True
+        )
+        old = cand("old", weight=8 * Q, waiting_since=0.0, eligible=("n0",))
+        other = cand("other", weight=Q, eligible=("n0",))
+        s = snap({"n0": 2 * Q}, [old, other], [tool("t", weight=2 * Q, ready=0, remaining_s=1.0)])
+        interrupted, admitted = run(s, rules)
+        assert interrupted == ["t"]  # the hold rule does not apply when clearing
+        assert admitted == []  # 4 of 8 quanta: the node is held for "old", "other" waits
+
+
+class TestStay:
+    """Among nodes of equal value, a session goes back to the node it last ran on."""
+
+    @pytest.mark.parametrize(("stay", "node"), [(True, "n1"), (False, "n0")])
+    def test_home(self, stay: bool, node: str) -> None:
+        rules = replace(DEFAULT_RULES, stay=stay)
+        s = snap({"n0": 16 * Q, "n1": 8 * Q}, [cand("a", home="n1")])
+        assert run(s, rules)[1] == [("a", node)]
+
+    def test_credit_beats_home(self) -> None:
+        s = snap({"n0": 8 * Q, "n1": 8 * Q}, [cand("a", home="n1", credit={"n0": 2 * Q})])
+        assert run(s, DEFAULT_RULES)[1] == [("a", "n0")]
+
+
+class TestSignals:
+    """The readiness ablation switches r off in the interrupt rule too."""
+
+    @pytest.mark.parametrize(("name", "released"), [("tao", []), ("tao-no-ready", ["t"])])
+    def test_ready_protection(self, name: str, released: list[str]) -> None:
+        s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", ready=1, remaining_s=600.0)])
+        d = decide(s, get_policy(name))
+        assert [m.session for m in d.interrupts] == released
+
+    def test_every_ablation_is_registered_with_its_rules(self) -> None:
+        for name, rules in ABLATIONS.items():
+            assert policy_rules(get_policy(name)) == rules
+        assert policy_rules(get_policy("tao")) == DEFAULT_RULES
+        assert policy_rules(get_policy("cache-aware")) == PAPER
+
+
+class TestGrowth:
+    """The reservation for the next turn follows the session's own growth."""
+
+    @pytest.mark.parametrize(
+        ("n", "mean", "m2", "rules", "expected"),
+        [
+            (0, 0.0, 0.0, DEFAULT_RULES, 512),  # no history: the default
+            (1, 900.0, 0.0, DEFAULT_RULES, 512),  # one observation is not a spread
+            (3, 900.0, 0.0, DEFAULT_RULES, 900),  # z = 0: the mean
+            (3, 900.0, 2 * 100.0**2, replace(DEFAULT_RULES, growth_z=2.0), 1100),
+            (3, 10.0, 0.0, DEFAULT_RULES, 256),  # the floor
+            (3, 1e6, 0.0, DEFAULT_RULES, 16_384),  # the cap
+            (3, 900.0, 0.0, PAPER, 512),  # rule off
+        ],
+    )
+    def test_reserve(self, n: int, mean: float, m2: float, rules: TaoRules, expected: int) -> None:
+        assert growth_reserve(n, mean, m2, 512, rules) == expected
+
+    def test_session_history_drives_the_weight(self) -> None:
+        s = Session("s")
+        totals = [1_000, 1_600, 2_400, 3_000]
+        for i, total in enumerate(totals):
+            s, _ = on_request(s, f"r{i}", float(i))
+            s = replace(s, node="n0")
+            s = on_response(s, float(i) + 0.5, total_tokens=total, reserve=512, rules=DEFAULT_RULES)
+        assert s.growth_n == 3 and s.growth_mean == pytest.approx(2_000 / 3)
+        assert s.weight == 3_000 + round(2_000 / 3)
+
+    @pytest.mark.parametrize(
+        ("end", "start", "now", "expected"),
+        [(10.0, 0.0, 4.0, 6.0), (10.0, 0.0, 15.0, 15.0), (10.0, 5.0, 10.0, 5.0)],
+    )
+    def test_expected_remaining(
+        self, end: float, start: float, now: float, expected: float
+    ) -> None:
+        assert expected_remaining(end, start, now) == expected

@@ -28,7 +28,7 @@ from shared.sim.workloads import BUILTIN, Task, generate_tasks, load_workload
 
 __all__ = ["DEFAULT_POLICIES", "add_sim_parser", "cmd_sim", "int_at_least", "positive_number"]
 
-DEFAULT_POLICIES = ("tao", "rr", "cache-aware", "kv-aware", "thunderagent")
+DEFAULT_POLICIES = ("tao", "rr", "cache-aware", "kv-aware", "thunderagent", "thunderagent-ideal")
 
 
 def _int_list(text: str) -> list[int]:

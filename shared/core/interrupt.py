@@ -82,9 +82,14 @@ def interrupt_key(c: InterruptCandidate) -> tuple[int, int, int, int, str]:
 
 
 def select_interrupts(
-    running: Sequence[InterruptCandidate], demand: int, free: int
+    running: Sequence[InterruptCandidate],
+    demand: int,
+    free: int,
+    *,
+    protect_ready: bool = True,
 ) -> InterruptDecision:
-    """Interrupt the least valuable non-ready sessions until ``demand - free`` is freed."""
+    """Interrupt the least valuable non-ready sessions until ``demand - free`` is freed
+    (``protect_ready=False``: whatever their readiness)."""
     seen: set[str] = set()
     for c in running:
         if c.id in seen:
@@ -93,15 +98,16 @@ def select_interrupts(
             raise ValueError(f"running[{c.id!r}].weight: must be >= 0, got {c.weight}")
         seen.add(c.id)
     deficit = max(0, demand - max(0, free))
-    protected = tuple(c.id for c in sorted(running, key=interrupt_key) if c.ready)
+    order = sorted(running, key=interrupt_key)
+    protected = tuple(c.id for c in order if c.ready) if protect_ready else ()
     chosen: list[str] = []
     per_node: dict[str, int] = {}
     freed = 0
     if deficit > 0:
-        for c in sorted(running, key=interrupt_key):
+        for c in order:
             if freed >= deficit:
                 break
-            if c.ready:
+            if c.ready and protect_ready:
                 continue
             chosen.append(c.id)
             freed += c.weight
@@ -120,19 +126,4 @@ def select_releases(running: Sequence[InterruptCandidate], need: int) -> Interru
     """Release sessions in ascending value order, *whatever their readiness*, until ``need``
     tokens are freed (the pay-back rule of :mod:`shared.core.rules`: an over-committed node
     must come back within capacity, or the engine preempts)."""
-    chosen: list[str] = []
-    per_node: dict[str, int] = {}
-    freed = 0
-    for c in sorted(running, key=interrupt_key):
-        if freed >= need:
-            break
-        chosen.append(c.id)
-        freed += c.weight
-        per_node[c.node] = per_node.get(c.node, 0) + c.weight
-    return InterruptDecision(
-        interrupt=tuple(chosen),
-        deficit=max(0, need),
-        freed=freed,
-        satisfied=freed >= need,
-        freed_per_node=per_node,
-    )
+    return select_interrupts(running, need, 0, protect_ready=False)

@@ -108,9 +108,10 @@ class ToolCall:
 class Session:
     """One agent task as the scheduler sees it (module docstring).
 
-    ``waiting_since`` is when the pending request began to wait for admission (``None`` when
-    no request waits); ``home`` the node the session was last admitted on (kept after a
-    release: where its prefix may still be). ``last_total`` is the context size of the last
+    ``waiting_since`` is when the pending request began to wait for admission (read only while
+    ``activity == "waiting"``); ``home`` the node that served its last response (kept after a
+    release: where its prefix may still be). Neither changes on :func:`admit`, so the store's
+    verify-and-apply script, which writes only the admission fields, stays its exact mirror. ``last_total`` is the context size of the last
     response and ``growth_*`` Welford's count, mean and sum of squared deviations of the
     per-turn growth between responses (the growth rule's history, :mod:`shared.core.rules`).
     """
@@ -183,7 +184,7 @@ def on_request(
         s,
         at,
         activity="running" if not waiting else "waiting",
-        waiting_since=(s.waiting_since if s.waiting_since is not None else at) if waiting else None,
+        waiting_since=(s.waiting_since if s.activity == "waiting" else at) if waiting else None,
         request_id=request_id,
         model=model if model is not None else s.model,
         gateway_id=gateway_id if gateway_id is not None else s.gateway_id,
@@ -243,6 +244,7 @@ def on_response(
         request_id=None,
         tool=tool,
         last_total=total,
+        home=s.node if s.node is not None else s.home,
         growth_n=n,
         growth_mean=mean,
         growth_m2=m2,
@@ -362,7 +364,7 @@ def admit(s: Session, node: str, weight: int, at: float) -> Session:
     """The planner admitted the session on ``node`` reserving ``weight`` tokens; a waiting
     request now runs there (a tool-running session stays in its tool: an early restart)."""
     activity: Activity = "running" if s.activity == "waiting" else s.activity
-    return _touch(s, at, node=node, weight=weight, activity=activity, waiting_since=None, home=node)
+    return _touch(s, at, node=node, weight=weight, activity=activity)
 
 
 def release(s: Session, at: float) -> Session:

@@ -111,9 +111,10 @@ class Session:
     ``waiting_since`` is when the pending request began to wait for admission (read only while
     ``activity == "waiting"``); ``home`` the node that served its last response (kept after a
     release: where its prefix may still be). Neither changes on :func:`admit`, so the store's
-    verify-and-apply script, which writes only the admission fields, stays its exact mirror. ``last_total`` is the context size of the last
-    response and ``growth_*`` Welford's count, mean and sum of squared deviations of the
-    per-turn growth between responses (the growth rule's history, :mod:`shared.core.rules`).
+    verify-and-apply script, which writes only the admission fields, stays its exact mirror.
+    ``last_total`` is the context size of the last response and ``growth_*`` Welford's count,
+    mean and sum of squared deviations of the per-turn growth between responses (the growth
+    rule's history, :mod:`shared.core.rules`).
     """
 
     id: str

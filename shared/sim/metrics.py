@@ -24,6 +24,11 @@
                            max(0, min(prompt, prev_ctx) − cached), where prev_ctx = the same
                            session's previous request's prompt + completion (0 for its first)
 ``recompute_share``        recomputed_tokens / Σ prompt tokens
+``node_moves``             requests served on another node than the session's previous one
+``interrupts_per_tool``    interrupts / tool calls (requests − tasks: every turn but the last
+                           ends in a tool)
+``plans_discarded``        plans the verify-and-apply step discarded (a named session changed
+                           while the plan was in flight; TAO pipeline only)
 ``requests``, ``tasks``    counts; ``completion_tokens`` Σ output tokens
 =========================  ===================================================================
 
@@ -65,6 +70,7 @@ __all__ = [
     "Paired",
     "compute_metrics",
     "mean",
+    "node_moves",
     "paired_relative",
     "pct",
     "recomputed_tokens",
@@ -94,6 +100,9 @@ METRICS: tuple[str, ...] = (
     "preemptions",
     "recomputed_tokens",
     "recompute_share",
+    "node_moves",
+    "interrupts_per_tool",
+    "plans_discarded",
     "requests",
     "tasks",
     "completion_tokens",
@@ -115,6 +124,9 @@ LOWER_IS_BETTER = frozenset(
         "preemptions",
         "recomputed_tokens",
         "recompute_share",
+        "node_moves",
+        "interrupts_per_tool",
+        "plans_discarded",
     }
 )
 HIGHER_IS_BETTER = frozenset({"decode_tps", "prefix_hit_rate"})
@@ -143,6 +155,18 @@ def recomputed_tokens(res: SimResult) -> int:
         total += max(0, min(r.prompt, ctx) - r.cached)
         prev[r.session] = r.prompt + r.completion
     return total
+
+
+def node_moves(res: SimResult) -> int:
+    """Requests served on another node than the same session's previous request (each one
+    prefills the whole context again unless the new node happens to hold it)."""
+    prev: dict[str, str] = {}
+    moves = 0
+    for r in sorted(res.requests, key=lambda r: (r.session, r.turn)):
+        last = prev.get(r.session)
+        moves += last is not None and last != r.node
+        prev[r.session] = r.node
+    return moves
 
 
 def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | None]:
@@ -188,6 +212,13 @@ def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | 
         "preemptions": res.preemptions,
         "recomputed_tokens": recomputed,
         "recompute_share": recomputed / prompt if prompt else None,
+        "node_moves": node_moves(res),
+        "interrupts_per_tool": (
+            res.counters.get("interrupts", 0) / tools
+            if (tools := len(reqs) - len(res.tasks))
+            else None
+        ),
+        "plans_discarded": res.counters.get("plans_discarded", 0),
         "requests": len(reqs),
         "tasks": len(res.tasks),
         "completion_tokens": out_tokens,

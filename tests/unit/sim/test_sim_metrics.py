@@ -9,6 +9,7 @@ import pytest
 from shared.sim.metrics import (
     compute_metrics,
     improvement,
+    node_moves,
     paired_relative,
     recomputed_tokens,
     t_quantile,
@@ -293,3 +294,32 @@ class TestPairedReport:
         assert (row.n, row.mean_pct, row.ci_low_pct, row.ci_high_pct) == (1, -10.0, None, None)
         line = next(ln for ln in comparison_table(runs).splitlines() if ln.startswith("tao vs rr"))
         assert line.split()[3:6] == ["1", "-10.0", "–"]  # seeds, latency (no ±), TTFT
+
+
+def _on(session: str, turn: int, node: str) -> RequestRecord:
+    return RequestRecord(session, turn, node, 0.0, 0.0, 0.0, 0.0, 10, 0, 1, None)
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected"),
+    [
+        pytest.param([_on("A", 0, "n0"), _on("A", 1, "n0")], 0, id="stays"),
+        pytest.param([_on("A", 0, "n0"), _on("A", 1, "n1"), _on("A", 2, "n0")], 2, id="back"),
+        # per session in turn order, whatever order the records came in
+        pytest.param(
+            [_on("B", 1, "n1"), _on("A", 1, "n1"), _on("B", 0, "n1"), _on("A", 0, "n0")],
+            1,
+            id="two-sessions",
+        ),
+    ],
+)
+def test_node_moves(requests: list[RequestRecord], expected: int) -> None:
+    """A request served on another node than the session's previous one is a move."""
+    res = SimResult(policy="tao", seed=0, workers=1, nodes=2, profile="qwen3-32b-tp2")
+    res.requests = requests
+    assert node_moves(res) == expected
+    m = compute_metrics(res, True)
+    assert m["node_moves"] == expected
+    # every request but each session's last ends in a tool: interrupts / tool calls
+    res.counters["interrupts"] = 3
+    assert compute_metrics(res, True)["interrupts_per_tool"] == pytest.approx(3 / len(requests))

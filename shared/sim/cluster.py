@@ -13,13 +13,10 @@ Three families, all calling the real core code (never a re-implementation):
   nothing. Each request is routed at once by the policy on a one-candidate problem whose nodes
   have their whole capacity free (so it always fits: the engine queues internally, as vLLM
   does); ``load`` is the node's in-flight prompt tokens, credit the prefix resident there.
-* **ThunderAgent** — ``thunderagent``: program-level admission with its own pause rules
-  (:mod:`shared.core.policies.thunderagent`). Every 5 s (``thunderagent_due``) ACTING programs
-  are paused smallest first on over-full backends and REASONING ones marked to pause when
-  their call ends (``thunderagent_pause``); programs waiting 1800 s are force-resumed
-  (``thunderagent_overdue``). Resume (the policy's greedy BFD on the pool) runs at each check and
-  also at once whenever a program waits or leaves a backend — at least as responsive as the
-  authors' loop, never less.
+* **ThunderAgent** — ``thunderagent`` and ``thunderagent-ideal``: the state machine of
+  :mod:`shared.core.thunder` (the one the live planner drives) in the request path, with its
+  periodic check every ``ta_interval_s`` and a timer per blocked request for the 1800 s forced
+  resume (:class:`ThunderAgentScheduler`).
 """
 
 from __future__ import annotations

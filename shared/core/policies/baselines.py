@@ -15,14 +15,8 @@ from shared.core.policies.cache_aware import CacheAwarePolicy, cache_aware
 from shared.core.policies.kv_aware import KvAwarePolicy, kv_aware, kv_cost
 from shared.core.policies.rr import RoundRobinPolicy, round_robin, round_robin_pointer
 from shared.core.policies.thunderagent import (
-    TABackend,
-    TAProgram,
     ThunderAgentPolicy,
     thunderagent,
-    thunderagent_due,
-    thunderagent_overdue,
-    thunderagent_pause,
-    thunderagent_remaining,
 )
 
 BASELINES: dict[str, Callable[[], Policy]] = {
@@ -39,8 +33,6 @@ __all__ = [
     "CacheAwarePolicy",
     "KvAwarePolicy",
     "RoundRobinPolicy",
-    "TABackend",
-    "TAProgram",
     "ThunderAgentPolicy",
     "cache_aware",
     "kv_aware",
@@ -48,8 +40,4 @@ __all__ = [
     "round_robin",
     "round_robin_pointer",
     "thunderagent",
-    "thunderagent_due",
-    "thunderagent_overdue",
-    "thunderagent_pause",
-    "thunderagent_remaining",
 ]

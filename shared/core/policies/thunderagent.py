@@ -23,28 +23,16 @@ session's tokens net of shared prefix plus the next-turn reserve, and it is the 
 currency every policy is judged by (one feasibility test for all), so ThunderAgent's buffer is
 not added a second time.
 
-Pause rules (services and the simulator run them; pure here for reuse): :func:`thunderagent_pause`,
-:func:`thunderagent_remaining`, :func:`thunderagent_overdue`, :func:`thunderagent_due`.
+This is the resume placement on a TAO ``Problem`` (``tao plan`` / ``tao compare`` run it beside
+the other policies). ThunderAgent as a scheduler — its periodic check, pause loop, marks,
+blocking requests and forced resume, on its own ``tokens + 100`` accounting — is the state
+machine of :mod:`shared.core.thunder`, which the simulator and the live planner drive.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Literal, NamedTuple
-
 from shared.core.policies.base import PlanOptions
 from shared.core.problem import Dense, Phase, PlanResult, Problem, densify, result_from_choice
-
-BUFFER_PER_PROGRAM = 100
-"""Tokens ThunderAgent reserves per active program for decode headroom."""
-
-SCHEDULER_INTERVAL_S = 5.0
-"""Seconds between ThunderAgent's periodic checks (``--scheduler-interval``)."""
-
-WAIT_TIMEOUT_S = 1800.0
-"""Seconds a paused program waits before ThunderAgent force-resumes it regardless of capacity."""
-
-DEFAULT_ACTING_WEIGHT = 1.0
 
 PHASE_RANK: dict[Phase, int] = {"reasoning": 0, "new": 1, "acting": 2}
 
@@ -118,108 +106,3 @@ class ThunderAgentPolicy:
             method=self.name,
             diagnostics={"selected": len(selected), "unplaced": unplaced, "skipped": skipped},
         )
-
-
-# --- pause rules ---------------------------------------------------------------------------
-
-
-class TAProgram(NamedTuple):
-    """A program admitted on a backend, as ThunderAgent tracks it.
-
-    ``tokens`` is the last response's ``usage.total_tokens``; ``acting_since`` the time it
-    entered ACTING (``None`` when unknown); ``marked`` says a REASONING program is already
-    marked to pause when its call ends.
-    """
-
-    id: str
-    state: Literal["reasoning", "acting"]
-    tokens: int
-    acting_since: float | None = None
-    marked: bool = False
-
-
-class TABackend(NamedTuple):
-    """A backend: ``capacity`` is its KV capacity in tokens net of shared prefix tokens
-    (ThunderAgent's ``total_tokens_capacity − shared_tokens``), before the listed programs."""
-
-    capacity: int
-    programs: Sequence[TAProgram]
-
-
-def program_weight(p: TAProgram, now: float, acting_weight: float, decay: bool) -> float:
-    """Weight of a program's tokens: 1 when REASONING; ``acting_weight`` when ACTING, or
-    ``2^−(seconds acting)`` with ``decay`` (``acting_weight`` when the start is unknown)."""
-    if p.state != "acting":
-        return 1.0
-    if decay and p.acting_since is not None:
-        return float(2.0 ** (-max(now - p.acting_since, 0.0)))
-    return acting_weight
-
-
-def thunderagent_remaining(
-    backend: TABackend,
-    now: float,
-    *,
-    acting_weight: float = DEFAULT_ACTING_WEIGHT,
-    decay: bool = False,
-) -> float:
-    """Remaining capacity: ``capacity − Σ (weight × tokens + 100)`` (may be negative)."""
-    used = sum(
-        program_weight(p, now, acting_weight, decay) * p.tokens + BUFFER_PER_PROGRAM
-        for p in backend.programs
-    )
-    return backend.capacity - used
-
-
-def thunderagent_pause(
-    backends: Sequence[TABackend],
-    now: float,
-    acting_weight: float = DEFAULT_ACTING_WEIGHT,
-    decay: bool = False,
-) -> list[str]:
-    """Program ids to pause, backend by backend (ThunderAgent's ``_pause_until_safe``).
-
-    On a backend with negative remaining capacity: ACTING programs, smallest first (ties in
-    input order), are paused now, each freeing ``weight × tokens + 100``, until the remaining
-    capacity is non-negative; if it is still negative, REASONING programs not yet marked,
-    smallest first, are returned to be *marked*: the caller pauses them when their call ends.
-    Marked programs (earlier ones included) count as releasing their tokens, ThunderAgent's
-    ``future_paused_tokens``, so marking stops as soon as that makes the backend safe. (The
-    source's loop re-tests ``remaining_capacity()``, which ignores marks and so marks every
-    REASONING program; DESIGN 3.5 and the wiki state the intent "only until safe", followed
-    here.) ThunderAgent pauses on the undecayed capacity, so ``decay`` defaults to false.
-    """
-    out: list[str] = []
-    for be in backends:
-        rem = thunderagent_remaining(be, now, acting_weight=acting_weight, decay=decay)
-        if rem >= 0:
-            continue
-        acting = sorted((p for p in be.programs if p.state == "acting"), key=lambda p: p.tokens)
-        for p in acting:
-            if rem >= 0:
-                break
-            rem += program_weight(p, now, acting_weight, decay) * p.tokens + BUFFER_PER_PROGRAM
-            out.append(p.id)
-        reasoning = [p for p in be.programs if p.state == "reasoning"]
-        rem += sum(p.tokens for p in reasoning if p.marked)
-        for p in sorted((p for p in reasoning if not p.marked), key=lambda p: p.tokens):
-            if rem >= 0:
-                break
-            rem += p.tokens
-            out.append(p.id)
-    return out
-
-
-def thunderagent_overdue(
-    waiting: Sequence[tuple[str, float]], now: float, timeout: float = WAIT_TIMEOUT_S
-) -> list[str]:
-    """Ids of paused programs (``(id, paused_at)``) that have waited ``timeout`` seconds or more;
-    ThunderAgent then resumes them regardless of capacity (DESIGN 3.5: waiting is force-ended)."""
-    return [pid for pid, since in waiting if now - since >= timeout]
-
-
-def thunderagent_due(
-    last_check: float | None, now: float, interval: float = SCHEDULER_INTERVAL_S
-) -> bool:
-    """True when the periodic check is due (never run, or ``interval`` seconds have passed)."""
-    return last_check is None or now - last_check >= interval

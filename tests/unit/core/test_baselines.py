@@ -14,8 +14,6 @@ from shared.core.policies.baselines import (
     CacheAwarePolicy,
     KvAwarePolicy,
     RoundRobinPolicy,
-    TABackend,
-    TAProgram,
     ThunderAgentPolicy,
     cache_aware,
     kv_aware,
@@ -23,10 +21,6 @@ from shared.core.policies.baselines import (
     round_robin,
     round_robin_pointer,
     thunderagent,
-    thunderagent_due,
-    thunderagent_overdue,
-    thunderagent_pause,
-    thunderagent_remaining,
 )
 from shared.core.policies.thunderagent import healthy_nodes, thunderagent_order
 from shared.core.problem import (
@@ -287,71 +281,6 @@ class TestThunderAgent:
         assert healthy_nodes(p) == [0]
         # Total 5: r1 (3) selected, r2 passed over (6 > 5), n (5) selected.
         assert thunderagent(densify(p), p) == [0, -1, 0]
-
-
-class TestThunderAgentPause:
-    """ThunderAgent pause rules: ACTING smallest first, then mark REASONING until safe."""
-
-    def test_pauses_acting_smallest_first_until_non_negative(self) -> None:
-        """Only as many ACTING programs as needed are paused, smallest first."""
-        be = TABackend(
-            1000,
-            (
-                TAProgram("a1", "acting", 300),
-                TAProgram("a2", "acting", 100),
-                TAProgram("r1", "reasoning", 400),
-            ),
-        )
-        assert thunderagent_remaining(be, 0.0) == -100
-        assert thunderagent_pause([be], 0.0) == ["a2"]
-
-    def test_marks_reasoning_when_acting_is_not_enough(self) -> None:
-        """After every ACTING program, REASONING ones are marked smallest first."""
-        be = TABackend(
-            300,
-            (
-                TAProgram("a1", "acting", 300),
-                TAProgram("a2", "acting", 100),
-                TAProgram("r1", "reasoning", 400),
-            ),
-        )
-        assert thunderagent_pause([be], 0.0) == ["a2", "a1", "r1"]
-
-    def test_marking_stops_once_safe_and_counts_earlier_marks(self) -> None:
-        """Marks stop when the marked tokens make the backend safe, earlier marks included."""
-        progs = [
-            TAProgram("r1", "reasoning", 400),
-            TAProgram("r2", "reasoning", 100),
-            TAProgram("r3", "reasoning", 250),
-        ]
-        assert thunderagent_pause([TABackend(700, tuple(progs))], 0.0) == ["r2", "r3"]
-        progs[1] = progs[1]._replace(marked=True)
-        assert thunderagent_pause([TABackend(700, tuple(progs))], 0.0) == ["r3"]
-
-    def test_acting_weight_and_decay(self) -> None:
-        """Acting tokens count with the acting weight, or 2^-(seconds acting) with decay."""
-        progs = (
-            TAProgram("a1", "acting", 400, acting_since=9.0),
-            TAProgram("r1", "reasoning", 300),
-        )
-        be = TABackend(750, progs)
-        assert thunderagent_pause([be], 10.0) == ["a1"]
-        assert thunderagent_pause([be], 10.0, acting_weight=0.5) == []
-        assert thunderagent_remaining(be, 10.0, decay=True) == 50
-        assert thunderagent_pause([be], 10.0, decay=True) == []
-
-    def test_backends_are_independent(self) -> None:
-        """A safe backend pauses nothing; each unsafe one is handled on its own."""
-        safe = TABackend(10_000, (TAProgram("s", "acting", 10),))
-        tight = TABackend(100, (TAProgram("t", "acting", 10),))
-        assert thunderagent_pause([safe, tight], 0.0) == ["t"]
-
-    def test_overdue_and_interval(self) -> None:
-        """Waiting is force-ended at 1800 s; the check runs every 5 s."""
-        assert thunderagent_overdue([("p", 0.0), ("q", 100.0)], 1800.0) == ["p"]
-        assert thunderagent_due(None, 0.0)
-        assert not thunderagent_due(10.0, 13.0)
-        assert thunderagent_due(10.0, 15.0)
 
 
 @st.composite

@@ -55,7 +55,7 @@ from shared.contracts.codec import encode
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
-from shared.core.tick import TickSnapshot, value_snapshot
+from shared.core.tick import Residency, TickSnapshot, value_snapshot
 from shared.core.valuation import ValuationParams
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import Settings
@@ -162,35 +162,21 @@ class Valuator:
         pool, residency = await reader.index("pool")
         views = await self.store.node_views()
         history = await self.store.history()
-        snap = value_snapshot(
-            pool,
-            views,
-            residency,
-            history,
-            now,
-            tick=self.tick,
-            params=self.params,
-            rules=self.rules,
-        )
+
+        def value(sessions: list[Session], res: Residency) -> TickSnapshot:
+            return value_snapshot(
+                sessions, views, res, history, now, tick=self.tick, params=self.params,
+                rules=self.rules,
+            )  # fmt: skip
+
+        snap = value(pool, residency)
         sessions = pool
         read_tool = self.thunderagent or interrupts_matter(snap)
         if read_tool:
             tool, tool_res = await reader.index("admitted_tool")
             in_pool = {s.id for s in pool}
             tool = [s for s in tool if s.id not in in_pool]  # moved between the two reads
-            snap = with_interrupts(
-                snap,
-                value_snapshot(
-                    tool,
-                    views,
-                    tool_res,
-                    history,
-                    now,
-                    tick=self.tick,
-                    params=self.params,
-                    rules=self.rules,
-                ),
-            )
+            snap = with_interrupts(snap, value(tool, tool_res))
             sessions = pool + tool
         stored = {s.id: s.probe_mark for s in sessions}
         marks = {sid: m for sid, m in snap.probe_marks.items() if stored.get(sid) != m}

@@ -11,8 +11,10 @@ What vLLM does, and this module repeats (vLLM ``vllm/distributed/kv_events.py``,
   process, ``payload`` ``msgpack(KVEventBatch)`` with ``data_parallel_rank`` filled in (0);
 * the last ``buffer_steps`` (10 000) ``(seq, payload)`` kept for replay; a ROUTER on
   ``replay_endpoint`` (always bound) takes ``[identity, b"", start_seq]`` and answers
-  ``[identity, b"", seq, payload]`` for every buffered batch with ``seq >= start_seq``, then
-  ``[identity, b"", -1 as eight 0xff bytes, b""]``; a request of another shape is ignored.
+  ``[identity, b"", topic, seq, payload]`` for every buffered batch with ``seq >= start_seq``,
+  then ``[identity, b"", b"", -1 as eight 0xff bytes, b""]``, as vLLM 0.32's
+  ``_service_replay`` does (older releases sent no topic frame; a subscriber reads both,
+  :func:`shared.contracts.frames.parse_replay_answer`); a request of another shape is ignored.
 
 Events (vLLM ``vllm/v1/core/block_pool.py``): ``BlockStored`` for the blocks of one request
 that became full together (``parent_block_hash`` ``None`` for a chain's first block, their
@@ -336,8 +338,10 @@ class KvPublisher:
             try:
                 for seq, payload in list(self._buffer):
                     if seq >= start:
-                        await router.send_multipart((client, b"", encode_seq(seq), payload))
-                await router.send_multipart((client, b"", _END_SEQ, b""))
+                        await router.send_multipart(
+                            (client, b"", self.topic, encode_seq(seq), payload)
+                        )
+                await router.send_multipart((client, b"", b"", _END_SEQ, b""))
             except zmq.ZMQError as exc:
                 _log.warning("kv_replay_send_failed", start=start, error=str(exc))
 

@@ -23,6 +23,7 @@ from .frames import (
     KVFrame,
     encode_seq,
     parse_kv_frames,
+    parse_replay_answer,
     parse_seq,
     replay_request,
 )
@@ -114,6 +115,7 @@ __all__ = [
     "encode_kv_batch",
     "encode_seq",
     "parse_kv_frames",
+    "parse_replay_answer",
     "parse_seq",
     "replay_request",
     "subjects",

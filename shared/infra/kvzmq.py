@@ -58,7 +58,12 @@ import zmq
 import zmq.asyncio
 
 from shared.contracts.errors import FrameError
-from shared.contracts.frames import REPLAY_END_SEQ, parse_seq, replay_request
+from shared.contracts.frames import (
+    REPLAY_END_SEQ,
+    parse_replay_answer,
+    parse_seq,
+    replay_request,
+)
 from shared.contracts.subjects import KV_SEQ_HEADER
 from shared.contracts.subjects import RECEIVED_AT_HEADER as KV_RECEIVED_AT_HEADER
 from shared.core.kvseq import SeqTracker
@@ -437,7 +442,7 @@ class KvFeed:
                     continue
                 if seq == REPLAY_END_SEQ:
                     return out, True, ""
-                out.append(KvMessage(self.node, seq, frames[2], received_at, True))
+                out.append(KvMessage(self.node, seq, frames[-1], received_at, True))
         except TimeoutError:
             self._drop_dealer()
             return out, False, f"request not taken within {self.replay_timeout_s:g} s"
@@ -446,19 +451,16 @@ class KvFeed:
             return out, False, f"socket error: {exc}"
 
     def _parse_replayed(self, frames: Sequence[bytes]) -> int | None:
-        if len(frames) != 3 or frames[0]:
-            self._bad(f"replay answer is not [b'', seq, payload] ({len(frames)} frames)")
-            return None
+        """The ``seq`` of one replay answer in either of vLLM's shapes
+        (:func:`~shared.contracts.frames.parse_replay_answer`), or ``None`` (counted) if bad."""
         try:
-            seq = parse_seq(frames[1])
+            _, seq, payload = parse_replay_answer(frames)
         except FrameError as exc:
             self._bad(f"replay: {exc.reason}")
             return None
         if seq == REPLAY_END_SEQ:
-            if frames[2]:
-                self._bad(f"replay end marker carries {len(frames[2])} payload bytes")
             return seq
-        if seq < 0 or not frames[2]:
+        if seq < 0 or not payload:
             self._bad(f"replay: bad message at seq {seq}")
             return None
         return seq

@@ -13,6 +13,7 @@ from shared.contracts import (
     KVFrame,
     encode_seq,
     parse_kv_frames,
+    parse_replay_answer,
     parse_seq,
     replay_request,
 )
@@ -72,9 +73,45 @@ class TestKVFrames:
         with pytest.raises(FrameError, match="carries 3 payload bytes"):
             parse_kv_frames([b"", b"\xff" * 8, b"abc"])
 
-    @pytest.mark.parametrize("count", [0, 2, 4])
+    def test_replay_answer_with_topic(self) -> None:
+        """vLLM 0.32's replay answer [b"", topic, seq, payload] parses like a live message,
+        and its end marker [b"", b"", -1, b""] is the end."""
+        frame = parse_kv_frames([b"", b"kv@node-a", encode_seq(7), PAYLOAD])
+        assert (frame.topic, frame.seq, frame.is_replay_end) == (b"kv@node-a", 7, False)
+        assert parse_kv_frames([b"", b"", b"\xff" * 8, b""]) == KVFrame(b"", REPLAY_END_SEQ, None)
+
+    @pytest.mark.parametrize(
+        ("frames", "expected"),
+        [
+            ([b"", b"t", encode_seq(3), b"p"], (b"t", 3, b"p")),  # vLLM 0.32
+            ([b"", encode_seq(3), b"p"], (b"", 3, b"p")),  # older vLLM
+            ([b"", b"", b"\xff" * 8, b""], (b"", REPLAY_END_SEQ, b"")),  # 0.32 end
+            ([b"", b"\xff" * 8, b""], (b"", REPLAY_END_SEQ, b"")),  # older end
+        ],
+    )
+    def test_replay_answer_shapes(self, frames: list[bytes], expected: tuple) -> None:
+        """Both replay shapes give (topic, seq, payload)."""
+        assert parse_replay_answer(frames) == expected
+
+    @pytest.mark.parametrize(
+        ("frames", "match"),
+        [
+            ([b"", encode_seq(3)], "got 2 frames"),
+            ([b""] * 5, "got 5 frames"),
+            ([b"x", encode_seq(3), b"p"], "first frame must be empty, got 1 bytes"),
+            ([b"x", b"t", encode_seq(3), b"p"], "first frame must be empty"),
+            ([b"", b"t", b"\x01", b"p"], "seq frame must be 8 bytes, got 1"),
+            ([b"", b"", b"\xff" * 8, b"zz"], "carries 2 payload bytes"),
+        ],
+    )
+    def test_bad_replay_answer(self, frames: list[bytes], match: str) -> None:
+        """A malformed replay answer is a FrameError that says what is wrong."""
+        with pytest.raises(FrameError, match=match):
+            parse_replay_answer(frames)
+
+    @pytest.mark.parametrize("count", [0, 2, 5])
     def test_wrong_frame_count(self, count: int) -> None:
-        """Anything but three frames is a FrameError."""
+        """Anything but three frames (or a four-frame replay answer) is a FrameError."""
         with pytest.raises(FrameError, match=f"got {count}"):
             parse_kv_frames([b""] * count)
 

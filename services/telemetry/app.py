@@ -3,7 +3,9 @@
 Every ``TAO_SCRAPE_S`` (default 1 s) it scrapes each node of ``TAO_NODES`` (``id=url,…``):
 capacity, usage, queue lengths and prefix-cache counters from ``/metrics``, models from
 ``/v1/models``; writes the node record and publishes ``NodeStatus`` on
-``tao.v1.node.status.<node>``. Residency comes from a :class:`ResidencySource`: by default
+``tao.v1.node.status.<node>``. A scrape that finds the engine restarted clears the node's
+residency (:mod:`services.telemetry.handlers`).
+Residency comes from a :class:`ResidencySource`: by default
 :class:`~services.telemetry.kvresidency.KvResidency` (vLLM KV events over ZMQ or bridged on
 NATS, walked against the sessions' block-key chains; usage-based observations where there are
 no KV events or no token ids). It also answers ``tao inspect node|prefix``
@@ -19,7 +21,7 @@ import anyio
 from structlog.typing import FilteringBoundLogger
 
 from services._common import store_from
-from services.telemetry.handlers import NodeScrapers
+from services.telemetry.handlers import NodeScrapers, RestartHook
 from services.telemetry.inspect import Inspector
 from services.telemetry.kvresidency import KvResidency
 from services.telemetry.residency import ResidencySource
@@ -53,11 +55,28 @@ async def run(
         if isinstance(source, KvResidency):
             tg.start_soon(source.run)
             await Inspector(source.index, store, settings.nodes).start(bus, name)
-        await _scrape_forever(settings, store, bus, fetch, log)
+        on_restart = (
+            source.engine_restarted if isinstance(source, KvResidency) else _clearer(store)
+        )
+        await _scrape_forever(settings, store, bus, fetch, log, on_restart)
+
+
+def _clearer(store: StateStore) -> RestartHook:
+    """The restart hook of a source without a KV-event index: drop the node's residency."""
+
+    async def clear(node: str, since: float | None, reason: str) -> None:
+        await store.clear_node_residency(node)
+
+    return clear
 
 
 async def _scrape_forever(
-    settings: Settings, store: StateStore, bus: MessageBus, fetch: Fetch, log: FilteringBoundLogger
+    settings: Settings,
+    store: StateStore,
+    bus: MessageBus,
+    fetch: Fetch,
+    log: FilteringBoundLogger,
+    on_restart: RestartHook,
 ) -> None:
     scrapers = NodeScrapers(
         nodes=settings.nodes,
@@ -67,6 +86,7 @@ async def _scrape_forever(
         log=log,
         target_utilisation=settings.target_utilisation,
         clock=time.time,
+        on_restart=on_restart,
     )
     period = settings.scrape_s
     while True:

@@ -5,24 +5,37 @@ every node is scraped concurrently, each with its own failure counter (:class:`N
 A failed scrape rewrites only health, failure count and time (capacity and models stay as last
 seen, for ``tao status``); the planner reads ``healthy`` and treats an unhealthy node as
 ineligible with no free capacity.
+
+**Engine restarts.** A good scrape whose engine start time (``process_start_time_seconds``)
+differs from the previous good scrape's, or whose prefix-cache counters went backwards, means
+the engine behind the node was restarted in between, with an empty cache. ``on_restart`` (the
+residency source's hook) is then called with the time of the previous good scrape before the
+node is written healthy again, so the planner never sees the old engine's prefixes on the new
+one. (An engine restarted without publishing a KV event since gives the KV-event index no
+``seq`` reset to notice.)
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
 from structlog.typing import FilteringBoundLogger
 
 from services.telemetry.scrape import Fetch, NodeHealth, ScrapeError, scrape_node
+from services.telemetry.vllm_metrics import VllmMetrics
 from shared.contracts.node import NodeStatus
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import NodeSpec
 from shared.infra.store_stats import prefix_hit_rate
 from shared.infra.store_types import NodeRecord, StateStore
 
-__all__ = ["NodeScrapers"]
+__all__ = ["NodeScrapers", "RestartHook"]
+
+RestartHook = Callable[[str, "float | None", str], Awaitable[object]]
+"""``(node, since, reason)``: the node's engine was restarted after ``since`` (the wall time of
+the last good scrape of the old one), for ``reason``."""
 
 
 def _status(rec: NodeRecord, ts: float) -> NodeStatus:
@@ -56,6 +69,30 @@ class NodeScrapers:
     clock: Callable[[], float]
     health: dict[str, NodeHealth] = field(default_factory=dict)
     counters: dict[str, tuple[int, int]] = field(default_factory=dict)
+    on_restart: RestartHook | None = None
+    starts: dict[str, float] = field(default_factory=dict)
+    last_ok: dict[str, float] = field(default_factory=dict)
+    restarts: dict[str, int] = field(default_factory=dict)
+
+    def restart_reason(self, node: str, m: VllmMetrics) -> str | None:
+        """Why the engine behind ``node`` is not the one its previous good scrape saw, or
+        ``None`` (also on the first scrape: nothing to compare). Call before
+        :meth:`window_hit_rate`, which moves the counters on."""
+        prev_start = self.starts.get(node)
+        if m.start_time is not None:
+            self.starts[node] = m.start_time
+            if prev_start is not None and m.start_time != prev_start:
+                return f"process start time {prev_start:.0f} -> {m.start_time:.0f}"
+        prev = self.counters.get(node)
+        queries, hits = m.prefix_cache_queries, m.prefix_cache_hits
+        if (
+            prev is not None
+            and queries is not None
+            and hits is not None
+            and (queries < prev[0] or hits < prev[1])
+        ):
+            return f"prefix-cache counters went back ({prev[0]} -> {queries} queries)"
+        return None
 
     def window_hit_rate(self, node: str, queries: int | None, hits: int | None) -> float | None:
         """Prefix-cache hit rate since the previous scrape of ``node`` (``None``: no queries in
@@ -107,6 +144,13 @@ class NodeScrapers:
             health.ok()
             m = res.metrics
             bad_lines = res.bad_lines
+            restarted = self.restart_reason(spec.id, m)
+            if restarted is not None:
+                self.restarts[spec.id] = self.restarts.get(spec.id, 0) + 1
+                self.log.warning("engine_restarted", node=spec.id, reason=restarted)
+                if self.on_restart is not None:
+                    await self.on_restart(spec.id, self.last_ok.get(spec.id), restarted)
+            self.last_ok[spec.id] = self.clock()
             hit_rate = self.window_hit_rate(spec.id, m.prefix_cache_queries, m.prefix_cache_hits)
             models = res.models if res.models is not None else (spec.model,) if spec.model else None
             capacity = spec.capacity_tokens or m.capacity_tokens  # the nodes file overrides

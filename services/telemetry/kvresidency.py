@@ -201,6 +201,7 @@ class KvResidency:
         self.counts: Counter[str] = Counter()
         self._paths: dict[str, tuple[str, float]] = {}
         self._zmq_last: dict[str, tuple[int, bytes]] = {}  # node -> last (seq, payload) from ZMQ
+        self._seq_restart_at: dict[str, float] = {}  # node -> receive time of its last seq reset
         self._wake = asyncio.Event()
         self._retry: list[tuple[str, str, int, float]] = []
         self._retry_cleared: list[str] = []
@@ -428,6 +429,7 @@ class KvResidency:
             )
         elif res.action == "restart":
             counts["restarts"] += 1
+            self._seq_restart_at[node] = received_at
             stats = self.index.stats(node)
             self.log.warning(
                 "kv_restart",
@@ -456,6 +458,30 @@ class KvResidency:
         if self.index.pending():
             self._wake.set()
         return res
+
+    async def engine_restarted(self, node: str, since: float | None, reason: str) -> bool:
+        """The scraper saw ``node``'s engine restarted after ``since`` (wall time of the last
+        scrape that saw the old engine; ``reason`` says how it knows). The new engine's cache is
+        empty, but a restarted engine that has not published yet sends no ``seq`` reset, so its
+        old blocks would stay in the index. Unless a batch numbered from the new engine already
+        reset the node after ``since``, clear it now and start a new incarnation (its next
+        batch, ``seq`` 0, is then read as the first of the new one); True if it was cleared."""
+        done = self._seq_restart_at.get(node)
+        if since is not None and done is not None and done >= since:
+            return False
+        self.index.clear(node, time.time(), restart=True)
+        self._zmq_last.pop(node, None)
+        self.counts["restarts_scraped"] += 1
+        stats = self.index.stats(node)
+        self.log.warning(
+            "kv_restart",
+            node=node,
+            path="metrics",
+            reason=reason,
+            incarnation=None if stats is None else stats.incarnation,
+        )
+        self._wake.set()
+        return True
 
     # --- writes -----------------------------------------------------------------------------
 

@@ -13,6 +13,10 @@ missing on some exporters). A data-parallel node exposes one series per engine (
 ``engine``): capacity, counts and counters are summed over series, the usage fraction is averaged
 weighted by each engine's blocks when known. ``num_gpu_blocks="None"`` (not yet profiled) means
 the capacity is unknown: :attr:`VllmMetrics.capacity_tokens` is then 0.
+
+``process_start_time_seconds`` (the Prometheus client's process collector, Unix seconds) is
+read as the engine's start time when the page has it: a change means the engine process was
+restarted, as does a prefix-cache counter that went backwards (Prometheus's counter-reset rule).
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ _HITS: Final = (
     "vllm:gpu_prefix_cache_hits",
 )
 _CONFIG: Final = "vllm:cache_config_info"
+_START: Final = ("process_start_time_seconds",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +63,7 @@ class VllmMetrics:
     prefix_cache_queries: int | None = None
     prefix_cache_hits: int | None = None
     model_names: tuple[str, ...] = ()
+    start_time: float | None = None
 
     @property
     def used_tokens(self) -> int:
@@ -131,4 +137,5 @@ def from_samples(samples: Iterable[Sample]) -> VllmMetrics:
         prefix_cache_queries=_sum_int(_first(by_name, _QUERIES)),
         prefix_cache_hits=_sum_int(_first(by_name, _HITS)),
         model_names=tuple(models),
+        start_time=max((s.value for s in _finite(_first(by_name, _START))), default=None),
     )

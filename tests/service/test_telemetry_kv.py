@@ -123,6 +123,46 @@ class TestBridgedPath:
         assert rig.kv.counts["restarts"] == 1
         await rig.bus.drain()
 
+    async def test_scraped_restart_clears_an_engine_that_never_published(self) -> None:
+        """An engine restarted without publishing since (the scraper saw it) has no seq reset
+        to notice: :meth:`KvResidency.engine_restarted` clears the node and starts a new
+        incarnation, and the new engine's first batch (seq 0) is the next, not another reset."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS])))
+        await rig.bridged("n1", 1, payload(stored([3], 2, TOKENS[2 * BS : 3 * BS])))
+        await rig.bridged("n2", 0, payload(stored([1], None, TOKENS[:BS])))
+        assert (await rig.settle())["s1"] == {"n1": (3 * BS, TS), "n2": (BS, TS)}
+        assert await rig.kv.engine_restarted("n1", TS + 5, "counters went back")
+        assert (await rig.settle())["s1"] == {"n2": (BS, TS)}
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and (stats.incarnation, stats.blocks) == (1, 0)
+        await rig.bridged("n1", 0, payload(stored([7], None, TOKENS[:BS]), ts=TS + 60), TS + 60)
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS + 60), "n2": (BS, TS)}
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and (stats.incarnation, stats.seq) == (1, 0)
+        assert (rig.kv.counts["restarts_scraped"], rig.kv.counts["restarts"]) == (1, 0)
+        await rig.bus.drain()
+
+    async def test_scraped_restart_after_a_seq_reset_keeps_the_new_engines_blocks(self) -> None:
+        """A batch of the new engine (seq reset) received after the old engine's last good
+        scrape already cleared the node: the scraper's report of the same restart clears
+        nothing more, so the new engine's blocks stay."""
+        rig = await Rig().start()
+        await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))
+        await rig.bridged("n1", 0, payload(stored([1, 2], None, TOKENS[: 2 * BS])), TS)
+        await rig.bridged("n1", 1, payload(stored([3], 2, TOKENS[2 * BS : 3 * BS])), TS)
+        await rig.bridged("n1", 0, payload(stored([5], None, TOKENS[:BS])), TS + 50)
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS + 50)}
+        assert not await rig.kv.engine_restarted("n1", TS + 10, "start time changed")
+        assert (await rig.settle())["s1"] == {"n1": (BS, TS + 50)}
+        stats = rig.kv.index.stats("n1")
+        assert stats is not None and stats.incarnation == 1
+        # A later restart (reported after that reset) clears again.
+        assert await rig.kv.engine_restarted("n1", TS + 60, "start time changed")
+        assert (await rig.settle())["s1"] == {}
+        await rig.bus.drain()
+
     async def test_all_blocks_cleared_drops_the_node(self) -> None:
         rig = await Rig().start()
         await rig.bus.publish_msg(response("s1", "n1", keys=KEYS))

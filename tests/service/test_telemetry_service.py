@@ -116,6 +116,50 @@ class TestNodeScrapes:
         rec = await store.get_node("n1")
         assert rec is not None and (rec.healthy, rec.failures) == (True, 0)
 
+    @pytest.mark.parametrize(
+        ("pages", "expected"),
+        [
+            # (start time, prefix queries, hits) per good scrape; None: a failed scrape
+            ([(50.0, 100, 40), None, None, (90.0, 300, 100)], [("n1", 100.0, "start time")]),
+            ([(50.0, 100, 40), (51.0, 101, 41)], [("n1", 100.0, "start time")]),
+            ([(None, 100, 40), None, (None, 0, 0)], [("n1", 100.0, "counters went back")]),
+            ([(None, 100, 40), (None, 100, 10)], [("n1", 100.0, "counters went back")]),
+            ([(50.0, 100, 40), None, (50.0, 120, 50)], []),  # the same engine came back
+            ([(None, 100, 40), (None, 200, 90)], []),
+            ([(None, None, None), (None, None, None)], []),  # nothing to compare
+            ([None, (None, 0, 0)], []),  # first good scrape
+        ],
+    )
+    async def test_engine_restart_is_reported(
+        self, pages: list[tuple[float | None, int | None, int | None] | None], expected: list
+    ) -> None:
+        """A good scrape whose engine start time changed, or whose prefix-cache counters went
+        back, reports the restart to the hook with the last good scrape's time, before the
+        node is written healthy; the same engine back after failed scrapes is no restart."""
+        store, bus, fetch = FakeStore(), FakeBus(), StubFetch()
+        calls: list[tuple[str, float | None, str, bool | None]] = []
+        sc = scrapers(store, bus, fetch)
+
+        async def hook(node: str, since: float | None, reason: str) -> None:
+            rec = await store.get_node(node)
+            calls.append((node, since, reason, None if rec is None else rec.healthy))
+
+        sc.on_restart = hook
+        for page in pages:
+            fetch.down = page is None
+            if page is not None:
+                start, queries, hits = page
+                extra = "" if start is None else f"process_start_time_seconds {start}\n"
+                if queries is not None:
+                    extra += f"vllm:prefix_cache_queries_total {queries}\n"
+                    extra += f"vllm:prefix_cache_hits_total {hits}\n"
+                fetch.pages["http://n1/metrics"] = (PAGE + extra).encode()
+            await sc.scrape_all()
+        got = [(node, since, reason.split()[0], healthy) for node, since, reason, healthy in calls]
+        first_word = {"start time": "process", "counters went back": "prefix-cache"}
+        assert got == [(node, since, first_word[why], True) for node, since, why in expected]
+        assert sc.restarts.get("n1", 0) == len(expected)
+
     async def test_never_scraped_node_is_unhealthy(self) -> None:
         """A node whose first scrape fails is written unhealthy."""
         store, bus, fetch = FakeStore(), FakeBus(), StubFetch()

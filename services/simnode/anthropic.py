@@ -2,9 +2,11 @@
 
 Like vLLM (vllm/entrypoints/anthropic/serving.py), the node turns the Anthropic request into
 chat messages and runs it as a chat completion: ``system`` (a string or text blocks) becomes a
-system message; a message's text blocks its content; ``tool_use`` blocks the assistant's
-``tool_calls`` (arguments = the ``input`` object as compact JSON, key order kept, as the node
-writes a scripted call's arguments); each ``tool_result`` block a ``tool`` message, placed
+system message, and so does a ``role: "system"`` entry of ``messages`` (Claude Code 2.1.197
+sends one, with the beta ``mid-conversation-system-2026-04-07``: tests/harness); a message's
+text blocks its content; ``tool_use`` blocks the assistant's ``tool_calls`` (arguments = the
+``input`` object as compact JSON, key order kept, as the node writes a scripted call's
+arguments); each ``tool_result`` block a ``tool`` message, placed
 before the rest of its user message; image and thinking blocks are ignored. So the ids of
 turn N's prompt and output are a token prefix of turn N+1's prompt, as for chat.
 
@@ -62,9 +64,14 @@ def chat_messages(body: Mapping[str, Any]) -> list[dict[str, Any]]:
         raise TemplateError("messages: required non-empty list")
     for i, msg in enumerate(messages):
         where = f"messages[{i}]"
-        if not isinstance(msg, Mapping) or msg.get("role") not in ("user", "assistant"):
-            raise TemplateError(f"{where}: must be an object with role 'user' or 'assistant'")
+        if not isinstance(msg, Mapping) or msg.get("role") not in ("user", "assistant", "system"):
+            raise TemplateError(
+                f"{where}: must be an object with role 'user', 'assistant' or 'system'"
+            )
         content = msg.get("content")
+        if msg["role"] == "system":  # Claude Code's mid-conversation system message
+            out.append({"role": "system", "content": _text_of(content, f"{where}.content")})
+            continue
         if isinstance(content, str):
             out.append({"role": msg["role"], "content": content})
             continue

@@ -24,6 +24,21 @@ Rules (derivations in docs/evaluation.md, "TAO's rules"):
     is at least ``hold_s`` plus ``hold_per_ktoken_s`` per thousand tokens of its context (the
     longer its context, the more a release that evicts its prefix costs in recompute). A call
     that has run past its prediction is expected to run as long again as it has so far.
+``evict`` (off in ``tao``: the ``tao-evict`` variant, which replaces ``hold``)
+    A tool-running session is released for the pool only when the room is worth more than the
+    release is expected to cost, from the node's eviction pressure (:func:`release_cost_s`).
+    The room serves a needy session for the tool's expected remaining time ``R``: the gain is
+    ``R`` seconds. Released, the session's prefix is no longer covered by a reservation, and the
+    room it leaves is taken by the pool (the demand step releases only when the pool's demand
+    exceeds every node's free room, so the free room is taken too); what the engine can keep of
+    the prefix is the cache that no reservation can claim, ``slack = capacity − reserved −
+    free`` on its node, so the tail ``E = max(0, tokens − slack)`` is expected evicted before
+    the tool returns (the engine evicts a sequence's tail first). Its recompute
+    takes ``E·(b + f·(tokens − E + E/2))`` seconds of prefill (the engine's step-time model,
+    :mod:`shared.core.engine.profiles`), and delays the session and every request running on
+    the node meanwhile: ``cost = (1 + running)·recompute + requeue``. Release iff
+    ``R > cost``. With nothing evicted a release costs one control-loop round trip; on a node
+    whose reservations claim the whole cache it costs the full recompute, times the batch.
 ``growth``
     The reservation for a session's next turn is its predicted growth — the mean per-turn growth
     of its context plus ``growth_z`` standard deviations (a one-sided bound), from its own
@@ -56,6 +71,8 @@ __all__ = [
     "TaoRules",
     "expected_remaining",
     "growth_reserve",
+    "release_cost_s",
+    "release_worth",
 ]
 
 
@@ -76,6 +93,7 @@ class TaoRules:
     growth: bool = True
     aging: bool = False
     stay: bool = True
+    evict: bool = False
     hold_s: float = 2.0
     hold_per_ktoken_s: float = 0.1
     growth_z: float = 0.0
@@ -84,6 +102,15 @@ class TaoRules:
     starve_s: float = 300.0
     starve_clear: bool = False
     starve_block: bool = False
+    evict_prefill_s: float = 50e-6
+    """Seconds of prefill per recomputed token: ``prefill_b`` of the default engine profile
+    (qwen3-32b-tp2: 2·32.8 GFLOP / (2·989 TFLOPS · 0.66 MFU)); deepseek-4xh100's is 26.5 µs."""
+    evict_attn_s: float = 2.3e-9
+    """Seconds per (recomputed token, context token) pair: the default profile's ``prefill_f``
+    (deepseek-4xh100's is 2.7 ns)."""
+    evict_requeue_s: float = 0.014
+    """The control loop's round trip for the re-admission when the tool returns: debounce, hop,
+    value, solve, apply and forward of :class:`shared.sim.des.ControlLatency` (≈ 13.8 ms)."""
 
 
 DEFAULT_RULES: Final = TaoRules()
@@ -106,9 +133,11 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-aging": replace(DEFAULT_RULES, aging=True),
     "tao-no-stay": replace(DEFAULT_RULES, stay=False),
     "tao-paper": PAPER,
+    "tao-evict": replace(DEFAULT_RULES, hold=False, evict=True),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
-``tao-paper``, which switches off every rule)."""
+``tao-paper``, which switches off every rule, and ``tao-evict``, which replaces the hold rule's
+fixed threshold by the eviction-aware release cost)."""
 
 
 def growth_reserve(n: int, mean: float, m2: float, default: int, rules: TaoRules) -> int:
@@ -128,3 +157,21 @@ def expected_remaining(predicted_end: float, started_at: float, now: float) -> f
     if now < predicted_end:
         return predicted_end - now
     return max(0.0, now - started_at)
+
+
+def release_cost_s(tokens: int, slack: int, running: int, rules: TaoRules) -> float:
+    """Expected seconds a release of a ``tokens``-long session costs (the ``evict`` rule):
+    the recompute of the tail that the node's unclaimable cache ``slack`` (capacity − reserved −
+    free tokens) cannot keep, times the ``1 + running`` requests it delays, plus the re-queue."""
+    evicted = min(max(0, tokens), max(0, tokens - max(0, slack)))
+    kept = max(0, tokens) - evicted
+    recompute = evicted * (rules.evict_prefill_s + rules.evict_attn_s * (kept + evicted / 2))
+    return (1 + max(0, running)) * recompute + rules.evict_requeue_s
+
+
+def release_worth(
+    remaining_s: float, tokens: int, slack: int, running: int, rules: TaoRules
+) -> bool:
+    """Whether the room of a tool-running session is worth more than releasing it costs:
+    the tool's expected remaining seconds exceed :func:`release_cost_s` (always, when unknown)."""
+    return remaining_s > release_cost_s(tokens, slack, running, rules)

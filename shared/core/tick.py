@@ -31,7 +31,13 @@ from shared.core.policies.base import PlanOptions, Policy
 from shared.core.predictor import History, predict_end
 from shared.core.problem import Candidate, Node, Phase, PlanResult, Problem
 from shared.core.readiness import ReadinessState, readiness
-from shared.core.rules import PAPER, TaoRules, expected_remaining, growth_reserve
+from shared.core.rules import (
+    PAPER,
+    TaoRules,
+    expected_remaining,
+    growth_reserve,
+    release_worth,
+)
 from shared.core.session import Session, admit, release
 from shared.core.signature import eligibility_digest
 from shared.core.valuation import (
@@ -55,6 +61,7 @@ __all__ = [
     "live_free",
     "needs_gpu",
     "policy_rules",
+    "releasable",
     "usable_capacity",
     "value_snapshot",
 ]
@@ -95,6 +102,8 @@ class TickSnapshot:
     can end up over-committed without any admission doing it); ``interrupts`` are admitted
     sessions in a tool with their value on their node.
     ``probe_marks`` are the readiness probe marks the caller persists (DESIGN 3.1 rule 2).
+    ``capacity`` (KV tokens) and ``running`` (requests on the engine) per node are what the
+    ``evict`` rule reads of a node's eviction pressure (absent: no unclaimed cache, no batch).
     """
 
     tick: int
@@ -106,6 +115,8 @@ class TickSnapshot:
     versions: Mapping[str, int] = field(default_factory=dict)
     probe_marks: Mapping[str, float | None] = field(default_factory=dict)
     overflow: Mapping[str, int] = field(default_factory=dict)
+    capacity: Mapping[str, int] = field(default_factory=dict)
+    running: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -256,6 +267,8 @@ def value_snapshot(
         versions=versions,
         probe_marks=marks,
         overflow=overflow,
+        capacity={nv.id: nv.capacity_tokens for nv in nodes if nv.capacity_tokens > 0},
+        running={nv.id: nv.running for nv in nodes if nv.running > 0},
     )
 
 
@@ -303,6 +316,23 @@ def hold_threshold(ic: InterruptCandidate, rules: TaoRules) -> float:
     return rules.hold_s + rules.hold_per_ktoken_s * ic.tokens / 1000.0
 
 
+def releasable(ic: InterruptCandidate, snapshot: TickSnapshot, rules: TaoRules) -> bool:
+    """Whether the demand step may release ``ic``: with ``evict`` when its room is worth the
+    release's expected cost on its node (:func:`shared.core.rules.release_worth`; the cache no
+    reservation can claim is ``capacity − reserved − free``, since the demand step releases
+    only when the pool's demand exceeds every node's free room, which it then fills), else with
+    ``hold`` when its tool will run :func:`hold_threshold` longer, else always."""
+    if rules.evict:
+        nd = next((nd for nd in snapshot.nodes if nd.id == ic.node), None)
+        claimed = 0 if nd is None else nd.load + nd.free  # the pool takes the free room too
+        slack = snapshot.capacity.get(ic.node, 0) - claimed
+        running = snapshot.running.get(ic.node, 0)
+        return release_worth(ic.remaining_s, ic.tokens, slack, running, rules)
+    if rules.hold:
+        return ic.remaining_s >= hold_threshold(ic, rules)
+    return True
+
+
 def decide(
     snapshot: TickSnapshot,
     policy: Policy,
@@ -322,7 +352,8 @@ def decide(
     3. *Demand*: while the pool's demand exceeds the free room, tool-running sessions are
        released lowest value first (``r = 1`` protected). With ``need`` only sessions that will
        use the GPU now count as demand and only they are placed; with ``hold`` a session is
-       released only when its tool is expected to run at least :func:`hold_threshold` longer.
+       released only when its tool is expected to run at least :func:`hold_threshold` longer;
+       with ``evict`` instead only when its room is worth the release (:func:`releasable`).
     4. The policy places the pool on the free room; with ``stay`` an admitted session goes to
        its last node instead of a node of equal value when the room there allows.
     """
@@ -400,9 +431,7 @@ def decide(
         rest = [
             c
             for c in snapshot.interrupts
-            if c.id not in chosen
-            and c.node not in blocked
-            and (not rules.hold or c.remaining_s >= hold_threshold(c, rules))
+            if c.id not in chosen and c.node not in blocked and releasable(c, snapshot, rules)
         ]
         second = select_interrupts(
             rest, demand, sum(v for b, v in free.items() if b not in blocked)

@@ -121,7 +121,8 @@ def eligible(
 
 @dataclass(frozen=True, slots=True)
 class NodeView:
-    """A node as the store sees it: ``reserved`` = Σ weights of sessions admitted on it."""
+    """A node as the store sees it: ``reserved`` = Σ weights of sessions admitted on it;
+    ``running`` the requests its engine runs (telemetry's ``vllm:num_requests_running``)."""
 
     id: str
     capacity_tokens: int
@@ -129,6 +130,7 @@ class NodeView:
     reserved: int = 0
     healthy: bool = True
     models: frozenset[str] | None = None
+    running: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,6 +79,7 @@ class _Base:
                 capacity_tokens=sim.profile.kv_tokens,
                 target_utilisation=sim.config.target_utilisation,
                 reserved=reserved[n],
+                running=sim.engines[n].running,
             )
             for n in sim.node_ids
         ]

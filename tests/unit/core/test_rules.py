@@ -18,6 +18,8 @@ from shared.core.rules import (
     TaoRules,
     expected_remaining,
     growth_reserve,
+    release_cost_s,
+    release_worth,
 )
 from shared.core.session import Session, on_request, on_response
 from shared.core.tick import TickCandidate, TickSnapshot, decide, policy_rules
@@ -158,6 +160,85 @@ class TestHold:
         big = tool("big", weight=40 * Q, remaining_s=3.0)
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [big])
         assert run(s, DEFAULT_RULES)[0] == []
+
+
+EVICT = ABLATIONS["tao-evict"]
+K = 20_480  # a 20k-token context (40 quanta)
+
+
+class TestEvict:
+    """``tao-evict``: a session is released only when its room is worth more than the
+    recompute of the prefix the node's unclaimed cache cannot keep, times the batch it delays.
+    """
+
+    @pytest.mark.parametrize(
+        ("tokens", "slack", "running", "expected"),
+        [
+            (K, K, 8, 0.014),  # the whole prefix fits in unclaimed cache: the round trip only
+            (K, 10 * K, 0, 0.014),
+            # none fits, nobody else on the node: 20,480·(50 µs + 2.3 ns·10,240) + 0.014
+            (K, 0, 0, K * (50e-6 + 2.3e-9 * K / 2) + 0.014),
+            (K, -5_000, 0, K * (50e-6 + 2.3e-9 * K / 2) + 0.014),  # over-committed: all of it
+            # four running requests are delayed by the same recompute
+            (K, 0, 4, 5 * K * (50e-6 + 2.3e-9 * K / 2) + 0.014),
+            # half fits: the evicted tail attends to the kept half
+            (K, K // 2, 0, K // 2 * (50e-6 + 2.3e-9 * (K // 2 + K // 4)) + 0.014),
+            (0, 0, 3, 0.014),
+        ],
+    )
+    def test_cost(self, tokens: int, slack: int, running: int, expected: float) -> None:
+        assert release_cost_s(tokens, slack, running, EVICT) == pytest.approx(expected)
+
+    @pytest.mark.parametrize(
+        ("remaining_s", "slack", "running", "worth"),
+        [
+            (0.5, K, 0, True),  # prefix safe: even a short tool frees its room
+            (0.5, 0, 0, False),  # prefix lost: 1.5 s of recompute for 0.5 s of room
+            (3.0, 0, 0, True),  # 3 s of room beats 1.5 s of recompute
+            (3.0, 0, 4, False),  # ...not when it also delays four running requests (7.4 s)
+            (600.0, 0, 16, True),
+            (math.inf, 0, 16, True),  # no prediction: as the hold rule, release
+            (0.0, K, 0, False),  # the tool has ended: never
+        ],
+    )
+    def test_worth(self, remaining_s: float, slack: int, running: int, worth: bool) -> None:
+        assert release_worth(remaining_s, K, slack, running, EVICT) is worth
+
+    @pytest.mark.parametrize(
+        ("rules", "remaining_s", "load", "running", "released"),
+        [
+            (EVICT, 0.5, 100_000 - K, 0, ["t"]),  # unclaimed cache keeps the prefix
+            (EVICT, 0.5, 100_000, 0, []),  # the node's cache is claimed: keep it
+            (EVICT, 3.0, 100_000, 0, ["t"]),
+            (EVICT, 3.0, 100_000, 4, []),  # a busy node: the recompute delays the batch
+            (EVICT, 600.0, 100_000, 4, ["t"]),
+            (DEFAULT_RULES, 0.5, 100_000 - K, 0, []),  # the hold rule: fixed 2 s + 2 s
+            (DEFAULT_RULES, 3.0, 100_000, 4, []),
+            (DEFAULT_RULES, 600.0, 100_000, 4, ["t"]),
+        ],
+    )
+    def test_decide(
+        self, rules: TaoRules, remaining_s: float, load: int, running: int, released: list[str]
+    ) -> None:
+        s = snap(
+            {"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", weight=K, remaining_s=remaining_s)]
+        )
+        s = replace(
+            s,
+            nodes=(Node("n0", 0, load),),
+            capacity={"n0": 100_000},
+            running={"n0": running} if running else {},
+        )
+        assert run(s, rules)[0] == released
+
+    def test_no_capacity_reads_as_claimed(self) -> None:
+        # a snapshot without the node facts: the whole prefix is assumed lost
+        s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", weight=K, remaining_s=1.0)])
+        assert run(s, EVICT)[0] == []
+
+    def test_variant_replaces_the_hold(self) -> None:
+        assert replace(DEFAULT_RULES, hold=False, evict=True) == EVICT
+        assert not DEFAULT_RULES.evict
 
 
 class TestAging:

@@ -4,7 +4,9 @@ The valuation service values the pool with :func:`shared.core.tick.value_snapsho
 :func:`to_wire` of it; the planner decodes the message and turns it back with :func:`from_wire`
 before calling :func:`shared.core.tick.decide`. Field by field:
 
-    TickSnapshot.nodes (Node id, free, load)   ↔ NodeView(id, free, load, capacity, healthy)
+    TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
+                                               ↔ NodeView(id, free, load, capacity, healthy,
+                                                  overflow, running)
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
                   waiting_since, home)
                                                ↔ Candidate(..., signature=Signature(id,
@@ -15,9 +17,10 @@ before calling :func:`shared.core.tick.decide`. Field by field:
                                                   version)); the list only under thunderagent
 
 What the wire does not carry comes back empty: ``probe_marks`` (the valuation service persists
-them itself) and each candidate's readiness ``rule`` (a log field). ``capacity`` and ``healthy``
-come from the core ``NodeView`` s the snapshot was valued on and are informational for the
-planner (an unhealthy node already has ``free == 0`` and is in no candidate's eligible set).
+them itself) and each candidate's readiness ``rule`` (a log field). ``healthy`` comes from the
+core ``NodeView`` s the snapshot was valued on and is informational for the planner (an
+unhealthy node already has ``free == 0`` and is in no candidate's eligible set); ``capacity``
+and ``running`` are read by the ``evict`` release rule.
 """
 
 from __future__ import annotations
@@ -63,9 +66,10 @@ def to_wire(
                 id=nd.id,
                 free=nd.free,
                 load=nd.load,
-                capacity=v.capacity_tokens if v is not None else 0,
+                capacity=v.capacity_tokens if v is not None else snapshot.capacity.get(nd.id, 0),
                 healthy=v.healthy if v is not None else True,
                 overflow=snapshot.overflow.get(nd.id, 0),
+                running=snapshot.running.get(nd.id, 0),
             )
         )
     cands = [
@@ -200,4 +204,6 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
         interrupts=tuple(inter),
         versions=versions,
         overflow={nd.id: nd.overflow for nd in msg.nodes if nd.overflow > 0},
+        capacity={nd.id: nd.capacity for nd in msg.nodes if nd.capacity > 0},
+        running={nd.id: nd.running for nd in msg.nodes if nd.running > 0},
     )

@@ -35,7 +35,9 @@ class NodeView(Record, frozen=True, kw_only=True):
     KV capacity. Unhealthy nodes stay listed so that the reason a candidate is ineligible shows.
     ``overflow`` is how far the admitted reservations, grown with their sessions' context since
     admission, exceed capacity × target (0 when they fit): the planner releases tool-running
-    sessions there first.
+    sessions there first. ``running`` is the requests the node's engine runs (telemetry's
+    ``vllm:num_requests_running``); with ``capacity − load − free`` it is the eviction pressure
+    that the ``tao-evict`` release rule weighs.
     """
 
     id: str
@@ -44,6 +46,7 @@ class NodeView(Record, frozen=True, kw_only=True):
     capacity: int = 0
     healthy: bool = True
     overflow: int = 0
+    running: int = 0
 
 
 class Signature(Record, frozen=True, kw_only=True):

@@ -131,6 +131,7 @@ class NodeRecord:
             reserved=self.reserved,
             healthy=self.healthy,
             models=self.models,
+            running=self.running,
         )
 
 

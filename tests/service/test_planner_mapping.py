@@ -62,6 +62,18 @@ class TestMapping:
             ("n2", 50_000, False, 0),
         ]
 
+    def test_nodes_carry_eviction_pressure(self) -> None:
+        """Each node's KV capacity and running requests (the ``evict`` rule's inputs) survive
+        the wire."""
+        snap, views = _snapshot()
+        views = [replace(views[0], running=3), views[1]]
+        snap = replace(snap, running={"n1": 3})
+        wire = to_wire(snap, views)
+        assert [(n.id, n.running) for n in wire.nodes] == [("n1", 3), ("n2", 0)]
+        back = from_wire(codec.decode(codec.encode(wire), ValuationSnapshot))
+        assert back.capacity == {"n1": 100_000, "n2": 50_000}
+        assert back.running == {"n1": 3}
+
     def test_signatures_carry_version_and_digest(self) -> None:
         """Each candidate's signature holds its version and eligibility digest."""
         snap, views = _snapshot()

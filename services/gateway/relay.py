@@ -427,7 +427,7 @@ class Relay:
     ) -> asyncio.Task[bool]:
         stats = done.stats
         block_size = self.nodes.block_size(done.node_id) if stats.prompt_ids else None
-        keys = block_keys_of(stats.prompt_ids, stats.output_ids, block_size)
+        keys = block_keys_of(stats.prompt_ids, block_size)
         msgs: list[Message] = [
             SessionResponse(
                 session_id=session_id,

@@ -88,7 +88,8 @@ def data_chunks(raw: bytes) -> list[dict[str, Any]]:
 
 class TestKeysFromSimNode:
     async def test_chat_keys_equal_chain_of_the_nodes_tokens(self, sim: Env) -> None:
-        """Non-streaming chat: keys over the node's prompt + output ids; the client sees none."""
+        """Non-streaming chat: keys over the node's prompt ids (the reply is rendered again in
+        the next prompt, so its blocks are not credited); the client sees no ids."""
         await sim.describe_node()
         body = {"model": "tao-sim", "messages": MESSAGES, "max_tokens": 21}
         resp = await sim.post("/v1/chat/completions", body)
@@ -100,12 +101,13 @@ class TestKeysFromSimNode:
         prompt = tok.render_messages(MESSAGES)
         done = await sim.last_report()
         assert done.block_size == BLOCK and done.error is None
-        assert done.block_keys == chain_keys(prompt + output, BLOCK)
-        assert len(done.block_keys) == (len(prompt) + 21) // BLOCK > 0
+        assert len(output) == 21
+        assert done.block_keys == chain_keys(prompt, BLOCK)
+        assert len(done.block_keys) == len(prompt) // BLOCK > 0
         assert done.usage.prompt_tokens == len(prompt)
 
     async def test_streamed_tool_call_keys_and_clean_stream(self, sim: Env) -> None:
-        """Streaming chat with a tool call: the keys cover the call's ids; the client's stream
+        """Streaming chat with a tool call: the keys cover the prompt; the client's stream
         carries no id fields and still parses into the same text and call."""
         await sim.describe_node()
         script = {"output_tokens": 40, "tool_call": {"name": "bash", "arguments": {"cmd": "ls"}}}
@@ -118,7 +120,7 @@ class TestKeysFromSimNode:
         assert len(output) == 40
         done = await sim.last_report()
         assert done.finish_reason == "tool_calls" and [c.name for c in done.tool_calls] == ["bash"]
-        assert done.block_keys == chain_keys(tok.render_messages(MESSAGES) + output, BLOCK)
+        assert done.block_keys == chain_keys(tok.render_messages(MESSAGES), BLOCK)
 
     async def test_client_that_asked_gets_the_ids(self, sim: Env) -> None:
         """A client sending return_token_ids itself sees the node's ids, stream and not."""
@@ -136,10 +138,10 @@ class TestKeysFromSimNode:
         streamed = [t for c in chunks for ch in c["choices"] for t in ch.get("token_ids", [])]
         assert len(streamed) == 5
         done = await sim.last_report()
-        assert done.block_keys == chain_keys(prompt + streamed, BLOCK)
+        assert done.block_keys == chain_keys(prompt, BLOCK)
 
     async def test_completions_keys(self, sim: Env) -> None:
-        """Completions carry both id lists on the choice; keys cover them."""
+        """Completions carry both id lists on the choice; keys cover the prompt's."""
         await sim.describe_node()
         text = "the quick brown fox jumps over the lazy dog " * 4
         for stream in (False, True):
@@ -153,7 +155,8 @@ class TestKeysFromSimNode:
                 assert choice["token_ids"] is None and choice["prompt_token_ids"] is None
                 out_text = choice["text"]
             done = await sim.last_report()
-            assert done.block_keys == chain_keys(tok.encode(text) + tok.encode(out_text), BLOCK)
+            assert len(tok.encode(out_text)) == 12
+            assert done.block_keys == chain_keys(tok.encode(text), BLOCK)
 
     async def test_unknown_block_size_gives_no_keys(self, sim: Env) -> None:
         """Before any node status the block size is unknown: no keys, usage still reported."""

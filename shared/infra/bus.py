@@ -53,6 +53,7 @@ DEFAULT_MAX_AGE_S: Final[dict[str, float]] = {
 """Per-stream max age; streams not listed keep messages 24 h."""
 _DEFAULT_AGE: Final = 24 * HOUR
 _EPHEMERAL_IDLE_S: Final = 30.0
+_ATTEMPT_S: Final = 2.0  # one TCP + INFO/CONNECT attempt (nats-py's own default is 2 s)
 
 _log = get_logger("shared.infra.bus")
 
@@ -100,22 +101,36 @@ class Bus:
         allow_reconnect: bool = True,
         quiet: bool = False,
     ) -> Bus:
-        """Connect to ``url`` as client ``name``; raise :class:`BusError` if it cannot.
+        """Connect to ``url`` as client ``name``; raise :class:`BusError` if it cannot within
+        ``connect_timeout_s``.
 
         By default a lost connection is re-established forever and client errors are logged as
         warnings; a short-lived client (``tao inspect``) passes ``allow_reconnect=False`` to
-        fail fast instead, and ``quiet=True`` to keep client errors off its output."""
+        fail fast instead, and ``quiet=True`` to keep client errors off its output.
+
+        The first connection is bounded as a whole: nats-py 2.x's ``connect()`` keeps trying a
+        refused port (``nats://127.0.0.1:1``) and never returns, whatever its
+        ``connect_timeout`` (which bounds one attempt) and ``allow_reconnect`` say."""
+        nc = Client()
         try:
-            nc = await nats.connect(
-                url,
-                name=name,
-                connect_timeout=connect_timeout_s,
-                allow_reconnect=allow_reconnect,
-                max_reconnect_attempts=-1 if allow_reconnect else 0,
-                error_cb=_ignore_error if quiet else _on_error,
-            )
+            async with asyncio.timeout(connect_timeout_s):
+                await nc.connect(
+                    url,
+                    name=name,
+                    connect_timeout=min(connect_timeout_s, _ATTEMPT_S),
+                    allow_reconnect=allow_reconnect,
+                    max_reconnect_attempts=-1 if allow_reconnect else 0,
+                    error_cb=_ignore_error if quiet else _on_error,
+                )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
-            raise BusError(f"cannot connect to NATS at {url}: {exc or type(exc).__name__}") from exc
+            with contextlib.suppress(Exception):
+                await nc.close()
+            why = (
+                f"no connection within {connect_timeout_s:g} s"
+                if isinstance(exc, TimeoutError)
+                else str(exc) or type(exc).__name__
+            )
+            raise BusError(f"cannot connect to NATS at {url}: {why}") from exc
         return cls(
             nc,
             namespace=namespace,

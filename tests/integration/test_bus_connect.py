@@ -2,8 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+
+import pytest
+
 from shared.contracts import subjects
 from shared.infra import Bus
+from shared.infra.embedded import free_port
+from shared.infra.errors import BusError
 
 
 async def upper(body: bytes) -> bytes:
@@ -38,3 +44,16 @@ class TestConnectOptions:
         finally:
             await bus.drain()
             await server.drain()
+
+    @pytest.mark.parametrize("allow_reconnect", [False, True])
+    async def test_refused_port_fails_within_the_timeout(self, allow_reconnect: bool) -> None:
+        """A port nobody listens on is a BusError after ``connect_timeout_s`` (nats-py's own
+        connect() retries it forever), for one-shot clients and services alike."""
+        url = f"nats://127.0.0.1:{free_port()}"
+        with pytest.raises(BusError, match=r"cannot connect to NATS at .*: no connection within"):
+            await asyncio.wait_for(
+                Bus.connect(
+                    url, name="x", connect_timeout_s=1.0, allow_reconnect=allow_reconnect, quiet=True
+                ),
+                30.0,  # the old behaviour: this would time out instead of raising BusError
+            )

@@ -18,6 +18,9 @@ Claude Code 2.1.78 and a JSON string ``{"device_id", "account_uuid", "session_id
 2.1.86 added the header ``X-Claude-Code-Session-Id``. The session uuid is the ``session_id``
 of Claude Code's hook payloads, so requests and tool hooks meet in one TAO session. Any other
 ``user_id`` (a plain end-user id from another client) names a user, not a session: ignored.
+Claude Code 2.1.197, captured by tests/harness, sends both on every request, equal: the JSON
+form ``{"device_id": <sha256 hex>, "account_uuid": "", "session_id": <uuid>}`` and the header
+(the precedence of all the ids: :mod:`.requests`).
 
 **Usage**: Anthropic counts ``input_tokens`` after the last cache breakpoint only, so the
 prompt is ``input_tokens + cache_read_input_tokens + cache_creation_input_tokens`` and the
@@ -46,7 +49,7 @@ from aiohttp import web
 
 from shared.contracts import ToolCallInfo, Usage
 
-from .requests import BadRequest, RequestInfo
+from .requests import CLAUDE_SESSION_HEADER, BadRequest, RequestInfo
 from .responses import (
     ResponseStats,
     StreamedCall,
@@ -68,7 +71,6 @@ __all__ = [
     "usage_of",
 ]
 
-CLAUDE_SESSION_HEADER: Final = "X-Claude-Code-Session-Id"
 CLAUDE_CODE: Final = "claude-code"
 """The harness reported for a request that Claude Code's metadata or header identified."""
 

@@ -4,13 +4,16 @@ Every model endpoint goes through the same relay (register, hold, forward, repor
 :class:`Api` says how to read its request, find its session, word its errors, ask for token
 ids and read its answers:
 
-=============  =========================  ==========  ==========================  ==========
-api            path                       errors      session id                  token ids
-=============  =========================  ==========  ==========================  ==========
-chat           ``/v1/chat/completions``   OpenAI      X-Session-ID, user, …       asked
-completions    ``/v1/completions``        OpenAI      X-Session-ID, user, …       asked
-messages       ``/v1/messages``           Anthropic   Claude Code's, then as chat  no
-=============  =========================  ==========  ==========================  ==========
+=============  =========================  ==========  ==============================  =========
+api            path                       errors      session id                      token ids
+=============  =========================  ==========  ==============================  =========
+chat           ``/v1/chat/completions``   OpenAI      headers, then user, program_id  asked
+completions    ``/v1/completions``        OpenAI      headers, then user, program_id  asked
+messages       ``/v1/messages``           Anthropic   ``metadata.user_id``, then chat  no
+=============  =========================  ==========  ==============================  =========
+
+The headers are ``X-Claude-Code-Session-Id``, ``X-Session-ID`` and ``x-session-affinity``, in
+that order (:mod:`.requests`, which also reads the parent session and the harness).
 """
 
 from __future__ import annotations
@@ -23,7 +26,6 @@ from aiohttp import web
 
 from .anthropic import (
     CLAUDE_CODE,
-    CLAUDE_SESSION_HEADER,
     MessageStreamStats,
     anthropic_error,
     claude_session_id,
@@ -35,6 +37,7 @@ from .requests import (
     IdSource,
     RequestInfo,
     describe_request,
+    harness_from_agent,
     session_identity,
     upstream_body,
 )
@@ -94,24 +97,23 @@ class Api:
     def identity(
         self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
     ) -> tuple[str, IdSource]:
-        """The session id and its source: for messages Claude Code's ``metadata.user_id``,
-        then its ``X-Claude-Code-Session-Id`` header, then the chat rules."""
-        if self.anthropic:
-            sid = claude_session_id(body.get("metadata"))
-            if sid:
-                return sid, "metadata"
-            header = headers.get(CLAUDE_SESSION_HEADER, "").strip()
-            if header:
-                return header, "claude_header"
-        return session_identity(headers, body, new_id)
+        """The session id and its source (:func:`.requests.session_identity`): for messages
+        Claude Code's ``metadata.user_id`` first."""
+        claude = claude_session_id(body.get("metadata")) if self.anthropic else None
+        return session_identity(headers, body, new_id, claude_metadata=claude)
 
     @staticmethod
-    def harness(named: str | None, source: IdSource) -> str | None:
+    def harness(
+        named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
+    ) -> str | None:
         """The harness named by ``X-TAO-Harness`` (:func:`.requests.harness_of`), else
-        ``claude-code`` when Claude Code's own id named the session."""
-        if named is None and source in ("metadata", "claude_header"):
+        ``claude-code`` when Claude Code's own id named the session, else the one the
+        ``User-Agent`` names (:func:`.requests.harness_from_agent`)."""
+        if named is not None:
+            return named
+        if source in ("metadata", "claude_header"):
             return CLAUDE_CODE
-        return named
+        return harness_from_agent(headers) if headers is not None else None
 
     def upstream(
         self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool

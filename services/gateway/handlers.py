@@ -16,12 +16,16 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
 
 Request headers read by the model endpoints:
 
-    X-Session-ID      the session id (else the body's ``user``, else ``program_id``; none: a
-                      one-turn session under a generated id); on /v1/messages Claude Code's
-                      ``metadata.user_id`` and ``X-Claude-Code-Session-Id`` come first
+    X-Session-ID      the session id. First of: (/v1/messages) Claude Code's
+                      ``metadata.user_id``, ``X-Claude-Code-Session-Id``, ``X-Session-ID``,
+                      OpenCode's ``x-session-affinity``, the body's ``user``, ``program_id``;
+                      none: a one-turn session under a generated id (:mod:`.requests`)
+    x-parent-session-id  optional: the session that started this one as a sub-agent
+                      (OpenCode), reported as SessionRequest.parent_session_id
     X-TAO-Harness     optional: the agent harness sending the request (set by harness hooks or
                       clients, e.g. ``claude-code``), at most 128 characters (else 400);
-                      reported as SessionRequest.harness, not forwarded to the node
+                      reported as SessionRequest.harness, not forwarded to the node; without
+                      it, Claude Code's ids or a harness's ``User-Agent`` name the harness
     Authorization     forwarded to the node unchanged (so are ``x-api-key``,
                       ``anthropic-version`` and ``anthropic-beta``)
 

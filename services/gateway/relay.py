@@ -70,7 +70,14 @@ from .proxy import (
     forward_stream,
     upstream_headers,
 )
-from .requests import SESSION_HEADER, BadRequest, RequestInfo, harness_of, parse_body
+from .requests import (
+    SESSION_HEADER,
+    BadRequest,
+    RequestInfo,
+    harness_of,
+    parent_session,
+    parse_body,
+)
 from .store_check import STORE_RECHECK_S, StoreCheck
 from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 
@@ -213,7 +220,7 @@ class Relay:
         session_id, source = api.identity(
             request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
         )
-        harness = api.harness(named_harness, source)
+        harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated"
         registered = SessionRequest(
@@ -227,6 +234,7 @@ class Relay:
             stream=info.stream,
             max_tokens=info.max_tokens,
             harness=harness,
+            parent_session_id=parent_session(request.headers, session_id),
         )
         try:
             subject_for(registered)  # the session id must fit a subject token

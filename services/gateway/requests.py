@@ -1,10 +1,29 @@
 """What the gateway reads from an incoming OpenAI request, and what it sends upstream (pure).
 
-* **Session identity** (DESIGN §4, gateway): header ``X-Session-ID``, else the body's ``user``,
-  else ``program_id`` (ThunderAgent's field). A request with none of them is a one-turn session
-  under a generated id, ended by the gateway after its response.
+* **Session identity** (DESIGN §4, gateway; docs/harnesses.md): harnesses already name their
+  session on every model request, so a harness with no TAO hook still keeps its session
+  together. The first of these that is present (and not blank) wins:
+
+  1. ``metadata.user_id``'s session uuid (``/v1/messages`` only; Claude Code, :mod:`.anthropic`);
+  2. header ``X-Claude-Code-Session-Id`` (Claude Code since 2.1.86; the same uuid);
+  3. header ``X-Session-ID`` (TAO's own: the OpenCode plugin, mini-swe-agent's
+     ``extra_headers``, any client; OpenCode 1.x sends it itself as ``X-Session-Id``);
+  4. header ``x-session-affinity`` (OpenCode 1.x, for providers other than its own);
+  5. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field).
+
+  Claude Code's ids come first because its hook payloads report that same uuid, so requests
+  and tool events meet in one session even when a client also sets ``X-Session-ID``. A request
+  with none of them is a one-turn session under a generated id, ended by the gateway after its
+  response. OpenAI's ``previous_response_id`` would chain Responses API turns, but the gateway
+  does not serve ``/v1/responses`` (a 404), so nothing maps it.
+* **Parent session**: header ``x-parent-session-id`` (OpenCode 1.x sends it on a sub-agent's
+  requests, naming the session that started it) is reported as
+  :attr:`SessionRequest.parent_session_id`; blank, longer than :data:`MAX_ID_CHARS` or equal
+  to the session itself, it is ignored.
 * **Harness**: header ``X-TAO-Harness`` (set by harness hooks/clients, e.g. ``claude-code``)
   names the agent harness; it is reported as :attr:`SessionRequest.harness` and not forwarded.
+  Without it, a ``User-Agent`` that a harness always sends names it (``claude-cli/…`` →
+  ``claude-code``, ``opencode/…`` → ``opencode``; :data:`AGENT_HARNESSES`).
 * **Upstream body**: vLLM's request models accept unknown fields (pydantic ``extra="allow"``)
   but log a warning for each, so the gateway removes the fields only it understands:
   ``program_id`` and every ``tao_*`` field except ``tao_script``, which the sim node reads.
@@ -24,30 +43,49 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 __all__ = [
+    "AFFINITY_HEADER",
+    "AGENT_HARNESSES",
     "CHARS_PER_TOKEN",
+    "CLAUDE_SESSION_HEADER",
     "HARNESS_HEADER",
     "MAX_HARNESS_CHARS",
+    "MAX_ID_CHARS",
+    "PARENT_HEADER",
     "SESSION_HEADER",
     "BadRequest",
     "IdSource",
     "RequestInfo",
     "describe_request",
     "estimate_prompt_tokens",
+    "harness_from_agent",
     "harness_of",
+    "header",
+    "parent_session",
     "parse_body",
     "session_identity",
     "upstream_body",
 ]
 
 SESSION_HEADER: Final = "X-Session-ID"
+CLAUDE_SESSION_HEADER: Final = "X-Claude-Code-Session-Id"
+AFFINITY_HEADER: Final = "x-session-affinity"
+PARENT_HEADER: Final = "x-parent-session-id"
 HARNESS_HEADER: Final = "X-TAO-Harness"
 MAX_HARNESS_CHARS: Final = 128
+MAX_ID_CHARS: Final = 512
+"""Longest parent session id read (a subject token's limit, ``subjects.MAX_TOKEN_LEN``)."""
+AGENT_HARNESSES: Final = (("claude-cli/", "claude-code"), ("opencode/", "opencode"))
+"""``User-Agent`` prefixes that name a harness: Claude Code 2.1.197 sends ``claude-cli/<version>
+(external, sdk-cli)``, OpenCode 1.18.33 ``opencode/<version> ai-sdk/…`` (tests/harness)."""
 CHARS_PER_TOKEN: Final = 4
 _KEEP_PRIVATE: Final = frozenset({"tao_script"})
 
-IdSource = Literal["header", "user", "program_id", "metadata", "claude_header", "generated"]
+IdSource = Literal[
+    "header", "user", "program_id", "metadata", "claude_header", "affinity", "generated"
+]
 """Where a session id came from; ``metadata`` / ``claude_header``: Claude Code's
-``metadata.user_id`` / ``X-Claude-Code-Session-Id`` (:mod:`.anthropic`)."""
+``metadata.user_id`` / ``X-Claude-Code-Session-Id`` (:mod:`.anthropic`); ``affinity``:
+OpenCode's ``x-session-affinity``."""
 
 
 class BadRequest(ValueError):
@@ -86,13 +124,31 @@ def _id_value(value: object) -> str | None:
     return None
 
 
+def header(headers: Mapping[str, str], name: str) -> str:
+    """Header ``name``, stripped ('' when absent), matched case-insensitively even when
+    ``headers`` is a plain dict (aiohttp's are case-insensitive already)."""
+    value = headers.get(name)
+    if value is None:
+        low = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == low), "")
+    return value.strip()
+
+
 def session_identity(
-    headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    new_id: Callable[[], str],
+    *,
+    claude_metadata: str | None = None,
 ) -> tuple[str, IdSource]:
-    """The session id of a request and where it came from (module docstring)."""
-    header = headers.get(SESSION_HEADER, "").strip()
-    if header:
-        return header, "header"
+    """The session id of a request and where it came from (module docstring);
+    ``claude_metadata`` is the session uuid of a Messages request's ``metadata.user_id``."""
+    if claude_metadata:
+        return claude_metadata, "metadata"
+    for name, source in _ID_HEADERS:
+        value = header(headers, name)
+        if value:
+            return value, source
     user = _id_value(body.get("user"))
     if user is not None:
         return user, "user"
@@ -102,10 +158,31 @@ def session_identity(
     return new_id(), "generated"
 
 
+_ID_HEADERS: Final[tuple[tuple[str, IdSource], ...]] = (
+    (CLAUDE_SESSION_HEADER, "claude_header"),
+    (SESSION_HEADER, "header"),
+    (AFFINITY_HEADER, "affinity"),
+)
+
+
+def parent_session(headers: Mapping[str, str], session_id: str) -> str | None:
+    """The parent session named by ``x-parent-session-id`` (module docstring), else ``None``."""
+    parent = header(headers, PARENT_HEADER)
+    if not parent or len(parent) > MAX_ID_CHARS or parent == session_id:
+        return None
+    return parent
+
+
+def harness_from_agent(headers: Mapping[str, str]) -> str | None:
+    """The harness a ``User-Agent`` names (:data:`AGENT_HARNESSES`), else ``None``."""
+    agent = header(headers, "User-Agent")
+    return next((h for prefix, h in AGENT_HARNESSES if agent.startswith(prefix)), None)
+
+
 def harness_of(headers: Mapping[str, str]) -> str | None:
     """The harness named by ``X-TAO-Harness`` (stripped), ``None`` when absent or blank;
     raise :class:`BadRequest` when it is longer than :data:`MAX_HARNESS_CHARS`."""
-    value = headers.get(HARNESS_HEADER, "").strip()
+    value = header(headers, HARNESS_HEADER)
     if len(value) > MAX_HARNESS_CHARS:
         raise BadRequest(
             f"header {HARNESS_HEADER} must be at most {MAX_HARNESS_CHARS} characters, "

@@ -42,6 +42,9 @@ class SessionRequest(Message, tag="SessionRequest", frozen=True, kw_only=True):
 
     ``prompt_tokens_estimate`` is the gateway's estimate of the prompt size before the node
     counts it (0 when unknown); ``messages_count`` is the length of the chat ``messages`` list.
+    ``harness`` names the agent harness when the request says (``X-TAO-Harness``, Claude Code's
+    ids, a harness's ``User-Agent``). ``parent_session_id`` is the session that started this
+    one as a sub-agent (OpenCode's ``x-parent-session-id``), ``None`` for a top-level session.
     """
 
     session_id: str
@@ -54,6 +57,7 @@ class SessionRequest(Message, tag="SessionRequest", frozen=True, kw_only=True):
     stream: bool = False
     max_tokens: int | None = None
     harness: str | None = None
+    parent_session_id: str | None = None
 
 
 class Usage(Record, frozen=True, kw_only=True):

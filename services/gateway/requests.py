@@ -16,10 +16,18 @@
   with none of them is a one-turn session under a generated id, ended by the gateway after its
   response. OpenAI's ``previous_response_id`` would chain Responses API turns, but the gateway
   does not serve ``/v1/responses`` (a 404), so nothing maps it.
-* **Parent session**: header ``x-parent-session-id`` (OpenCode 1.x sends it on a sub-agent's
-  requests, naming the session that started it) is reported as
-  :attr:`SessionRequest.parent_session_id`; blank, longer than :data:`MAX_ID_CHARS` or equal
-  to the session itself, it is ignored.
+* **Sub-agents** get sessions of their own, linked to their parent's, so a parent waiting in
+  its sub-agent tool call stays in that call while the sub-agent's turns run:
+
+  * OpenCode 1.x gives a sub-agent its own session id and sends ``x-parent-session-id`` (the
+    session that started it) on the sub-agent's requests;
+  * Claude Code 2.1.197 sends the parent's session id and ``x-claude-code-agent-id``; when
+    Claude Code's id named the session, the session is
+    :func:`shared.harness.claude.sub_agent_session` (``<session>-agent-<agent id>``, the one
+    its hooks map the sub-agent's ``agent_id`` payloads to) and the parent is that id.
+
+  The parent is reported as :attr:`SessionRequest.parent_session_id`; a blank one, one longer
+  than :data:`MAX_ID_CHARS` or the session itself is ignored.
 * **Harness**: header ``X-TAO-Harness`` (set by harness hooks/clients, e.g. ``claude-code``)
   names the agent harness; it is reported as :attr:`SessionRequest.harness` and not forwarded.
   Without it, a ``User-Agent`` that a harness always sends names it (``claude-cli/…`` →
@@ -42,10 +50,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from shared.harness.claude import SUB_AGENT_INFIX, sub_agent_session
+
 __all__ = [
     "AFFINITY_HEADER",
     "AGENT_HARNESSES",
     "CHARS_PER_TOKEN",
+    "CLAUDE_AGENT_HEADER",
     "CLAUDE_SESSION_HEADER",
     "HARNESS_HEADER",
     "MAX_HARNESS_CHARS",
@@ -70,6 +81,7 @@ SESSION_HEADER: Final = "X-Session-ID"
 CLAUDE_SESSION_HEADER: Final = "X-Claude-Code-Session-Id"
 AFFINITY_HEADER: Final = "x-session-affinity"
 PARENT_HEADER: Final = "x-parent-session-id"
+CLAUDE_AGENT_HEADER: Final = "x-claude-code-agent-id"
 HARNESS_HEADER: Final = "X-TAO-Harness"
 MAX_HARNESS_CHARS: Final = 128
 MAX_ID_CHARS: Final = 512
@@ -143,6 +155,16 @@ def session_identity(
 ) -> tuple[str, IdSource]:
     """The session id of a request and where it came from (module docstring);
     ``claude_metadata`` is the session uuid of a Messages request's ``metadata.user_id``."""
+    sid, source = _named_session(headers, body, claude_metadata)
+    if sid is None:
+        return new_id(), "generated"
+    agent = header(headers, CLAUDE_AGENT_HEADER) if source in _CLAUDE_SOURCES else ""
+    return (sub_agent_session(sid, agent) if agent else sid), source
+
+
+def _named_session(
+    headers: Mapping[str, str], body: Mapping[str, Any], claude_metadata: str | None
+) -> tuple[str | None, IdSource]:
     if claude_metadata:
         return claude_metadata, "metadata"
     for name, source in _ID_HEADERS:
@@ -155,7 +177,7 @@ def session_identity(
     program = _id_value(body.get("program_id"))
     if program is not None:
         return program, "program_id"
-    return new_id(), "generated"
+    return None, "generated"
 
 
 _ID_HEADERS: Final[tuple[tuple[str, IdSource], ...]] = (
@@ -163,11 +185,18 @@ _ID_HEADERS: Final[tuple[tuple[str, IdSource], ...]] = (
     (SESSION_HEADER, "header"),
     (AFFINITY_HEADER, "affinity"),
 )
+_CLAUDE_SOURCES: Final = frozenset({"metadata", "claude_header"})
 
 
 def parent_session(headers: Mapping[str, str], session_id: str) -> str | None:
-    """The parent session named by ``x-parent-session-id`` (module docstring), else ``None``."""
+    """The session that started ``session_id`` as a sub-agent (module docstring), else
+    ``None``: OpenCode's ``x-parent-session-id``, or the Claude Code session a sub-agent
+    session was made from."""
     parent = header(headers, PARENT_HEADER)
+    agent = header(headers, CLAUDE_AGENT_HEADER)
+    suffix = SUB_AGENT_INFIX + agent
+    if not parent and agent and session_id.endswith(suffix):
+        parent = session_id[: -len(suffix)]
     if not parent or len(parent) > MAX_ID_CHARS or parent == session_id:
         return None
     return parent

@@ -14,7 +14,11 @@ object as the POST body). Fields read here, as documented in the hooks reference
   (anthropics/claude-code issues #52047 and #52607); absent on older versions, where the tools
   service measures end − start instead;
 * ``Stop`` (``stop_hook_active``), ``UserPromptSubmit`` (``prompt``), ``SessionStart``
-  (``source``), ``SessionEnd`` (``reason``).
+  (``source``), ``SessionEnd`` (``reason``);
+* ``agent_id`` (and ``agent_type``) on the events of a sub-agent (the ``Agent`` tool): its
+  payloads carry the parent's ``session_id``; its model requests the same
+  ``X-Claude-Code-Session-Id`` plus ``x-claude-code-agent-id: <agent_id>`` (Claude Code
+  2.1.197, captured by tests/harness).
 
 Tool inputs and responses (Claude Code's own tool schemas):
 
@@ -45,6 +49,13 @@ SessionEnd             SessionEnd(reason="completed")
 anything else          [] (SessionStart included: nothing in it that TAO needs)
 =====================  ===========================================================
 
+Sub-agents. A sub-agent runs while its parent waits in the ``Agent`` call, so it is a session
+of its own, :func:`sub_agent_session` (``<session_id>-agent-<agent_id>``), which the gateway
+gives its requests too (``services.gateway.requests``, with the parent as
+``SessionRequest.parent_session_id``): the parent's ``Agent`` call stays open while the
+sub-agent's turns and tool calls run. The ``PostToolUse`` of a foreground ``Agent`` call
+(``tool_response.status`` ``completed``, its ``agentId``) also ends the sub-agent's session.
+
 The human turn. ``Stop`` means the agent finished its answer and waits for its user; the next
 ``UserPromptSubmit`` is the user answering. TAO models that wait as a tool call of the
 pseudo-tool ``user`` (:data:`USER_TOOL`): readiness then predicts the session's return from
@@ -74,8 +85,10 @@ __all__ = [
     "HARNESS",
     "MONITOR_DEFAULT_TIMEOUT_MS",
     "MONITOR_MAX_TIMEOUT_MS",
+    "SUB_AGENT_INFIX",
     "USER_TOOL",
     "ClaudeMapper",
+    "sub_agent_session",
 ]
 
 HARNESS: Final = "claude-code"
@@ -86,8 +99,14 @@ BASH_DEFAULT_TIMEOUT_MS: Final = 120_000
 MONITOR_DEFAULT_TIMEOUT_MS: Final = 300_000
 MONITOR_MAX_TIMEOUT_MS: Final = 1_800_000
 _TIMEOUT_KILL_TEXT: Final = "timed out after"
+SUB_AGENT_INFIX: Final = "-agent-"
 _MAX_SESSIONS: Final = 4096
 _MAX_ENDED: Final = 16_384
+
+
+def sub_agent_session(session_id: str, agent_id: str) -> str:
+    """The TAO session of Claude Code sub-agent ``agent_id`` of session ``session_id``."""
+    return f"{session_id}{SUB_AGENT_INFIX}{agent_id}"
 
 
 class ClaudeMapper:
@@ -114,6 +133,10 @@ class ClaudeMapper:
         if event not in _KNOWN:
             return []
         sid = _F.session(body, "session_id")
+        agent = _F.opt_text(body, "agent_id")
+        if agent:
+            sid = sub_agent_session(sid, agent)
+            _F.session({"session_id": sid}, "session_id")  # still fits a subject token
         match event:
             case "PreToolUse":
                 start = self._tool_start(body, sid, received_at)
@@ -122,7 +145,13 @@ class ClaudeMapper:
                 end = _tool_end(body, sid, received_at, ok=event == "PostToolUse")
                 self._ended[(sid, end.call_id)] = None
                 trim_oldest(self._ended, self._max_ended)
-                return [end]
+                done = _finished_agent(body, sid) if event == "PostToolUse" else None
+                if done is None:
+                    return [end]
+                return [
+                    end,
+                    SessionEnd(session_id=done, ended_at=received_at, reason=END_COMPLETED),
+                ]
             case "Stop":
                 call = f"user-{_F.millis(received_at, 'received_at')}"
                 self._remember(sid, call)
@@ -231,6 +260,18 @@ def _tool_end(body: Mapping[str, Any], sid: str, at: float, *, ok: bool) -> Tool
         censored=censored,
         background=background,
     )
+
+
+def _finished_agent(body: Mapping[str, Any], sid: str) -> str | None:
+    """The sub-agent session a finished foreground ``Agent`` call ran, else ``None``."""
+    if body.get("tool_name") != "Agent":
+        return None
+    raw = body.get("tool_response")
+    response: Mapping[str, Any] = raw if isinstance(raw, Mapping) else {}
+    agent = _F.opt_text(response, "agentId", "tool_response.")
+    if not agent or response.get("status") != "completed":
+        return None
+    return sub_agent_session(sid, agent)
 
 
 _F: Final = Fields(HARNESS)

@@ -19,6 +19,8 @@ from services.gateway.requests import (
     parent_session,
     session_identity,
 )
+from shared.contracts import ToolStart
+from shared.harness.claude import ClaudeMapper, sub_agent_session
 
 FIXTURES = Path(__file__).parents[2] / "fixtures"
 
@@ -34,6 +36,8 @@ def captured(path: str) -> dict[str, Any]:
 
 
 CLAUDE = captured("claude-code/gateway-request-2.1.197.json")
+CLAUDE_SUB = captured("claude-code/gateway-request-subagent-2.1.197.json")
+CLAUDE_SUB_HOOK = captured("claude-code/subagent-pre-tool-use-bash.json")
 OPENCODE = captured("opencode/gateway-request-1.18.33.json")
 MINI = captured("mini-swe-agent/gateway-request-2.4.6.json")
 CLAUDE_SID = CLAUDE["headers"]["X-Claude-Code-Session-Id"]
@@ -63,6 +67,19 @@ class TestCapturedClients:
             # ... the header alone still names the session (older metadata, a proxy that
             # drops it).
             (MESSAGES, CLAUDE["headers"], {}, CLAUDE_SID, "claude_header", "claude-code", None),
+            # ... a sub-agent: its own session (the one its hooks map to), linked to the parent.
+            (
+                MESSAGES,
+                CLAUDE_SUB["headers"],
+                CLAUDE_SUB["body"],
+                sub_agent_session(
+                    CLAUDE_SUB["headers"]["X-Claude-Code-Session-Id"],
+                    CLAUDE_SUB["headers"]["x-claude-code-agent-id"],
+                ),
+                "metadata",
+                "claude-code",
+                CLAUDE_SUB["headers"]["X-Claude-Code-Session-Id"],
+            ),
             # OpenCode 1.18.33 without TAO's plugin: its own X-Session-Id.
             (
                 CHAT,
@@ -134,6 +151,13 @@ class TestCapturedClients:
 META = {"metadata": {"user_id": json.dumps({"session_id": "meta"})}}
 
 
+def test_a_claude_sub_agents_requests_and_hooks_meet_in_one_session() -> None:
+    """The request and the hook payload were captured in one run of Claude Code 2.1.197."""
+    sid, _ = MESSAGES.identity(CLAUDE_SUB["headers"], CLAUDE_SUB["body"], new_id)
+    [start] = ClaudeMapper().map(CLAUDE_SUB_HOOK, 0.0)
+    assert isinstance(start, ToolStart) and start.session_id == sid
+
+
 class TestPrecedence:
     @pytest.mark.parametrize(
         ("api", "headers", "body", "expected"),
@@ -189,6 +213,15 @@ class TestPrecedence:
             ),
             # Claude Code's metadata is an Anthropic body field: chat ignores it
             (CHAT, {}, META, ("generated", "generated")),
+            # a Claude Code sub-agent, only when Claude Code's own id named the session
+            (MESSAGES, {"x-claude-code-agent-id": "a1"}, META, ("meta-agent-a1", "metadata")),
+            (
+                CHAT,
+                {"X-Claude-Code-Session-Id": "cc", "x-claude-code-agent-id": "a1"},
+                {},
+                ("cc-agent-a1", "claude_header"),
+            ),
+            (CHAT, {"X-Session-ID": "tao", "x-claude-code-agent-id": "a1"}, {}, ("tao", "header")),
             # previous_response_id (Responses API, not served) names nothing
             (CHAT, {}, {"previous_response_id": "resp_1"}, ("generated", "generated")),
         ],
@@ -217,6 +250,10 @@ class TestParent:
             ({"x-parent-session-id": "ses_c"}, "ses_c", None),  # itself: no parent
             ({"x-parent-session-id": "p" * 513}, "ses_c", None),  # over MAX_ID_CHARS
             ({}, "ses_c", None),
+            # Claude Code: the parent is the session the sub-agent session was made from
+            ({"x-claude-code-agent-id": "a1"}, "cc-agent-a1", "cc"),
+            ({"x-claude-code-agent-id": "a1"}, "other", None),
+            ({"x-parent-session-id": "p", "x-claude-code-agent-id": "a1"}, "cc-agent-a1", "p"),
         ],
     )
     def test_parent_session(

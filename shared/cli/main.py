@@ -1,5 +1,5 @@
 """The ``tao`` command line: ``plan``, ``compare``, ``policies``, ``version``, ``sim``,
-``service``, ``up``, ``status``, ``demo``, ``hook`` and ``hooks``.
+``service``, ``up``, ``status``, ``demo``, ``hook``, ``hooks`` and ``engines``.
 
 Exit codes: 0 success; 2 bad usage or bad input, with exactly one line on stderr of the form
 ``tao plan: error: <field>: <reason>``; 1 an unexpected internal error (also one line);
@@ -20,6 +20,7 @@ import orjson
 
 from shared.cli.compare import compare_documents, compare_table, run_all
 from shared.cli.demo import add_demo_parser
+from shared.cli.engines import add_engines_parser
 from shared.cli.hooks import add_hooks_parsers
 from shared.cli.inspect import add_inspect_parser
 from shared.cli.kvbridge import add_kvbridge_parser
@@ -129,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_trace_parser(sub)
     add_hooks_parsers(sub)
     add_inspect_parser(sub)
+    add_engines_parser(sub)
     return parser
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,7 +26,15 @@ from aiohttp import web
 
 from shared.infra.embedded import free_port
 
-__all__ = ["Recorded", "Recorder", "script_for", "tool_results"]
+__all__ = [
+    "TEXT",
+    "Recorded",
+    "Recorder",
+    "Scripter",
+    "script_for",
+    "tool_results",
+    "tool_script",
+]
 
 _HOP: frozenset[str] = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
@@ -96,6 +104,15 @@ def tool_results(messages: object) -> int:
     return count
 
 
+TEXT: dict[str, Any] = {"output_tokens": 6, "tool_call": None}
+"""The script of a plain text answer (no tool call)."""
+
+
+def tool_script(name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+    """The script of an answer that calls tool ``name``."""
+    return {"output_tokens": 6, "tool_call": {"name": name, "arguments": dict(arguments)}}
+
+
 def script_for(body: Mapping[str, Any], commands: Sequence[str]) -> dict[str, Any]:
     """The sim node's script for a model request: the next of ``commands`` as a shell tool
     call while the request offers one, then text (module docstring)."""
@@ -103,11 +120,15 @@ def script_for(body: Mapping[str, Any], commands: Sequence[str]) -> dict[str, An
     shell = next((n for n in ("Bash", "bash") if n in names), None)
     done = tool_results(body.get("messages"))
     if shell is None or done >= len(commands):
-        return {"output_tokens": 6, "tool_call": None}
+        return TEXT
     args: dict[str, Any] = {"command": commands[done]}
     if "description" in _properties(body.get("tools"), shell):
         args["description"] = "Wait one second"
-    return {"output_tokens": 6, "tool_call": {"name": shell, "arguments": args}}
+    return tool_script(shell, args)
+
+
+Scripter = Callable[[Mapping[str, Any], Mapping[str, str]], dict[str, Any]]
+"""Chooses the script of a model request from its body and headers."""
 
 
 @dataclass
@@ -116,6 +137,8 @@ class Recorder:
 
     upstream: str
     commands: tuple[str, ...] = ("sleep 1",)
+    scripter: Scripter | None = None
+    """Overrides ``commands`` (e.g. a parent agent that starts a sub-agent)."""
     requests: list[Recorded] = field(default_factory=list)
     port: int = 0
     _loop: asyncio.AbstractEventLoop | None = None
@@ -189,7 +212,10 @@ class Recorder:
         scripted: dict[str, Any] | None = None
         out = raw
         if request.method == "POST" and request.path in MODEL_PATHS and isinstance(body, dict):
-            scripted = script_for(body, self.commands)
+            if self.scripter is not None:
+                scripted = self.scripter(body, request.headers)
+            else:
+                scripted = script_for(body, self.commands)
             out = json.dumps({**body, "tao_script": scripted}).encode()
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP}
         index = self._record(request, body, scripted)

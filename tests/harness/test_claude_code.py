@@ -15,13 +15,14 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from shared.contracts import ToolEnd, ToolStart
-from shared.harness.claude import ClaudeMapper
+from shared.contracts import SessionEnd, ToolEnd, ToolStart
+from shared.harness.claude import ClaudeMapper, sub_agent_session
 from tests.harness.conftest import (
     HarnessStack,
     Seen,
@@ -30,7 +31,7 @@ from tests.harness.conftest import (
     request_facts,
     write_capture,
 )
-from tests.harness.recorder import Recorder
+from tests.harness.recorder import TEXT, Recorder, tool_results, tool_script
 
 pytestmark = pytest.mark.harness
 
@@ -58,6 +59,20 @@ def _claude_env(home: Path, base_url: str, hs: HarnessStack) -> dict[str, str]:
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
         **hs.tao_env(),
     }
+
+
+def _install_hooks(project: Path) -> None:
+    installed = subprocess.run(
+        [str(TAO), "hooks", "install", "claude-code", "--scope", "project"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    settings = json.loads((project / ".claude" / "settings.json").read_text())
+    assert "PreToolUse" in settings["hooks"] and "PostToolUse" in settings["hooks"]
 
 
 def _tao_json(hs: HarnessStack, *args: str) -> dict[str, Any]:
@@ -103,17 +118,7 @@ def test_claude_code_runs_a_scripted_bash_call_and_tao_sees_it(
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
     home.mkdir()
-    installed = subprocess.run(
-        [str(TAO), "hooks", "install", "claude-code", "--scope", "project"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert installed.returncode == 0, installed.stderr
-    settings = json.loads((project / ".claude" / "settings.json").read_text())
-    assert "PreToolUse" in settings["hooks"] and "PostToolUse" in settings["hooks"]
+    _install_hooks(project)
 
     with Recorder(harness_stack.gateway, commands=("sleep 1",)) as rec:
         run = subprocess.run(
@@ -216,5 +221,119 @@ def test_claude_code_runs_a_scripted_bash_call_and_tao_sees_it(
             ],
             "tool_start": {"tool": start.tool, "timeout_s": start.timeout_s},
             "tool_end": {"duration_s": end.duration_s},
+        },
+    )
+
+
+SUBAGENT_PROMPT = "SUBAGENT: wait one second using the Bash tool."
+
+
+def _agent_then_bash(body: Mapping[str, Any], headers: Mapping[str, str]) -> dict[str, Any]:
+    """The main agent starts a sub-agent (``Agent``), the sub-agent runs ``sleep 1``; then
+    text. The sub-agent's conversation is the one that holds :data:`SUBAGENT_PROMPT`."""
+    names = {str(t.get("name")) for t in body.get("tools") or () if isinstance(t, dict)}
+    if tool_results(body.get("messages")):
+        return TEXT
+    if SUBAGENT_PROMPT in json.dumps(body.get("messages")):
+        return tool_script("Bash", {"command": "sleep 1", "description": "Wait one second"})
+    if "Agent" in names:
+        task = {"description": "Wait", "prompt": SUBAGENT_PROMPT, "subagent_type": "claude"}
+        return tool_script("Agent", task)
+    return TEXT
+
+
+@pytest.mark.parametrize("hooks", [False, True], ids=["no-hooks", "hooks"])
+def test_claude_code_sub_agent(harness_stack: HarnessStack, tmp_path: Path, hooks: bool) -> None:
+    version = pinned("claude-code", VERSION)
+    claude = npm_client("claude-code", "@anthropic-ai/claude-code", version, "claude")
+    project, home = tmp_path / "project", tmp_path / "home"
+    project.mkdir()
+    home.mkdir()
+    if hooks:
+        _install_hooks(project)
+    with Recorder(harness_stack.gateway, scripter=_agent_then_bash) as rec:
+        args = ["--model", "tao-sim", "--allowedTools", "Bash,Agent", "--output-format", "json"]
+        run = subprocess.run(
+            [str(claude), "-p", "Ask a sub-agent to wait one second.", *args],
+            cwd=project,
+            env=_claude_env(home, rec.url, harness_stack),
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+            check=False,
+        )
+        recorded = rec.all()
+    assert run.returncode == 0, f"claude exited {run.returncode}: {run.stdout} {run.stderr}"
+    result = json.loads(run.stdout)
+    assert result["is_error"] is False, result
+    sid = result["session_id"]
+    model = [r for r in recorded if r.path == "/v1/messages" and r.method == "POST"]
+    sub = [
+        r
+        for r in model
+        if SUBAGENT_PROMPT in json.dumps(r.body.get("messages"))
+        and r.scripted is not None
+        and r.body["messages"][0].get("role") == "user"
+        and SUBAGENT_PROMPT in json.dumps(r.body["messages"][0])
+    ]
+    assert sub, "the sub-agent made no request"
+    ran = [
+        b
+        for r in sub
+        for m in r.body["messages"]
+        if isinstance(m.get("content"), list)
+        for b in m["content"]
+        if isinstance(b, dict) and b.get("type") == "tool_result"
+    ]
+    assert ran, "the sub-agent's Bash call never ran"
+
+    agents = {r.header("x-claude-code-agent-id") for r in sub}
+    assert len(agents) == 1 and None not in agents, [r.headers for r in sub]
+    assert all(r.header("X-Claude-Code-Session-Id") == sid for r in model)
+    child = sub_agent_session(sid, str(agents.pop()))
+    assert not [r for r in model if r not in sub and r.header("x-claude-code-agent-id")]
+
+    def complete(seen: Seen) -> bool:
+        by = [m.session_id for m in seen.requests()]
+        return by.count(sid) >= len(model) - len(sub) and by.count(child) >= len(sub)
+
+    seen = harness_stack.seen().until(complete, f"sessions {sid} and {child}")
+    seen.settle(3.0)  # the hooks that come last
+    parent_reqs = [m for m in seen.requests() if m.session_id == sid]
+    child_reqs = [m for m in seen.requests() if m.session_id == child]
+    assert {m.harness for m in parent_reqs + child_reqs} == {"claude-code"}
+    assert {m.parent_session_id for m in parent_reqs} == {None}
+    assert {m.parent_session_id for m in child_reqs} == {sid}
+    if not hooks:
+        assert not [h for h in seen.hooks if h.get("session_id") == sid]
+    else:
+        # The sub-agent's Bash call maps to the sub-agent's session, the parent's Agent call to
+        # the parent's, and the Agent call's end ends the sub-agent's session.
+        mapper, mapped = ClaudeMapper(), []
+        for payload in seen.hooks:
+            if payload.get("session_id") == sid:
+                mapped += mapper.map(payload, time.time())
+        starts = {(m.session_id, m.tool) for m in mapped if isinstance(m, ToolStart)}
+        assert {(child, "Bash"), (sid, "Agent")} <= starts, starts
+        ended = [m.session_id for m in mapped if isinstance(m, SessionEnd)]
+        assert child in ended, mapped
+    write_capture(
+        f"claude-code-subagent-{'hooks' if hooks else 'no-hooks'}",
+        {
+            "version": version,
+            "hooks": [h for h in seen.hooks if h.get("session_id") == sid],
+            "session_requests": [
+                {"session_id": m.session_id, "parent_session_id": m.parent_session_id}
+                for m in parent_reqs + child_reqs
+            ],
+            "requests": [
+                {
+                    "path": r.path,
+                    "sub_agent": r in sub,
+                    "headers": {k: v for k, v in r.headers.items() if k.lower() != "x-api-key"},
+                    "body": request_facts(r.body),
+                }
+                for r in model
+            ],
         },
     )

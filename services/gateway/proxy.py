@@ -1,6 +1,7 @@
 """Forwarding one request to a node and relaying the answer to the client.
 
-Non-streaming: the node's status, content type and body go back unchanged. Streaming: the node's
+Non-streaming: the node's status, content type and body go back unchanged. Every forwarded
+answer carries the header ``X-TAO-Node`` naming the node that served it. Streaming: the node's
 SSE events go back one by one as they arrive (flushed per upstream read), unchanged, except the
 usage-only chunk the gateway asked for on the client's behalf (see :mod:`.responses`). In both,
 token ids the gateway asked for on its own behalf are taken out (:mod:`.tokenids`). What a
@@ -31,6 +32,7 @@ from aiohttp import web
 from .responses import ResponseStats, SSESplitter, read_body
 
 __all__ = [
+    "NODE_HEADER",
     "CLIENT_CLOSED",
     "CONNECT_TIMEOUT_S",
     "BodyReader",
@@ -44,6 +46,7 @@ __all__ = [
 ]
 
 CLIENT_CLOSED: Final = "client_closed"
+NODE_HEADER: Final = "X-TAO-Node"
 CONNECT_TIMEOUT_S: Final = 10.0
 """Longest wait for a TCP connection to a node; generation itself has no time limit."""
 
@@ -141,7 +144,13 @@ async def forward_json(
         done.error = f"upstream_status_{status}"
     elif status == 200:
         data = out
-    return web.Response(status=status, body=data, headers={"Content-Type": content_type})
+    return web.Response(status=status, body=data, headers=_headers(content_type, done))
+
+
+def _headers(content_type: str, done: Forwarded, **more: str) -> dict[str, str]:
+    """A forwarded answer's headers: its type and :data:`NODE_HEADER`, the node that served it
+    (what a client or ``tao demo`` reads to count node moves; vLLM's own ids name no node)."""
+    return {"Content-Type": content_type, NODE_HEADER: done.node_id, **more}
 
 
 def openai_error_event(message: str) -> bytes:
@@ -188,7 +197,7 @@ async def forward_stream(
                 if up.status >= 400:
                     done.error = f"upstream_status_{up.status}"
                 ctype = content_type or "application/json"
-                return web.Response(status=up.status, body=data, headers={"Content-Type": ctype})
+                return web.Response(status=up.status, body=data, headers=_headers(ctype, done))
             try:
                 return await _relay_events(
                     request, up, start, clock, done, tracker, before_done, error_event
@@ -213,10 +222,11 @@ async def _relay_events(
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         status=200,
-        headers={
-            "Content-Type": up.headers.get("Content-Type", "text/event-stream"),
-            "Cache-Control": "no-cache",
-        },
+        headers=_headers(
+            up.headers.get("Content-Type", "text/event-stream"),
+            done,
+            **{"Cache-Control": "no-cache"},
+        ),
     )
     done.status = 200
     splitter = SSESplitter()

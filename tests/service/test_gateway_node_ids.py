@@ -101,6 +101,7 @@ class TestKeysFromSimNode:
         prompt = tok.render_messages(MESSAGES)
         done = await sim.last_report()
         assert done.block_size == BLOCK and done.error is None
+        assert resp.headers["X-TAO-Node"] == done.node_id  # the serving node, named
         assert len(output) == 21
         assert done.block_keys == chain_keys(prompt, BLOCK)
         assert len(done.block_keys) == len(prompt) // BLOCK > 0
@@ -115,6 +116,7 @@ class TestKeysFromSimNode:
         resp = await sim.post("/v1/chat/completions", body)
         raw = await resp.read()
         assert b"token_ids" not in raw and raw.endswith(b"data: [DONE]\n\n")
+        assert resp.headers["X-TAO-Node"]  # streamed answers name their node too
         text = "".join(c["choices"][0]["delta"].get("content") or "" for c in data_chunks(raw))
         output = tok.encode(text) + tok.tool_call_ids("bash", '{"cmd":"ls"}')
         assert len(output) == 40

@@ -24,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -32,7 +33,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 import redis.asyncio as aioredis
@@ -86,8 +87,22 @@ def pinned(client: str, default: str) -> str:
     return os.environ.get(key) or default
 
 
-def _tail(text: str, lines: int = 5) -> str:
-    return " | ".join(x.strip() for x in text.strip().splitlines()[-lines:] if x.strip())
+_ERROR_LINE = re.compile(r"^(npm error (code|errno|syscall|network|notarget|404)\b|ERROR:)")
+_FAILED: dict[str, str] = {}
+"""Installs that failed in this process, by spec: each is tried once per run."""
+
+
+def _why(text: str) -> str:
+    """The installer's error lines (npm's ``code`` / ``errno``, pip's ``ERROR:``), else its
+    last lines."""
+    lines = [x.strip() for x in text.strip().splitlines() if x.strip()]
+    errors = [x for x in lines if _ERROR_LINE.match(x)]
+    return " | ".join(errors[:3] or lines[-3:])
+
+
+def _skip(client: str, spec: str, reason: str) -> NoReturn:
+    _FAILED[spec] = reason
+    pytest.skip(f"{client}: cannot install {spec}: {reason}")
 
 
 def npm_client(client: str, package: str, version: str, binary: str) -> Path:
@@ -99,9 +114,11 @@ def npm_client(client: str, package: str, version: str, binary: str) -> Path:
     want = f"{package}@{version}"
     if exe.exists() and stamp.exists() and json.loads(stamp.read_text()).get("spec") == want:
         return exe
+    if want in _FAILED:
+        pytest.skip(f"{client}: cannot install {want}: {_FAILED[want]}")
     npm = shutil.which("npm")
     if npm is None:
-        pytest.skip(f"{client}: cannot install {want}: npm is not on PATH (Node.js missing)")
+        _skip(client, want, "npm is not on PATH (Node.js missing)")
     prefix.mkdir(parents=True, exist_ok=True)
     cmd = [npm, "install", "--no-audit", "--no-fund", "--prefix", str(prefix), want]
     try:
@@ -109,12 +126,10 @@ def npm_client(client: str, package: str, version: str, binary: str) -> Path:
             cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
         )
     except subprocess.TimeoutExpired:
-        pytest.skip(f"{client}: cannot install {want}: npm install ran over {INSTALL_TIMEOUT_S} s")
+        _skip(client, want, f"npm install ran over {INSTALL_TIMEOUT_S} s")
     if done.returncode != 0 or not exe.exists():
-        pytest.skip(
-            f"{client}: cannot install {want}: npm install exited {done.returncode}: "
-            f"{_tail(done.stderr or done.stdout)}"
-        )
+        why = _why(done.stderr or done.stdout) or f"no {binary} executable"
+        _skip(client, want, f"npm install exited {done.returncode}: {why}")
     stamp.write_text(json.dumps({"spec": want}))
     return exe
 
@@ -127,25 +142,25 @@ def pip_client(client: str, requirement: str, binary: str) -> Path:
     stamp = venv / "installed.json"
     if exe.exists() and stamp.exists() and json.loads(stamp.read_text()).get("spec") == requirement:
         return exe
+    if requirement in _FAILED:
+        pytest.skip(f"{client}: cannot install {requirement}: {_FAILED[requirement]}")
     python = shutil.which("python3")
     if python is None:
-        pytest.skip(f"{client}: cannot install {requirement}: no python3 on PATH")
-    steps = [[python, "-m", "venv", str(venv)], [str(venv / "bin" / "pip"), "install", "-q"]]
-    steps[1].append(requirement)
-    for cmd in steps:
+        _skip(client, requirement, "no python3 on PATH")
+    pip = str(venv / "bin" / "pip")
+    for cmd in ([python, "-m", "venv", str(venv)], [pip, "install", "-q", requirement]):
         try:
             done = subprocess.run(
                 cmd, capture_output=True, text=True, timeout=INSTALL_TIMEOUT_S, check=False
             )
         except subprocess.TimeoutExpired:
-            pytest.skip(f"{client}: cannot install {requirement}: {cmd[0]} ran too long")
+            _skip(client, requirement, f"{Path(cmd[0]).name} ran over {INSTALL_TIMEOUT_S} s")
         if done.returncode != 0:
-            pytest.skip(
-                f"{client}: cannot install {requirement}: {' '.join(cmd[:3])} exited "
-                f"{done.returncode}: {_tail(done.stderr or done.stdout)}"
-            )
+            name = f"{Path(cmd[0]).name} {cmd[1]}"
+            why = _why(done.stderr or done.stdout)
+            _skip(client, requirement, f"{name} exited {done.returncode}: {why}")
     if not exe.exists():
-        pytest.skip(f"{client}: installed {requirement} but it has no {binary} executable")
+        _skip(client, requirement, f"installed, but it has no {binary} executable")
     stamp.write_text(json.dumps({"spec": requirement}))
     return exe
 

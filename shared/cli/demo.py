@@ -33,9 +33,15 @@ tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), too
 token mean (the time from reporting the tool's end to the next call's first token), prefix cache
 hit rate (Σ cached / Σ prompt tokens from ``usage``), interrupts per tool call (the planner's
 ``sessions_interrupted`` over the tool calls the sessions ran), node moves per session (turns
-served by another node than the session's previous turn, read from the completion id a simnode
-gives, ``chatcmpl-<node>-<n>``; ``-`` against a gateway whose nodes do not name themselves
-there), plans applied / discarded.
+served by another node than the session's previous turn, read from the gateway's
+``X-TAO-Node`` answer header, else from the completion id a simnode gives,
+``chatcmpl-<node>-<n>``; ``-`` when neither names the node), plans applied / discarded.
+
+With ``--nodes-file FILE`` (``tao engines up`` writes one) the stacks front those real nodes
+instead of simnodes, and each policy's run first empties their prefix caches (vLLM's
+``POST /reset_prefix_cache``). A real model ignores the scripted replies: it writes
+``max_tokens`` of its own text and calls no tool, so the session runs the planned tool itself
+and sends its result as a user message.
 """
 
 from __future__ import annotations
@@ -61,9 +67,12 @@ from shared.core.policies import POLICY_NAMES
 from shared.infra.embedded import EmbeddedServers
 
 if TYPE_CHECKING:
+    from shared.infra.settings import NodeSpec
     from shared.sim.workloads import Task
 
 __all__ = ["DemoResult", "add_demo_parser", "demo_table"]
+
+_NODE_HEADER = "X-TAO-Node"  # the gateway names the serving node (services.gateway.proxy)
 
 _WORDS = [
     "the",
@@ -315,14 +324,17 @@ async def _session(
         tool_calls: dict[int, dict[str, str]] = {}
         content: list[str] = []
         served: str | None = None
-        stream = await client.chat.completions.create(
+        raw = await client.chat.completions.with_raw_response.create(
             model=args.model,
             messages=messages,
             stream=True,
             stream_options={"include_usage": True},
+            max_tokens=reply["output_tokens"],
             extra_headers={"X-Session-ID": sid},
             extra_body={"tao_script": reply},
         )
+        served = raw.headers.get(_NODE_HEADER)
+        stream = raw.parse()
         async for chunk in stream:
             served = served or served_by(getattr(chunk, "id", None))
             if chunk.usage is not None:
@@ -369,9 +381,10 @@ async def _session(
             messages.append({"role": "user", "content": script.observation(turn, rng)})
             tool_end_at = None
             continue
-        if not tool_calls:
-            break
-        call = next(iter(tool_calls.values()))
+        if tool_calls:
+            call = next(iter(tool_calls.values()))
+        else:  # a real model ignores the script: the agent runs the planned tool anyway
+            call = {"id": f"call-{turn}", "name": planned[0], "args": ""}
         name, duration = planned
         began = time.time()
         result.tool_calls += 1
@@ -397,13 +410,11 @@ async def _session(
             )
         )
         tool_end_at = time.monotonic()
-        messages.append(
-            {
-                "role": "tool",
-                "tool_call_id": call["id"],
-                "content": script.observation(turn, rng),
-            }
-        )
+        observation = script.observation(turn, rng)
+        if tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call["id"], "content": observation})
+        else:
+            messages.append({"role": "user", "content": observation})
     async with http.delete(f"{gateway}/v1/sessions/{sid}") as resp:
         resp.raise_for_status()
     result.latencies.append(time.monotonic() - started)
@@ -519,6 +530,12 @@ def add_demo_parser(sub: Any) -> None:
         help="comma-separated policies (default tao,thunderagent,thunderagent-ideal)",
     )
     p.add_argument("--sim-nodes", type=int, default=2, help="simulated nodes (default 2)")
+    p.add_argument(
+        "--nodes-file",
+        metavar="FILE",
+        help="real nodes instead of simnodes (e.g. tao engines up's); each run resets their "
+        "prefix caches first",
+    )
     p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
     p.add_argument("--model", help="model name sent (default: the first the gateway lists)")
@@ -573,18 +590,22 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     run_id = uuid.uuid4().hex[:8]
     args.domain_of = {p: f"demo-{run_id}-{i}" for i, p in enumerate(policies)}
     results: list[DemoResult] = []
+    real = _real_nodes(args.nodes_file)
     servers = EmbeddedServers().start() if need_servers else None
     try:
         for i, policy in enumerate(policies):
             ns = f"demo{run_id}p{i}"
             config = StackConfig(
-                sim_nodes=args.sim_nodes,
+                sim_nodes=0 if real else args.sim_nodes,
                 policy=policy,
                 time_scale=args.time_scale,
                 kv_tokens=args.kv_tokens,
                 namespace=ns,
                 domain=args.domain_of[policy],
+                extra_env={"TAO_NODES_FILE": args.nodes_file} if real else {},
             )
+            for node in real:
+                _reset_prefix_cache(node)
             try:
                 with Stack(config, servers=servers) as stack:
                     if not args.json:
@@ -605,6 +626,36 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
             servers.stop()
     _print_results(results, args, out)
     return 0 if all(r.tasks_done == r.sessions for r in results) else 1
+
+
+def _real_nodes(path: str | None) -> tuple[NodeSpec, ...]:
+    """The nodes of ``--nodes-file`` (none without it)."""
+    if path is None:
+        return ()
+    from shared.infra.nodesfile import NodesFileError, load_nodes_file
+
+    try:
+        return load_nodes_file(path)
+    except NodesFileError as exc:
+        raise DemoError(f"--nodes-file: {exc}") from None
+
+
+def _reset_prefix_cache(node: NodeSpec) -> None:
+    """Empty a real node's prefix cache, so that each policy starts cold (vLLM's
+    ``POST /reset_prefix_cache``, served when the engine runs with ``VLLM_SERVER_DEV_MODE=1``,
+    as ``tao engines up`` starts it)."""
+    import urllib.error
+    import urllib.request
+
+    url = node.url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache"
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):
+            pass
+    except (urllib.error.URLError, OSError) as exc:
+        raise DemoError(
+            f"--nodes-file: cannot reset the prefix cache of {node.id} at {url} ({exc}); "
+            "start vLLM with VLLM_SERVER_DEV_MODE=1"
+        ) from None
 
 
 def _demo_against(args: argparse.Namespace, out: TextIO) -> int:

@@ -135,6 +135,7 @@ def engine_command(cfg: EngineConfig, i: int) -> tuple[list[str], dict[str, str]
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
+        "VLLM_SERVER_DEV_MODE": "1",  # serves POST /reset_prefix_cache (tao demo, per policy)
         "DO_NOT_TRACK": "1",
     }
     return cmd, env

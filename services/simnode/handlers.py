@@ -21,7 +21,7 @@ import time
 import zlib
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 from aiohttp import web
 
@@ -31,6 +31,8 @@ from services.simnode.runner import EngineRunner, Waiter
 from shared.core.engine import Completion, EngineRequest, generated_token_ids
 
 __all__ = ["BadRequest", "Reply", "SimNode", "anthropic_error", "error_response"]
+
+PROCESS_START: Final = time.time()  # vLLM's process_start_time_seconds, here at import
 
 DEFAULT_OUTPUT_TOKENS = 64
 _DISCONNECT_POLL_S = 0.05
@@ -586,4 +588,9 @@ class SimNode:
         out.append("# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig")
         out.append("# TYPE vllm:cache_config_info gauge")
         out.append(f"vllm:cache_config_info{{{label_text}}} 1.0")
+        # The Prometheus client's process collector, which vLLM's page carries too: telemetry
+        # reads a change as an engine restart (services.telemetry.handlers).
+        out.append("# HELP process_start_time_seconds Start time of the process since unix epoch")
+        out.append("# TYPE process_start_time_seconds gauge")
+        out.append(f"process_start_time_seconds {PROCESS_START!r}")
         return "\n".join(out) + "\n"

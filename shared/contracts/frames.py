@@ -114,8 +114,8 @@ def parse_kv_frames(frames: Sequence[bytes | bytearray | memoryview]) -> KVFrame
     if len(frames) == 4:
         topic, seq, payload = parse_replay_answer(frames)
     elif len(frames) == 3:
-        topic, seq_frame, payload = frames
-        topic = bytes(topic)
+        topic_frame, seq_frame, payload = frames
+        topic = bytes(topic_frame)
         seq = parse_seq(seq_frame)
         if seq == REPLAY_END_SEQ and len(payload):
             raise FrameError(f"replay end marker (seq -1) carries {len(payload)} payload bytes")

@@ -117,7 +117,9 @@ class Bus:
                 await nc.connect(
                     url,
                     name=name,
-                    connect_timeout=min(connect_timeout_s, _ATTEMPT_S),
+                    connect_timeout=max(
+                        1, round(min(connect_timeout_s, _ATTEMPT_S))
+                    ),  # nats-py: int s
                     allow_reconnect=allow_reconnect,
                     max_reconnect_attempts=-1 if allow_reconnect else 0,
                     error_cb=_ignore_error if quiet else _on_error,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -192,7 +193,7 @@ class TestOps:
             if line.startswith("#") or not line:
                 continue
             head, value = line.rsplit(" ", 1)
-            name, labels = head.split("{", 1)
+            name, _, labels = head.partition("{")
             samples[name] = (labels.rstrip("}"), float(value))
         for name in (
             "vllm:kv_cache_usage_perc",
@@ -213,6 +214,8 @@ class TestOps:
         assert 'block_size="16"' in info[0] and 'num_gpu_blocks="16384"' in info[0]
         assert info[1] == 1.0
         assert "# TYPE vllm:prefix_cache_hits_total counter" in text
+        # as vLLM 0.32's page: the process start time, which tells telemetry of a restart
+        assert 0 < samples["process_start_time_seconds"][1] <= time.time()
 
 
 class TestLifecycle:

@@ -14,8 +14,9 @@ The stack (``shared.cli.stack.Stack``: one sim node at time scale 20 and the fiv
 the test NATS and Redis, in a fresh namespace and domain) is started once for the tier; the
 client talks to a :class:`tests.harness.recorder.Recorder` in front of its gateway, which
 records what the client sends and scripts the node's answers. After the run, :class:`Seen`
-reads back from the streams what TAO received: the raw hook payloads, the gateway's session
-events and the tool events the tools service made of the hooks.
+reads back from the streams what TAO received: the raw hook payloads and the gateway's
+session events (and anything on the tool stream; the tools service applies the tool events
+it maps from hooks to the store directly, so the tests read those from the store).
 """
 
 from __future__ import annotations

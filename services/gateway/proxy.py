@@ -32,9 +32,9 @@ from aiohttp import web
 from .responses import ResponseStats, SSESplitter, read_body
 
 __all__ = [
-    "NODE_HEADER",
     "CLIENT_CLOSED",
     "CONNECT_TIMEOUT_S",
+    "NODE_HEADER",
     "BodyReader",
     "Forwarded",
     "Tracker",

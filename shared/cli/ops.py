@@ -23,13 +23,16 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, TextIO
 
 import anyio
 import orjson
 
 from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
+from shared.infra.errors import SettingsError
 from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_run_file
+from shared.infra.settings import Settings
 
 __all__ = ["add_ops_parsers", "redis_url", "status_table"]
 
@@ -94,6 +97,28 @@ def _cmd_service(args: argparse.Namespace, out: TextIO) -> int:
 # -- tao up --------------------------------------------------------------------------------------
 
 
+def up_config(args: argparse.Namespace, env: Mapping[str, str]) -> StackConfig:
+    """What ``tao up`` starts: its flags, and the bus namespace and scheduling domain of the
+    environment (``TAO_NAMESPACE`` / ``TAO_DOMAIN``, read as the services read them; a bad
+    setting is one line here rather than five dead services), so that a hook or client sent
+    with the namespace set reaches the services it started."""
+    try:
+        settings = Settings.from_env(env)
+    except SettingsError as exc:
+        raise OpsError(str(exc)) from None
+    return StackConfig(
+        sim_nodes=args.sim_nodes,
+        policy=args.policy,
+        gateway_port=args.port,
+        time_scale=args.time_scale,
+        kv_tokens=args.kv_tokens,
+        profile=args.profile,
+        log_dir=args.log_dir,
+        namespace=settings.namespace,
+        domain=settings.domain,
+    )
+
+
 def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
     if args.sim_nodes < 0:
         raise OpsError("--sim-nodes: must be >= 0")
@@ -103,15 +128,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         raise OpsError(f"--time-scale: must be > 0, got {args.time_scale}")
     if find_running() is not None:
         raise OpsError("another `tao up` is running (see `tao status`); stop it first")
-    config = StackConfig(
-        sim_nodes=args.sim_nodes,
-        policy=args.policy,
-        gateway_port=args.port,
-        time_scale=args.time_scale,
-        kv_tokens=args.kv_tokens,
-        profile=args.profile,
-        log_dir=args.log_dir,
-    )
+    config = up_config(args, os.environ)
     stop = threading.Event()
     # Both signals only set the event; the loop below then stops everything in order. SIGINT
     # gets a handler of its own too, because a shell starts background jobs with it ignored.
@@ -130,6 +147,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
                 redis_url=stack.redis_url,
                 gateway_url=stack.gateway_url,
                 started_at=time.time(),
+                namespace=config.namespace,
                 services=(*SERVICES, *stack.node_urls),
                 nodes_file=nodes_file,
             )

@@ -53,7 +53,11 @@ class TestConnectOptions:
         with pytest.raises(BusError, match=r"cannot connect to NATS at .*: no connection within"):
             await asyncio.wait_for(
                 Bus.connect(
-                    url, name="x", connect_timeout_s=1.0, allow_reconnect=allow_reconnect, quiet=True
+                    url,
+                    name="x",
+                    connect_timeout_s=1.0,
+                    allow_reconnect=allow_reconnect,
+                    quiet=True,
                 ),
                 30.0,  # the old behaviour: this would time out instead of raising BusError
             )

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
 from shared.cli.main import main
-from shared.cli.ops import status_table
+from shared.cli.ops import status_table, up_config
+from shared.cli.stack import Stack
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -52,6 +54,34 @@ class TestUsageErrors:
         assert code == 2 and out == ""
         assert err.count("\n") == 1 and fragment in err, err
         assert "Traceback" not in err
+
+
+class TestUpEnvironment:
+    """``tao up`` starts its services in the environment's namespace and domain (it used to
+    give them ``TAO_NAMESPACE=`` whatever was set, so a namespaced hook went nowhere)."""
+
+    def test_namespace_and_domain_reach_the_services(self) -> None:
+        args = build_up_args()
+        config = up_config(args, {"TAO_NAMESPACE": "team-a", "TAO_DOMAIN": "pool-1"})
+        assert (config.namespace, config.domain) == ("team-a", "pool-1")
+        env = Stack(config).service_env()
+        assert (env["TAO_NAMESPACE"], env["TAO_DOMAIN"]) == ("team-a", "pool-1")
+        plain = Stack(up_config(args, {})).service_env()
+        assert (plain["TAO_NAMESPACE"], plain["TAO_DOMAIN"]) == ("", "default")
+
+    def test_a_bad_namespace_is_one_line(
+        self, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        monkeypatch.setenv("TAO_NAMESPACE", "no spaces")
+        code, out, err = run(capsys, "up")
+        assert code == 2 and out == "" and err.count("\n") == 1
+        assert "TAO_NAMESPACE" in err and "Traceback" not in err
+
+
+def build_up_args() -> argparse.Namespace:
+    from shared.cli.main import build_parser
+
+    return build_parser().parse_args(["up"])
 
 
 class TestStatusTable:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Everything CI checks: set-up, lint, type-check, schema drift, the test suite, and a second pass
-# of the planner/kernel tests with numba's JIT disabled (so the kernels' Python bodies are run).
+# Everything CI checks: set-up, lint, type-check, schema drift, the test suite (with the real-vLLM
+# tier when .venv-vllm exists: bash scripts/engines.sh install), the real harness clients, and a
+# second pass of the planner/kernel tests with numba's JIT disabled (the kernels' Python bodies).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/lint.sh
@@ -9,6 +10,8 @@ echo "== schemas (drift check)" >&2
 .venv/bin/python -m shared.contracts.schemagen --check
 echo "== pytest" >&2
 .venv/bin/pytest
+echo "== pytest, real agent harness clients (tests/harness: installs Claude Code, OpenCode and mini-swe-agent on first use)" >&2
+.venv/bin/pytest -m harness tests/harness
 echo "== pytest, planner and kernels with NUMBA_DISABLE_JIT=1" >&2
 status=0
 NUMBA_DISABLE_JIT=1 .venv/bin/pytest tests/unit/core -k "planner or kernel" || status=$?

@@ -351,25 +351,33 @@ class Relay:
                     request, api, url, body, info, session_id, request_id, done, report_now
                 )
         except asyncio.CancelledError:
-            done.error = done.error or CLIENT_CLOSED
+            # A client that closes once it has the whole answer (the OpenAI SDK does, right
+            # after [DONE]) cancels the handler too: the answer was complete (its report
+            # started at the end marker, no error), so it counts and logs as served.
+            if not (reported and done.error is None):
+                done.error = done.error or CLIENT_CLOSED
             report_now()
-            self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
+            self._done(endpoint, session_id, request_id, done)
             raise
         report_now()
+        self._done(endpoint, session_id, request_id, done)
+        await asyncio.shield(reported[0])
+        return response
+
+    def _done(self, endpoint: str, session_id: str, request_id: str, done: Forwarded) -> None:
+        """Count one forwarded request by its outcome and log its ``request_done`` line."""
         outcome = "ok" if done.error is None else done.error.split(":")[0]
         self.metrics.requests.inc(endpoint=endpoint, outcome=outcome)
-        await asyncio.shield(reported[0])
         _log.info(
             "request_done",
             session_id=session_id,
             request_id=request_id,
-            node_id=node,
+            node_id=done.node_id,
             status=done.status,
             error=done.error,
             ttft_s=done.ttft_s,
             duration_s=done.duration_s,
         )
-        return response
 
     def _asks_ids(self, api: Api, node: str) -> bool:
         """Ask ``node`` for token ids: the API has them, the node takes them, and its block

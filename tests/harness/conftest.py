@@ -31,7 +31,7 @@ import subprocess
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -50,6 +50,7 @@ from shared.contracts import (
 )
 from shared.infra import Bus
 from shared.infra.store import Store
+from tests.harness.recorder import Recorded
 
 ROOT = Path(__file__).resolve().parents[2]
 CACHE = Path(os.environ.get("TAO_HARNESS_CACHE") or ROOT / ".cache" / "harness")
@@ -343,6 +344,21 @@ def write_capture(client: str, capture: dict[str, Any]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(capture, indent=1, sort_keys=True, default=str))
     return out
+
+
+def request_rows(recorded: Iterable[Recorded], secret: str) -> list[dict[str, Any]]:
+    """Each recorded request for a capture: method, path, query, its headers but the
+    ``secret`` one (the client's key), and the shape of a model request's body."""
+    return [
+        {
+            "method": r.method,
+            "path": r.path,
+            "query": r.query,
+            "headers": {k: v for k, v in r.headers.items() if k.lower() != secret},
+            "body": request_facts(r.body) if r.path.startswith("/v1") else r.body,
+        }
+        for r in recorded
+    ]
 
 
 def request_facts(body: Any) -> dict[str, Any]:

@@ -28,7 +28,7 @@ from tests.harness.conftest import (
     Seen,
     npm_client,
     pinned,
-    request_facts,
+    request_rows,
     write_capture,
 )
 from tests.harness.recorder import TEXT, Recorder, tool_results, tool_script
@@ -110,40 +110,69 @@ def _hook_facts(hooks: list[dict[str, Any]], sid: str) -> dict[str, list[str]]:
     return facts
 
 
-def test_claude_code_runs_a_scripted_bash_call_and_tao_sees_it(
-    harness_stack: HarnessStack, tmp_path: Path
-) -> None:
-    version = pinned("claude-code", VERSION)
+def _claude_project(tmp_path: Path, version: str, *, hooks: bool) -> tuple[Path, Path, Path]:
+    """The installed client, and a project (with TAO's hooks when ``hooks``) and a home."""
     claude = npm_client("claude-code", "@anthropic-ai/claude-code", version, "claude")
     project, home = tmp_path / "project", tmp_path / "home"
     project.mkdir()
     home.mkdir()
-    _install_hooks(project)
+    if hooks:
+        _install_hooks(project)
+    return claude, project, home
 
+
+def _run_claude(
+    claude: Path,
+    prompt: str,
+    tools: str,
+    project: Path,
+    home: Path,
+    base_url: str,
+    stack: HarnessStack,
+) -> dict[str, Any]:
+    """``claude -p PROMPT`` against ``base_url``, bounded in time; its JSON result, checked to
+    be a success."""
+    run = subprocess.run(
+        [
+            str(claude),
+            "-p",
+            prompt,
+            "--model",
+            "tao-sim",
+            "--allowedTools",
+            tools,
+            "--output-format",
+            "json",
+        ],
+        cwd=project,
+        env=_claude_env(home, base_url, stack),
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        check=False,
+    )
+    assert run.returncode == 0, f"claude exited {run.returncode}: {run.stdout} {run.stderr}"
+    result: dict[str, Any] = json.loads(run.stdout)
+    assert result["is_error"] is False, result
+    return result
+
+
+def test_claude_code_runs_a_scripted_bash_call_and_tao_sees_it(
+    harness_stack: HarnessStack, tmp_path: Path
+) -> None:
+    version = pinned("claude-code", VERSION)
+    claude, project, home = _claude_project(tmp_path, version, hooks=True)
     with Recorder(harness_stack.gateway, commands=("sleep 1",)) as rec:
-        run = subprocess.run(
-            [
-                str(claude),
-                "-p",
-                "Wait one second using the Bash tool.",
-                "--model",
-                "tao-sim",
-                "--allowedTools",
-                "Bash",
-                "--output-format",
-                "json",
-            ],
-            cwd=project,
-            env=_claude_env(home, rec.url, harness_stack),
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
+        result = _run_claude(
+            claude,
+            "Wait one second using the Bash tool.",
+            "Bash",
+            project,
+            home,
+            rec.url,
+            harness_stack,
         )
         recorded = rec.all()
-    assert run.returncode == 0, f"claude exited {run.returncode}: {run.stdout} {run.stderr}"
-    result = json.loads(run.stdout)
-    assert result["is_error"] is False, result
     sid = result["session_id"]
     assert result["num_turns"] == 2, result
 
@@ -204,16 +233,7 @@ def test_claude_code_runs_a_scripted_bash_call_and_tao_sees_it(
             "reported_version": subprocess.run(
                 [str(claude), "--version"], capture_output=True, text=True, timeout=30
             ).stdout.strip(),
-            "requests": [
-                {
-                    "method": r.method,
-                    "path": r.path,
-                    "query": r.query,
-                    "headers": {k: v for k, v in r.headers.items() if k.lower() != "x-api-key"},
-                    "body": request_facts(r.body),
-                }
-                for r in recorded
-            ],
+            "requests": request_rows(recorded, "x-api-key"),
             "hook_payload_keys": late or hooks,
             "session_requests": [
                 {"harness": m.harness, "stream": m.stream, "max_tokens": m.max_tokens}
@@ -245,27 +265,18 @@ def _agent_then_bash(body: Mapping[str, Any], headers: Mapping[str, str]) -> dic
 @pytest.mark.parametrize("hooks", [False, True], ids=["no-hooks", "hooks"])
 def test_claude_code_sub_agent(harness_stack: HarnessStack, tmp_path: Path, hooks: bool) -> None:
     version = pinned("claude-code", VERSION)
-    claude = npm_client("claude-code", "@anthropic-ai/claude-code", version, "claude")
-    project, home = tmp_path / "project", tmp_path / "home"
-    project.mkdir()
-    home.mkdir()
-    if hooks:
-        _install_hooks(project)
+    claude, project, home = _claude_project(tmp_path, version, hooks=hooks)
     with Recorder(harness_stack.gateway, scripter=_agent_then_bash) as rec:
-        args = ["--model", "tao-sim", "--allowedTools", "Bash,Agent", "--output-format", "json"]
-        run = subprocess.run(
-            [str(claude), "-p", "Ask a sub-agent to wait one second.", *args],
-            cwd=project,
-            env=_claude_env(home, rec.url, harness_stack),
-            capture_output=True,
-            text=True,
-            timeout=RUN_TIMEOUT_S,
-            check=False,
+        result = _run_claude(
+            claude,
+            "Ask a sub-agent to wait one second.",
+            "Bash,Agent",
+            project,
+            home,
+            rec.url,
+            harness_stack,
         )
         recorded = rec.all()
-    assert run.returncode == 0, f"claude exited {run.returncode}: {run.stdout} {run.stderr}"
-    result = json.loads(run.stdout)
-    assert result["is_error"] is False, result
     sid = result["session_id"]
     model = [r for r in recorded if r.path == "/v1/messages" and r.method == "POST"]
     sub = [
@@ -327,13 +338,8 @@ def test_claude_code_sub_agent(harness_stack: HarnessStack, tmp_path: Path, hook
                 for m in parent_reqs + child_reqs
             ],
             "requests": [
-                {
-                    "path": r.path,
-                    "sub_agent": r in sub,
-                    "headers": {k: v for k, v in r.headers.items() if k.lower() != "x-api-key"},
-                    "body": request_facts(r.body),
-                }
-                for r in model
+                {**row, "sub_agent": r in sub}
+                for r, row in zip(model, request_rows(model, "x-api-key"), strict=True)
             ],
         },
     )

@@ -29,7 +29,7 @@ from tests.harness.conftest import (
     Seen,
     pinned,
     pip_client,
-    request_facts,
+    request_rows,
     write_capture,
 )
 from tests.harness.recorder import Recorder
@@ -146,15 +146,7 @@ def test_mini_swe_agent_runs_scripted_commands_and_tao_sees_them(
         "mini-swe-agent",
         {
             "version": version,
-            "requests": [
-                {
-                    "method": r.method,
-                    "path": r.path,
-                    "headers": {k: v for k, v in r.headers.items() if k.lower() != "authorization"},
-                    "body": request_facts(r.body) if r.path.startswith("/v1") else r.body,
-                }
-                for r in recorded
-            ],
+            "requests": request_rows(recorded, "authorization"),
             "session_requests": [
                 {"harness": m.harness, "stream": m.stream, "max_tokens": m.max_tokens}
                 for m in requests

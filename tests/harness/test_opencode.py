@@ -33,7 +33,7 @@ from tests.harness.conftest import (
     Seen,
     npm_client,
     pinned,
-    request_facts,
+    request_rows,
     write_capture,
 )
 from tests.harness.recorder import TEXT, Recorded, Recorder, tool_results, tool_script
@@ -105,15 +105,7 @@ def _capture(name: str, version: str, recorded: list[Recorded], seen: Seen, sids
         name,
         {
             "version": version,
-            "requests": [
-                {
-                    "method": r.method,
-                    "path": r.path,
-                    "headers": {k: v for k, v in r.headers.items() if k.lower() != "authorization"},
-                    "body": request_facts(r.body) if r.path.startswith("/v1") else r.body,
-                }
-                for r in recorded
-            ],
+            "requests": request_rows(recorded, "authorization"),
             "session_requests": [
                 {
                     "session_id": m.session_id,

@@ -288,6 +288,9 @@ class PooledScheduler(_Base):
         else:
             live.update(applied.sessions)
             sim.bump("interrupts", len(applied.interrupted))
+            for m in applied.interrupted:
+                over = snap.overflow.get(m.node, 0) > 0
+                sim.note_release(m.session, "payback" if over else "demand")
             sim.bump("admits", len(applied.admitted))
             if applied.truncated:
                 sim.bump("plans_truncated")
@@ -374,6 +377,7 @@ class ThunderAgentScheduler(_Base):
         if s.node is not None:
             sim.sessions[sid] = release(s, t)
             sim.bump("interrupts")
+            sim.note_release(sid, "pause")
 
     def on_request(self, sid: str, t: float) -> None:
         sim = self.sim

@@ -127,6 +127,10 @@ class Agent:
     resident: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per node: (engine's ``evicted_blocks`` then, leading blocks of the session's chain
     known resident then): a lower bound while nothing has been evicted since."""
+    release: str | None = None
+    """Cause of the last release of the session's admission since its previous request
+    finished (:meth:`Simulator.note_release`), None if none; goes into the next request's
+    :class:`RequestRecord`."""
 
     @property
     def prompt_len(self) -> int:
@@ -326,8 +330,10 @@ class Simulator:
                 cached=c.cached_tokens,  # type: ignore[attr-defined]
                 completion=c.completion_tokens,  # type: ignore[attr-defined]
                 tool_end=agent.tool_end,
+                release=agent.release,
             )
         )
+        agent.release = None
         plen = agent.prompt_len
         self.inflight_tokens[node] -= plen
         agent.ctx = plen + turn.output
@@ -458,6 +464,14 @@ class Simulator:
         n = eng.resident_blocks(hashes, nblocks, start)
         agent.resident[node] = (ev, max(n, start))
         return n
+
+    def note_release(self, sid: str, cause: str) -> None:
+        """The scheduler released ``sid``'s admission (``cause``: see ``RequestRecord.release``);
+        counted as ``releases_<cause>``."""
+        agent = self.agents.get(sid)
+        if agent is not None:
+            agent.release = cause
+        self.bump(f"releases_{cause}")
 
     def bump(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n

@@ -24,6 +24,18 @@
                            max(0, min(prompt, prev_ctx) − cached), where prev_ctx = the same
                            session's previous request's prompt + completion (0 for its first)
 ``recompute_share``        recomputed_tokens / Σ prompt tokens
+``recomputed_move``        the part of recomputed_tokens of requests served on another node than
+                           the session's previous request (:func:`recompute_by_cause`)
+``recomputed_release``     … of requests on the same node whose session's admission was released
+                           since the previous request (TAO interrupts, ThunderAgent pauses)
+``recomputed_kept``        … of requests on the same node whose session stayed admitted
+                           throughout (its prefix evicted by the engine's LRU meanwhile); the
+                           three sum to recomputed_tokens
+``recomputed_payback``     the part of recomputed_move + recomputed_release whose session's last
+                           release was a pay-back one (see releases_payback)
+``releases_payback``       TAO releases on a node whose reservations exceeded its usable
+                           capacity in the round's snapshot (the pay-back, and any demand
+                           release there); 0 for other policies
 ``node_moves``             requests served on another node than the session's previous one
 ``interrupts_per_tool``    interrupts / tool calls (requests − tasks: every turn but the last
                            ends in a tool)
@@ -73,6 +85,7 @@ __all__ = [
     "node_moves",
     "paired_relative",
     "pct",
+    "recompute_by_cause",
     "recomputed_tokens",
     "t_quantile",
 ]
@@ -100,6 +113,11 @@ METRICS: tuple[str, ...] = (
     "preemptions",
     "recomputed_tokens",
     "recompute_share",
+    "recomputed_move",
+    "recomputed_release",
+    "recomputed_kept",
+    "recomputed_payback",
+    "releases_payback",
     "node_moves",
     "interrupts_per_tool",
     "plans_discarded",
@@ -124,6 +142,10 @@ LOWER_IS_BETTER = frozenset(
         "preemptions",
         "recomputed_tokens",
         "recompute_share",
+        "recomputed_move",
+        "recomputed_release",
+        "recomputed_kept",
+        "recomputed_payback",
         "node_moves",
         "interrupts_per_tool",
         "plans_discarded",
@@ -157,6 +179,25 @@ def recomputed_tokens(res: SimResult) -> int:
     return total
 
 
+def recompute_by_cause(res: SimResult) -> dict[str, int]:
+    """:func:`recomputed_tokens` split by what preceded each request: ``move`` (served on another
+    node than the session's previous request), ``release`` (same node, the admission released
+    since the previous request: ``RequestRecord.release`` set), ``kept`` (same node, admitted
+    throughout). The three sum to :func:`recomputed_tokens`; ``payback`` is the part of ``move``
+    and ``release`` whose last release was a pay-back one (``RequestRecord.release``)."""
+    prev: dict[str, tuple[int, str]] = {}
+    out = {"move": 0, "release": 0, "kept": 0, "payback": 0}
+    for r in sorted(res.requests, key=lambda r: (r.session, r.turn)):
+        ctx, node = prev.get(r.session, (0, r.node))
+        lost = max(0, min(r.prompt, ctx) - r.cached)
+        cause = "move" if node != r.node else "release" if r.release is not None else "kept"
+        out[cause] += lost
+        if r.release == "payback":
+            out["payback"] += lost
+        prev[r.session] = (r.prompt + r.completion, r.node)
+    return out
+
+
 def node_moves(res: SimResult) -> int:
     """Requests served on another node than the same session's previous request (each one
     prefills the whole context again unless the new node happens to hold it)."""
@@ -185,6 +226,7 @@ def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | 
     solve = [t.solve_s * 1000.0 for t in res.ticks]
     ratios = [t.demand / t.capacity for t in res.ticks if t.pool > 0 and t.capacity > 0]
     recomputed = recomputed_tokens(res)
+    by_cause = recompute_by_cause(res)
     return {
         "latency_mean": mean(lat),
         "latency_p50": pct(lat, 50),
@@ -212,6 +254,11 @@ def compute_metrics(res: SimResult, dp_policy: bool) -> dict[str, float | int | 
         "preemptions": res.preemptions,
         "recomputed_tokens": recomputed,
         "recompute_share": recomputed / prompt if prompt else None,
+        "recomputed_move": by_cause["move"],
+        "recomputed_release": by_cause["release"],
+        "recomputed_kept": by_cause["kept"],
+        "recomputed_payback": by_cause["payback"],
+        "releases_payback": res.counters.get("releases_payback", 0),
         "node_moves": node_moves(res),
         "interrupts_per_tool": (
             res.counters.get("interrupts", 0) / tools

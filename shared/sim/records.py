@@ -13,7 +13,11 @@ class RequestRecord:
 
     ``issued`` is when the agent sent it (the previous tool ended, or the task started);
     ``submitted`` when it reached an engine (after any hold in the pool); ``tool_end`` is the
-    end of the tool call that preceded it (None for a task's first request).
+    end of the tool call that preceded it (None for a task's first request). ``release`` says
+    whether the scheduler released the session's admission since its previous request finished
+    (during the tool call between them): None if not, else the cause of the last release —
+    ``"payback"`` (TAO, on a node whose reservations exceeded its capacity in the round's
+    snapshot), ``"demand"`` (TAO, any other interrupt), ``"pause"`` (ThunderAgent).
     """
 
     session: str
@@ -27,6 +31,7 @@ class RequestRecord:
     cached: int
     completion: int
     tool_end: float | None
+    release: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -125,3 +125,26 @@ class TestConservation:
         )
         for eng in sim.engines.values():
             assert eng.running == 0 and eng.waiting == 0
+
+
+class TestReleaseRecords:
+    """Each release the scheduler makes is counted by cause and marks the next request."""
+
+    @pytest.mark.parametrize("policy", ["tao", "tao-no-payback", "thunderagent-ideal"])
+    def test_releases_marked(self, policy: str) -> None:
+        """releases_* sum to the interrupts; every request after a release carries its cause,
+        no session's first request does, and the recompute split sums to the total."""
+        cfg = SimConfig(nodes=2, workers=6, kv_tokens=16_000)
+        res = simulate(tiny_tasks(8, 1), cfg, policy, 1)
+        causes = {k[len("releases_"):]: v for k, v in res.counters.items()
+                  if k.startswith("releases_")}  # fmt: skip
+        assert sum(causes.values()) == res.counters.get("interrupts", 0) > 0
+        allowed = {"pause"} if policy.startswith("thunderagent") else {"payback", "demand"}
+        assert set(causes) <= allowed
+        marked = [r for r in res.requests if r.release is not None]
+        assert 0 < len(marked) <= sum(causes.values())
+        assert {r.release for r in marked} <= allowed
+        assert all(r.turn > 0 for r in marked)
+        m = compute_metrics(res, policy in DP_POLICIES)
+        assert (m["recomputed_move"] + m["recomputed_release"] + m["recomputed_kept"]
+                == m["recomputed_tokens"])  # fmt: skip

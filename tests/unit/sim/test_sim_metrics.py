@@ -11,6 +11,7 @@ from shared.sim.metrics import (
     improvement,
     node_moves,
     paired_relative,
+    recompute_by_cause,
     recomputed_tokens,
     t_quantile,
 )
@@ -323,3 +324,44 @@ def test_node_moves(requests: list[RequestRecord], expected: int) -> None:
     # every request but each session's last ends in a tool: interrupts / tool calls
     res.counters["interrupts"] = 3
     assert compute_metrics(res, True)["interrupts_per_tool"] == pytest.approx(3 / len(requests))
+
+
+def _at(session: str, turn: int, node: str, cached: int, release: str | None = None
+        ) -> RequestRecord:  # fmt: skip
+    return RequestRecord(session, turn, node, 0.0, 0.0, 0.0, 0.0, 100 * (turn + 1), cached, 10,
+                         None, release)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("requests", "expected"),
+    [
+        # turn 1: prev ctx 110, 50 cached, same node, admitted throughout → 60 kept
+        pytest.param([_at("A", 0, "n0", 0), _at("A", 1, "n0", 50)],
+                     {"move": 0, "release": 0, "kept": 60, "payback": 0}, id="kept"),
+        # released during the tool, back on the same node: 110 − 10 = 100 by release
+        pytest.param([_at("A", 0, "n0", 0), _at("A", 1, "n0", 10, "demand")],
+                     {"move": 0, "release": 100, "kept": 0, "payback": 0}, id="release"),
+        # released and re-admitted elsewhere: a move, whatever the release
+        pytest.param([_at("A", 0, "n0", 0), _at("A", 1, "n1", 0, "pause")],
+                     {"move": 110, "release": 0, "kept": 0, "payback": 0}, id="move"),
+        # two sessions, records out of order (as completions append them)
+        pytest.param(
+            [_at("A", 2, "n0", 200, "payback"), _at("B", 1, "n1", 100), _at("A", 0, "n1", 0),
+             _at("B", 0, "n1", 0), _at("A", 1, "n0", 0, "demand")],
+            # A1: moved n1 → n0, 110 lost; A2: 10 by release; B1: 10 kept
+            {"move": 110, "release": 10, "kept": 10, "payback": 10}, id="two-sessions-unordered",
+        ),
+    ],
+)  # fmt: skip
+def test_recompute_by_cause(requests: list[RequestRecord], expected: dict[str, int]) -> None:
+    """The split by cause sums to recomputed_tokens and is what the metrics report."""
+    res = SimResult(policy="tao", seed=0, workers=1, nodes=2, profile="qwen3-32b-tp2")
+    res.requests = requests
+    assert recompute_by_cause(res) == expected
+    assert expected["move"] + expected["release"] + expected["kept"] == recomputed_tokens(res)
+    m = compute_metrics(res, True)
+    assert (m["recomputed_move"], m["recomputed_release"], m["recomputed_kept"],
+            m["recomputed_payback"]) == (expected["move"], expected["release"],
+                                         expected["kept"], expected["payback"])  # fmt: skip
+    res.counters["releases_payback"] = 2
+    assert compute_metrics(res, True)["releases_payback"] == 2

@@ -28,6 +28,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 import urllib.request
 import uuid
@@ -344,6 +345,20 @@ def write_capture(client: str, capture: dict[str, Any]) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(capture, indent=1, sort_keys=True, default=str))
     return out
+
+
+def install_hooks(target: str, project: Path) -> None:
+    """``tao hooks install TARGET --scope project`` in ``project``, as a user runs it."""
+    tao = Path(sys.executable).with_name("tao")
+    installed = subprocess.run(
+        [str(tao), "hooks", "install", target, "--scope", "project"],
+        cwd=project,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
 
 
 def request_rows(recorded: Iterable[Recorded], secret: str) -> list[dict[str, Any]]:

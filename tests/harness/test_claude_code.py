@@ -26,6 +26,7 @@ from shared.harness.claude import ClaudeMapper, sub_agent_session
 from tests.harness.conftest import (
     HarnessStack,
     Seen,
+    install_hooks,
     npm_client,
     pinned,
     request_rows,
@@ -62,15 +63,7 @@ def _claude_env(home: Path, base_url: str, hs: HarnessStack) -> dict[str, str]:
 
 
 def _install_hooks(project: Path) -> None:
-    installed = subprocess.run(
-        [str(TAO), "hooks", "install", "claude-code", "--scope", "project"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert installed.returncode == 0, installed.stderr
+    install_hooks("claude-code", project)
     settings = json.loads((project / ".claude" / "settings.json").read_text())
     assert "PreToolUse" in settings["hooks"] and "PostToolUse" in settings["hooks"]
 

@@ -27,6 +27,7 @@ from tests.harness.conftest import (
     ROOT,
     HarnessStack,
     Seen,
+    install_hooks,
     pinned,
     pip_client,
     request_rows,
@@ -68,15 +69,7 @@ def test_mini_swe_agent_runs_scripted_commands_and_tao_sees_them(
     mini = pip_client("mini-swe-agent", f"mini-swe-agent=={version}", "mini")
     project = tmp_path / "project"
     project.mkdir()
-    installed = subprocess.run(
-        [str(TAO), "hooks", "install", "mini-swe-agent", "--scope", "project"],
-        cwd=project,
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
-    assert installed.returncode == 0, installed.stderr
+    install_hooks("mini-swe-agent", project)
     overlay = project / "tao-mini-swe-agent.yaml"
     assert "shared.harness.miniswe_env.TaoEnvironment" in overlay.read_text()
     sid = f"mini-{uuid.uuid4().hex[:12]}"

@@ -31,6 +31,7 @@ from tests.harness.conftest import (
     CACHE,
     HarnessStack,
     Seen,
+    install_hooks,
     npm_client,
     pinned,
     request_rows,
@@ -127,15 +128,7 @@ def test_opencode_with_tao_plugin_runs_bash_and_tao_sees_it(
     opencode = npm_client("opencode", "opencode-ai", version, "opencode")
     with Recorder(harness_stack.gateway, commands=("sleep 1",)) as rec:
         project = _project(tmp_path, rec.url)
-        installed = subprocess.run(
-            [str(TAO), "hooks", "install", "opencode", "--scope", "project"],
-            cwd=project,
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        )
-        assert installed.returncode == 0, installed.stderr
+        install_hooks("opencode", project)
         assert (project / ".opencode" / "plugins" / "tao.ts").exists()
         _run(opencode, project, tmp_path, "Wait one second with sleep.", rec.url)
         recorded = rec.all()

@@ -647,7 +647,7 @@ def _reset_prefix_cache(node: NodeSpec) -> None:
     import urllib.error
     import urllib.request
 
-    url = node.url.rstrip("/").removesuffix("/v1") + "/reset_prefix_cache"
+    url = f"{node.root}/reset_prefix_cache"
     try:
         with urllib.request.urlopen(urllib.request.Request(url, method="POST"), timeout=30):
             pass

@@ -42,7 +42,7 @@ from typing import Any, TextIO
 
 from shared.cli.ops import OpsError
 from shared.infra.nodesfile import render_nodes_file
-from shared.infra.settings import NodeSpec
+from shared.infra.settings import NodeSpec, url_root
 
 __all__ = [
     "EngineConfig",
@@ -182,10 +182,6 @@ def _healthy(url: str) -> bool:
         return False
 
 
-def _root(spec: NodeSpec) -> str:
-    return spec.url.removesuffix("/").removesuffix("/v1")
-
-
 def start_engine(cfg: EngineConfig, i: int) -> dict[str, Any]:
     """Start engine ``i`` in its own process group, logging to ``<state dir>/<id>.log``
     (appended: a restarted engine keeps its predecessor's log); its state entry."""
@@ -211,7 +207,7 @@ def engines_up(cfg: EngineConfig, out: TextIO) -> Path:
     _make_model(cfg)
     specs = node_specs(cfg)
     for spec in specs:
-        if _healthy(f"{_root(spec)}/health"):
+        if _healthy(f"{spec.root}/health"):
             raise OpsError(f"{spec.id}: port of {spec.url} already answers (tao engines down?)")
     started: list[dict[str, Any]] = []
     try:
@@ -225,7 +221,7 @@ def engines_up(cfg: EngineConfig, out: TextIO) -> Path:
                 entry = next(e for e in started if e["id"] == sid)
                 if not _alive(entry["pid"]):
                     raise OpsError(f"{sid}: the engine exited; see {entry['log']}")
-                if _healthy(f"{_root(spec)}/health"):
+                if _healthy(f"{spec.root}/health"):
                     del waiting[sid]
                     out.write(f"tao engines: {sid} up at {spec.url}\n")
                     out.flush()
@@ -364,7 +360,7 @@ def _cmd_engines(args: argparse.Namespace, out: TextIO) -> int:
         return 0
     engines = _read_state(args.dir)
     for e in engines:
-        up = _healthy(f"{str(e['url']).removesuffix('/v1')}/health")
+        up = _healthy(f"{url_root(str(e['url']))}/health")
         out.write(f"{e['id']}\t{e['url']}\t{'up' if up else 'down'}\tpid {e['pid']}\t{e['log']}\n")
     if not engines:
         out.write("tao engines: none started (tao engines up)\n")

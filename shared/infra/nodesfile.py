@@ -27,7 +27,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
-from .settings import NodeSpec
+from .settings import NodeSpec, url_root
 
 __all__ = ["NodesFileError", "load_nodes_file", "parse_nodes", "render_nodes_file"]
 
@@ -64,11 +64,6 @@ def _url(value: object, where: str, key: str, schemes: tuple[str, ...]) -> str:
     return value.rstrip("/")
 
 
-def _root(url: str) -> str:
-    """The server root of an OpenAI base URL (``…/v1`` → ``…``)."""
-    return url[: -len("/v1")] if url.endswith("/v1") else url
-
-
 def _node(raw: object, index: int) -> NodeSpec:
     where = f"node {index + 1}"
     if not isinstance(raw, Mapping):
@@ -82,7 +77,7 @@ def _node(raw: object, index: int) -> NodeSpec:
         raise ValueError(f"{where}: unknown key(s) {', '.join(unknown)}; known: {', '.join(_KEYS)}")
     if "url" not in raw:
         raise ValueError(f"{where}: url is required")
-    values: dict[str, Any] = {"id": node_id, "url": _root(_url(raw["url"], where, "url", _HTTP))}
+    values: dict[str, Any] = {"id": node_id, "url": url_root(_url(raw["url"], where, "url", _HTTP))}
     if "metrics_url" in raw:
         values["metrics_url"] = _url(raw["metrics_url"], where, "metrics_url", _HTTP)
     for key in ("kv_events", "kv_replay"):

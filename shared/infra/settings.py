@@ -54,7 +54,7 @@ from typing import Any, Final
 
 from .errors import SettingsError
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "VARIABLES", "NodeSpec", "Settings"]
+__all__ = ["LOG_FORMATS", "LOG_LEVELS", "VARIABLES", "NodeSpec", "Settings", "url_root"]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
@@ -88,6 +88,18 @@ class NodeSpec:
     def metrics(self) -> str:
         """Where to scrape Prometheus metrics."""
         return self.metrics_url or f"{self.url.rstrip('/')}/metrics"
+
+    @property
+    def root(self) -> str:
+        """The server root of :attr:`url` (an OpenAI base URL's ``…/v1`` taken off): where a
+        vLLM server answers ``/health`` and ``/reset_prefix_cache``."""
+        return url_root(self.url)
+
+
+def url_root(url: str) -> str:
+    """The server root of an OpenAI base URL (``…/v1`` → ``…``; a trailing ``/`` dropped)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 @dataclass(frozen=True, slots=True)

@@ -108,6 +108,16 @@ def _skip(client: str, spec: str, reason: str) -> NoReturn:
     pytest.skip(f"{client}: cannot install {spec}: {reason}")
 
 
+def _installed(client: str, exe: Path, stamp: Path, spec: str) -> bool:
+    """Whether ``spec`` is installed already (its stamp says so); skips the test when this
+    run already failed to install it."""
+    if exe.exists() and stamp.exists() and json.loads(stamp.read_text()).get("spec") == spec:
+        return True
+    if spec in _FAILED:
+        pytest.skip(f"{client}: cannot install {spec}: {_FAILED[spec]}")
+    return False
+
+
 def npm_client(client: str, package: str, version: str, binary: str) -> Path:
     """``node_modules/.bin/<binary>`` of ``package@version`` installed under the cache; skips
     the test (with npm's error) when it cannot be installed."""
@@ -115,10 +125,8 @@ def npm_client(client: str, package: str, version: str, binary: str) -> Path:
     exe = prefix / "node_modules" / ".bin" / binary
     stamp = prefix / "installed.json"
     want = f"{package}@{version}"
-    if exe.exists() and stamp.exists() and json.loads(stamp.read_text()).get("spec") == want:
+    if _installed(client, exe, stamp, want):
         return exe
-    if want in _FAILED:
-        pytest.skip(f"{client}: cannot install {want}: {_FAILED[want]}")
     npm = shutil.which("npm")
     if npm is None:
         _skip(client, want, "npm is not on PATH (Node.js missing)")
@@ -143,10 +151,8 @@ def pip_client(client: str, requirement: str, binary: str) -> Path:
     venv = CACHE / f"{client}-venv"
     exe = venv / "bin" / binary
     stamp = venv / "installed.json"
-    if exe.exists() and stamp.exists() and json.loads(stamp.read_text()).get("spec") == requirement:
+    if _installed(client, exe, stamp, requirement):
         return exe
-    if requirement in _FAILED:
-        pytest.skip(f"{client}: cannot install {requirement}: {_FAILED[requirement]}")
     python = shutil.which("python3")
     if python is None:
         _skip(client, requirement, "no python3 on PATH")

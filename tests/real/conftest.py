@@ -41,8 +41,7 @@ class Rig:
 
     def root(self, node: str) -> str:
         """The engine's own base URL (no ``/v1``), to talk to it past the gateway."""
-        spec = next(n for n in self.nodes if n.id == node)
-        return spec.url.removesuffix("/v1")
+        return next(n for n in self.nodes if n.id == node).root
 
 
 def _ports(n: int) -> int:

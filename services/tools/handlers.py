@@ -157,14 +157,19 @@ class ToolsHandlers:
         steps = [
             (ev.session_id, _tool_step(ev, out)) for (ev, _), out in zip(items, outs, strict=True)
         ]
-        await self.store.update_sessions(steps)  # one transaction for the batch
-        samples = [
-            (out.tool, out.duration, ev.censored)
-            for (ev, _), out in zip(items, outs, strict=True)
-            if isinstance(ev, ToolEnd) and out.duration is not None and out.tool
-        ]
-        if samples:
-            await self.store.record_tools(samples)
+        samples: list[tuple[str, float, bool]] = []
+
+        def record() -> list[tuple[str, float, bool]]:
+            samples[:] = [
+                (out.tool, out.duration, ev.censored)
+                for (ev, _), out in zip(items, outs, strict=True)
+                if isinstance(ev, ToolEnd) and out.duration is not None and out.tool
+            ]
+            return samples
+
+        # one transaction for the batch's records and the durations their ends record: a crash
+        # in between would leave an end that its redelivery skips as a duplicate, unrecorded
+        await self.store.update_sessions(steps, record=record)
         ended = {
             ev.session_id
             for (ev, _), out in zip(items, outs, strict=True)

@@ -30,6 +30,7 @@ from shared.infra.store_types import (
     KEEP,
     ChainsRead,
     NodeRecord,
+    Samples,
     SessionFn,
     SessionFnWith,
     check_new,
@@ -115,22 +116,26 @@ class FakeStore:
         return new, extra
 
     async def update_sessions(
-        self, updates: Sequence[tuple[str, SessionFn]]
+        self, updates: Sequence[tuple[str, SessionFn]], *, record: Samples | None = None
     ) -> list[Session | None]:
         pairs = [(sid, no_value(fn)) for sid, fn in updates]
-        return [stored for stored, _ in await self.update_sessions_with(pairs)]
+        return [stored for stored, _ in await self.update_sessions_with(pairs, record=record)]
 
     async def update_sessions_with(
-        self, updates: Sequence[tuple[str, SessionFnWith[T]]]
+        self, updates: Sequence[tuple[str, SessionFnWith[T]]], *, record: Samples | None = None
     ) -> list[tuple[Session | None, T]]:
         stored = {sid: self._sessions.get(sid) for sid, _ in updates}
         for sid in stored:
             check_session_id(sid)
         results, folded = fold_updates(updates, stored, encode_session)
+        samples = [] if record is None else list(record())
+        tools, overall = self._folded_tools(samples)  # validates before anything is written
         for sid, (new, _) in folded.writes.items():
             self._sessions[sid] = new
         for node, delta in folded.reserved.items():
             self._reserved[node] = self._reserved.get(node, 0) + delta
+        self._tools.update(tools)
+        self._overall = overall
         return results
 
     async def put_probe_marks(
@@ -282,13 +287,18 @@ class FakeStore:
         self._tools[tool] = own
 
     async def record_tools(self, items: Sequence[tuple[str, float, bool]]) -> None:
+        tools, self._overall = self._folded_tools(items)
+        self._tools.update(tools)
+
+    def _folded_tools(
+        self, items: Sequence[tuple[str, float, bool]]
+    ) -> tuple[dict[str, ToolStats], ToolStats]:
         names = list(dict.fromkeys(tool for tool, _, _ in items))
         for tool in names:
             tool_field(tool)
-        tools, self._overall = fold_tools(
+        return fold_tools(
             items, {t: self._tools.get(t, ToolStats()) for t in names}, self._overall
         )
-        self._tools.update(tools)
 
     async def history(self) -> History:
         return History(tools=dict(self._tools), overall=self._overall)

@@ -71,6 +71,7 @@ from shared.infra.store_types import (
     KEEP,
     ChainsRead,
     NodeRecord,
+    Samples,
     SessionFn,
     SessionFnWith,
     StoreError,
@@ -183,27 +184,33 @@ class Store:
                     continue
 
     async def update_sessions(
-        self, updates: Sequence[tuple[str, SessionFn]]
+        self, updates: Sequence[tuple[str, SessionFn]], *, record: Samples | None = None
     ) -> list[Session | None]:
         """:meth:`update_session` for a batch, atomically: the fns run in order (several may
         name one id; each sees the record the previous one left), everything is written in one
         transaction, and the result is the stored record after each update, in input order.
-        A fn or a result that raises refuses the whole batch (nothing is written)."""
+        A fn or a result that raises refuses the whole batch (nothing is written).
+
+        ``record`` (called after the fns of the run whose write wins) gives the tool samples
+        ``(tool, duration, censored)`` to add in the *same* transaction: a crash can never
+        leave a call marked ended whose duration was not recorded (a redelivered end finds
+        the call ended and records nothing twice)."""
         pairs = [(sid, no_value(fn)) for sid, fn in updates]
-        return [stored for stored, _ in await self.update_sessions_with(pairs)]
+        return [stored for stored, _ in await self.update_sessions_with(pairs, record=record)]
 
     async def update_sessions_with(
-        self, updates: Sequence[tuple[str, SessionFnWith[T]]]
+        self, updates: Sequence[tuple[str, SessionFnWith[T]]], *, record: Samples | None = None
     ) -> list[tuple[Session | None, T]]:
         """:meth:`update_session_with` for a batch (as :meth:`update_sessions`): returns
         ``(stored record, value)`` per update, the values from the run whose write won."""
         if not updates:
             return []
         keys = {sid: self.keys.session(sid) for sid, _ in updates}
+        watched = [*keys.values(), *([self.keys.toolstats] if record is not None else [])]
         async with self._pipe(True) as pipe:
             while True:
                 try:
-                    await pipe.watch(*keys.values())
+                    await pipe.watch(*watched)
                     raws = await self._batch_read(keys=list(keys.values()), args=SESSION_FIELDS)
                     olds = {sid: texts(raw) for sid, raw in zip(keys, raws, strict=True)}
                     stored = {
@@ -211,12 +218,17 @@ class Store:
                         for sid, f in olds.items()
                     }
                     results, folded = fold_updates(updates, stored, encode_session)
-                    if not folded.writes:
+                    samples = [] if record is None else list(record())
+                    stats = await self._folded_toolstats(samples)
+                    if not folded.writes and not stats:
                         await pipe.unwatch()
                         return results
                     pipe.multi()
-                    args = write_args(self.keys, keys, olds, stored, folded)
-                    pipe.evalsha(self._batch_write.sha, *args)
+                    if folded.writes:
+                        args = write_args(self.keys, keys, olds, stored, folded)
+                        pipe.evalsha(self._batch_write.sha, *args)
+                    if stats:
+                        pipe.hset(self.keys.toolstats, mapping=stats)
                     await pipe.execute()
                     return results
                 except WatchError:
@@ -463,30 +475,37 @@ class Store:
         in one transaction; a bad tool name or duration refuses the whole batch."""
         if not items:
             return
-        names = list(dict.fromkeys(tool for tool, _, _ in items))
-        fields = [tool_field(t) for t in names]
-        fold_tools(items, dict.fromkeys(names, ToolStats()), ToolStats())  # validates first
+        fold_tools(items, dict.fromkeys((t for t, _, _ in items), ToolStats()), ToolStats())
         key = self.keys.toolstats
         async with self._pipe(True) as pipe:
             while True:
                 try:
                     await pipe.watch(key)
-                    *own, overall = await pipe.hmget(key, [*fields, GLOBAL_TOOL_FIELD])
-                    tools, total = fold_tools(
-                        items,
-                        {t: decode_toolstats(raw) for t, raw in zip(names, own, strict=True)},
-                        decode_toolstats(overall),
-                    )
-                    mapping = {
-                        f: encode_toolstats(tools[t]) for t, f in zip(names, fields, strict=True)
-                    }
-                    mapping[GLOBAL_TOOL_FIELD] = encode_toolstats(total)
+                    mapping = await self._folded_toolstats(items)
                     pipe.multi()
                     pipe.hset(key, mapping=mapping)
                     await pipe.execute()
                     return
                 except WatchError:
                     continue
+
+    async def _folded_toolstats(self, items: Sequence[tuple[str, float, bool]]) -> dict[str, str]:
+        """The tool-statistics fields after folding ``items`` into the stored ones (read on a
+        pooled connection: the caller has ``WATCH``ed the hash); empty for no items. Raises
+        StoreError / ValueError on a bad tool name or duration."""
+        if not items:
+            return {}
+        names = list(dict.fromkeys(tool for tool, _, _ in items))
+        fields = [tool_field(t) for t in names]
+        *own, overall = await self._r.hmget(self.keys.toolstats, [*fields, GLOBAL_TOOL_FIELD])
+        tools, total = fold_tools(
+            items,
+            {t: decode_toolstats(raw) for t, raw in zip(names, own, strict=True)},
+            decode_toolstats(overall),
+        )
+        mapping = {f: encode_toolstats(tools[t]) for t, f in zip(names, fields, strict=True)}
+        mapping[GLOBAL_TOOL_FIELD] = encode_toolstats(total)
+        return mapping
 
     async def history(self) -> History:
         raw = await self._r.hgetall(self.keys.toolstats)

@@ -86,6 +86,10 @@ SessionFn = Callable[[Session | None], Session | None]
 SessionFnWith = Callable[[Session | None], tuple[Session | None, T]]
 """A pure transition that also returns a value (:meth:`StateStore.update_session_with`)."""
 
+Samples = Callable[[], Sequence[tuple[str, float, bool]]]
+"""The tool samples ``(tool, duration, censored)`` a batch of transitions records in its own
+transaction (:meth:`StateStore.update_sessions`): called after the run whose write wins."""
+
 
 @dataclass(frozen=True, slots=True)
 class NodeRecord:
@@ -321,10 +325,10 @@ class StateStore(Protocol):
         self, sid: str, fn: Callable[[Session | None], tuple[Session | None, T]]
     ) -> tuple[Session | None, T]: ...
     async def update_sessions(
-        self, updates: Sequence[tuple[str, SessionFn]]
+        self, updates: Sequence[tuple[str, SessionFn]], *, record: Samples | None = None
     ) -> list[Session | None]: ...
     async def update_sessions_with(
-        self, updates: Sequence[tuple[str, SessionFnWith[T]]]
+        self, updates: Sequence[tuple[str, SessionFnWith[T]]], *, record: Samples | None = None
     ) -> list[tuple[Session | None, T]]: ...
     async def put_probe_marks(
         self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None

@@ -146,6 +146,61 @@ class TestUpdateSessions:
         await _check_reserved(store)
 
 
+class TestUpdateSessionsRecording:
+    """update_sessions(record=...): the tool samples land in the batch's own transaction."""
+
+    async def test_samples_land_with_the_write(self, store: StateStore) -> None:
+        """The samples ``record`` gives after the fns land together with the records, and a
+        batch that writes no record still records its samples."""
+        s = on_response(_waiting("t", at=1.0), 2.0, total_tokens=10, tool_calls=[("c", "bash")])
+        await store.update_session("t", _create(s))
+        seen: list[float | None] = []
+
+        def end(x: Session | None) -> Session | None:
+            assert x is not None
+            new, d = on_tool_end(x, "c", 5.5, source="gateway")
+            seen[:] = [d]
+            return new
+
+        def record() -> list[tuple[str, float, bool]]:
+            return [("bash", d, False) for d in seen if d is not None]
+
+        out = await store.update_sessions([("t", end)], record=record)
+        assert out[0] is not None and out[0].tool is not None and out[0].tool.completed_at == 5.5
+        assert (await store.history()).of("bash") == update(ToolStats(), 3.5)
+        await store.update_sessions([("gone", lambda _: None)], record=lambda: [("ls", 1.0, True)])
+        h = await store.history()
+        assert (h.of("ls").censored, h.overall.count, h.overall.censored) == (1, 1, 1)
+
+    async def test_bad_sample_refuses_records_too(self, store: StateStore) -> None:
+        """A bad sample refuses the whole batch: neither the records nor any sample land."""
+        with pytest.raises(ValueError, match="duration"):
+            await store.update_sessions(
+                [("a", _create(_waiting("a")))],
+                record=lambda: [("t", 1.0, False), ("t", -1.0, False)],
+            )
+        assert await store.session_ids() == set()
+        assert await store.history() == History()
+
+    async def test_concurrent_recording_batches_count_each_once(self, store: StateStore) -> None:
+        """Concurrent batches on one record retry on each other's writes; each batch's
+        samples land once, from the run whose write won."""
+        await store.update_session("a", _create(_waiting("a", tokens=0)))
+        calls = 0
+
+        def record() -> list[tuple[str, float, bool]]:
+            nonlocal calls
+            calls += 1
+            return [("t", 1.0, False)]
+
+        await asyncio.gather(
+            *(store.update_sessions([("a", _bump)], record=record) for _ in range(12))
+        )
+        a = await store.get_session("a")
+        assert a is not None and a.tokens == 12
+        assert (await store.history()).of("t").count == 12 and calls >= 12
+
+
 class TestRealStoreScripts:
     async def test_lost_script_is_reloaded(self, redis_url: str) -> None:
         """A write script unknown to the server (restart, SCRIPT FLUSH) is loaded again and

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -223,6 +224,28 @@ class TestToolEvents:
         assert (h.of("Bash").count, h.of("Bash").mean) == (1, 3.5)
         assert [w.reason for w in env.wakes()] == ["arrival", "tool_end"]
 
+    async def test_kill_after_any_first_write_loses_no_duration(self, env: Env) -> None:
+        """The process dies right after the batch's first store write (SIGKILL between two
+        writes); the redelivered ToolEnd then finds its call ended, so the duration must have
+        landed with that write: recorded exactly once, never zero times."""
+        await env.send(
+            request(), ToolStart(session_id="s1", call_id="h1", tool="Bash", started_at=11)
+        )
+        await env.send(response(at=12.0))
+        end = ToolEnd(session_id="s1", call_id="h1", ended_at=15.0, tool="Bash", duration_s=3.5)
+        dying = ToolsHandlers(
+            store=_DiesAfterFirstWrite(env.store),  # type: ignore[arg-type]
+            bus=env.bus,
+            log=env.handlers.log,
+        )
+        delivery = Delivery(subjects.tool_event("s1"), {}, 1, 1, 15.0)
+        with contextlib.suppress(_Killed):  # killed, unless the batch wrote once in all
+            await dying.on_tool_batch([(end, delivery)])
+        await env.send(end)  # the redelivery, to the restarted service
+        s = await env.store.get_session("s1")
+        assert s is not None and s.tool is not None and s.tool.completed_at == 15.0
+        assert (await env.store.history()).of("Bash").count == 1
+
     async def test_censored_end_is_not_a_sample(self, env: Env) -> None:
         """A ToolEnd cut by its timeout is recorded as censored, not as a duration sample."""
         await env.send(
@@ -322,3 +345,34 @@ class TestDecoding:
         dlq = [d for s, d, _ in env.bus.published if s == subjects.dead_letter("tools")]
         assert len(dlq) == 1
         assert b"session id" in dlq[0]
+
+
+class _Killed(BaseException):
+    """The process died (BaseException: no handler catches it)."""
+
+
+class _DiesAfterFirstWrite:
+    """A store that kills the process at its second write: what a SIGKILL between two store
+    calls of one batch does."""
+
+    _WRITES = frozenset(
+        {"update_session", "update_session_with", "update_sessions", "update_sessions_with",
+         "record_tool", "record_tools", "delete_session"}
+    )  # fmt: skip
+
+    def __init__(self, inner: FakeStore) -> None:
+        self._inner = inner
+        self._writes = 0
+
+    def __getattr__(self, name: str) -> object:
+        attr = getattr(self._inner, name)
+        if name not in self._WRITES:
+            return attr
+
+        async def write(*args: object, **kwargs: object) -> object:
+            self._writes += 1
+            if self._writes > 1:
+                raise _Killed
+            return await attr(*args, **kwargs)
+
+        return write

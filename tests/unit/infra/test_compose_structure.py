@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from services.simnode.__main__ import parse_config
 from shared.infra.nodesfile import parse_nodes
 from shared.infra.settings import NodeSpec, Settings
 
@@ -35,6 +36,22 @@ NODES_TARGET = "/etc/tao/nodes.toml"
 HEALTHY = {"condition": "service_healthy"}
 
 _INTERPOLATION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::?-([^}]*))?\}")
+
+
+LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+
+
+def _simnode_listeners(command: list[str]) -> dict[int, str]:
+    """port → bind address of a simnode container's command, parsed by the simnode's own
+    command line (so its defaults count): HTTP on --host:--port, ZMQ on its endpoints."""
+    assert command[:2] == ["service", "simnode"], command
+    _, host, port = parse_config(command[2:])
+    out = {port: host}
+    for flag in ("--kv-events", "--kv-replay"):
+        bound = urlsplit(_option(command, flag).replace("*", "0.0.0.0"))
+        assert bound.port is not None
+        out[bound.port] = bound.hostname or ""
+    return out
 
 
 @cache
@@ -257,6 +274,21 @@ class TestTaoServices:
             expected.add((_option(command, "--node-id"), f"http://{name}:{port}", kv, replay))
         found = {(n.id, n.url, n.kv_events, n.kv_replay) for n in _nodes()}
         assert found == expected
+
+    def test_every_node_endpoint_reaches_a_listener_beyond_loopback(self) -> None:
+        """Each URL of the nodes config (HTTP, KV events, replay) names a compose service whose
+        command, as the simnode's own parser reads it (its defaults included), listens on that
+        port on a non-loopback address: another container can connect."""
+        for node in _nodes():
+            for endpoint in (node.url, node.kv_events, node.kv_replay):
+                assert endpoint is not None, node
+                target = urlsplit(endpoint)
+                host, port = target.hostname, target.port
+                assert host in _compose()["services"], f"{endpoint}: no service {host!r}"
+                listening = _simnode_listeners(_service(host)["command"])
+                assert port in listening, f"{endpoint}: {host} does not listen on {port}"
+                bind = listening[port]
+                assert bind not in LOOPBACK, f"{endpoint}: {host} listens on {bind} only"
 
     @pytest.mark.parametrize("name", [*TAO_SERVICES, "demo", "kv-bridge"])
     def test_nodes_file_is_mounted(self, name: str) -> None:

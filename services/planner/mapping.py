@@ -6,7 +6,7 @@ before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
                                                ↔ NodeView(id, free, load, capacity, healthy,
-                                                  overflow, running)
+                                                  overflow, running, pressure)
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
                   waiting_since, home)
                                                ↔ Candidate(..., signature=Signature(id,
@@ -70,6 +70,7 @@ def to_wire(
                 healthy=v.healthy if v is not None else True,
                 overflow=snapshot.overflow.get(nd.id, 0),
                 running=snapshot.running.get(nd.id, 0),
+                pressure=snapshot.pressure.get(nd.id, 0),
             )
         )
     cands = [
@@ -206,4 +207,5 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
         overflow={nd.id: nd.overflow for nd in msg.nodes if nd.overflow > 0},
         capacity={nd.id: nd.capacity for nd in msg.nodes if nd.capacity > 0},
         running={nd.id: nd.running for nd in msg.nodes if nd.running > 0},
+        pressure={nd.id: nd.pressure for nd in msg.nodes if nd.pressure > 0},
     )

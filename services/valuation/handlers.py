@@ -55,7 +55,7 @@ from shared.contracts.codec import encode
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
-from shared.core.tick import Residency, TickSnapshot, value_snapshot
+from shared.core.tick import Residency, TickSnapshot, context_pressure, value_snapshot
 from shared.core.valuation import ValuationParams
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import Settings
@@ -93,7 +93,7 @@ def interrupts_matter(snap: TickSnapshot) -> bool:
     """Whether :func:`shared.core.tick.decide` may interrupt anyone on ``snap`` (valued from
     the pool alone): some node is over-committed, or the pool's demand exceeds the total free
     capacity (exactly ``select_interrupts``' deficit test, ``demand > max(0, free)``)."""
-    if snap.overflow:
+    if snap.overflow or snap.pressure:
         return True
     if not snap.candidates:
         return False
@@ -171,6 +171,13 @@ class Valuator:
 
         snap = value(pool, residency)
         sessions = pool
+        if self.rules.payback_context:  # the contexts of every admitted session, on each node
+            in_pool = {s.id for s in pool}
+            others = sorted((await self.store.session_ids()) - in_pool)
+            admitted, _ = await reader.read(others, "admitted")  # decoded only when changed
+            snap = replace(
+                snap, pressure=context_pressure(admitted, views, self.rules.payback_headroom)
+            )
         read_tool = self.thunderagent or interrupts_matter(snap)
         if read_tool:
             tool, tool_res = await reader.index("admitted_tool")
@@ -186,13 +193,17 @@ class Valuator:
             rest = (await self.store.session_ids()) - set(stored)
             held = held_sessions(await self.store.sessions(sorted(rest))) if rest else []
         publish = (
-            bool(snap.candidates) or bool(snap.overflow) or self.last_nonempty or self.thunderagent
+            bool(snap.candidates)
+            or bool(snap.overflow)
+            or bool(snap.pressure)
+            or self.last_nonempty
+            or self.thunderagent
         )
         if publish:
             msg = to_wire(snap, views, held)
             await self.bus.publish(subjects.valuation_snapshot(), encode(msg))
             self.published += 1
-        self.last_nonempty = bool(snap.candidates) or bool(snap.overflow)
+        self.last_nonempty = bool(snap.candidates) or bool(snap.overflow) or bool(snap.pressure)
         self.log.info(
             "valuation_tick",
             tick=self.tick,

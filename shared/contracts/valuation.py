@@ -37,7 +37,9 @@ class NodeView(Record, frozen=True, kw_only=True):
     admission, exceed capacity × target (0 when they fit): the planner releases tool-running
     sessions there first. ``running`` is the requests the node's engine runs (telemetry's
     ``vllm:num_requests_running``); with ``capacity − load − free`` it is the eviction pressure
-    that the ``tao-evict`` release rule weighs.
+    that the ``tao-evict`` release rule weighs. ``pressure`` is how far the admitted sessions'
+    contexts, each plus the rule's headroom, exceed capacity × target (0 when they fit, and
+    always 0 unless the policy's ``payback_context`` rule is on): what that rule pays back.
     """
 
     id: str
@@ -47,6 +49,7 @@ class NodeView(Record, frozen=True, kw_only=True):
     healthy: bool = True
     overflow: int = 0
     running: int = 0
+    pressure: int = 0
 
 
 class Signature(Record, frozen=True, kw_only=True):

@@ -94,6 +94,11 @@ class TaoRules:
     aging: bool = False
     stay: bool = True
     evict: bool = False
+    payback_context: bool = False
+    payback_smallest: bool = False
+    payback_headroom: int = 100
+    """Tokens a context is counted above its length by the ``payback_context`` trigger: the
+    +100 per program of ThunderAgent's own accounting (``backend/state.py``)."""
     hold_s: float = 2.0
     hold_per_ktoken_s: float = 0.1
     growth_z: float = 0.0
@@ -134,6 +139,7 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-no-stay": replace(DEFAULT_RULES, stay=False),
     "tao-paper": PAPER,
     "tao-evict": replace(DEFAULT_RULES, hold=False, evict=True),
+    "tao-payback-ctx": replace(DEFAULT_RULES, payback_context=True),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
 ``tao-paper``, which switches off every rule, and ``tao-evict``, which replaces the hold rule's

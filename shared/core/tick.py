@@ -57,6 +57,7 @@ __all__ = [
     "TickCandidate",
     "TickSnapshot",
     "apply_decision",
+    "context_pressure",
     "decide",
     "live_free",
     "needs_gpu",
@@ -104,6 +105,9 @@ class TickSnapshot:
     ``probe_marks`` are the readiness probe marks the caller persists (DESIGN 3.1 rule 2).
     ``capacity`` (KV tokens) and ``running`` (requests on the engine) per node are what the
     ``evict`` rule reads of a node's eviction pressure (absent: no unclaimed cache, no batch).
+    ``pressure`` maps a healthy node to the tokens its admitted sessions' *contexts* (each plus
+    the ``payback_headroom``) exceed capacity × target by: what the ``payback_context`` rule
+    pays back (filled only under that rule).
     """
 
     tick: int
@@ -117,6 +121,7 @@ class TickSnapshot:
     overflow: Mapping[str, int] = field(default_factory=dict)
     capacity: Mapping[str, int] = field(default_factory=dict)
     running: Mapping[str, int] = field(default_factory=dict)
+    pressure: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +197,7 @@ def value_snapshot(
     q = max(1, params.quantum)
     largest = max(usable.values(), default=0) // q * q  # what the planner's quanta can place
     overflow = {b: -room for b, room in live_free(nodes).items() if room < 0}
+    sessions = list(sessions)
     cands: list[TickCandidate] = []
     inter: list[InterruptCandidate] = []
     versions: dict[str, int] = {}
@@ -272,7 +278,30 @@ def value_snapshot(
         overflow=overflow,
         capacity={nv.id: nv.capacity_tokens for nv in nodes if nv.capacity_tokens > 0},
         running={nv.id: nv.running for nv in nodes if nv.running > 0},
+        pressure=(
+            context_pressure(sessions, nodes, rules.payback_headroom)
+            if rules.payback_context
+            else {}
+        ),
     )
+
+
+def context_pressure(
+    sessions: Iterable[Session], nodes: Sequence[NodeView], headroom: int
+) -> dict[str, int]:
+    """Per healthy node, how far the contexts of the sessions admitted there (each counted
+    ``headroom`` tokens above its length) exceed its usable capacity; only nodes where they do.
+    ``sessions`` must hold every admitted session (a pooled one counts nowhere)."""
+    held: dict[str, int] = {}
+    for s in sessions:
+        if not s.ended and s.node is not None:
+            held[s.node] = held.get(s.node, 0) + s.tokens + headroom
+    out: dict[str, int] = {}
+    for nv in nodes:
+        over = held.get(nv.id, 0) - usable_capacity(nv)
+        if nv.healthy and over > 0:
+            out[nv.id] = over
+    return out
 
 
 def usable_capacity(nv: NodeView) -> int:
@@ -347,7 +376,9 @@ def decide(
 
     1. *Pay-back*: on every over-committed node, tool-running sessions are released in
        ascending value order until the reservations fit (``payback``: whatever their
-       readiness; else ``r = 1`` is protected); only room beyond the overflow is free.
+       readiness; else ``r = 1`` is protected); with ``payback_context`` instead only where
+       the contexts themselves (each plus ``payback_headroom``) exceed the usable capacity,
+       until they fit. Any release's room pays a node's over-commit back before it is free.
     2. *Aging* (``aging``): sessions whose request has waited ``starve_s`` are placed first,
        oldest first, each on the eligible node where it fits with the most credit (its last
        node, then the most room, on ties); one that fits nowhere clears the node where free
@@ -376,18 +407,33 @@ def decide(
             interrupts.append(Move(sid, ic.node, ic.weight, snapshot.versions[sid]))
             released[step] = released.get(step, 0) + 1
 
-    # 1. Over-committed nodes first.
-    for node, over in sorted(snapshot.overflow.items()):
-        on_node = [c for c in snapshot.interrupts if c.node == node]
-        if over <= 0 or not on_node:
-            continue
-        if rules.payback:
-            first = select_releases(on_node, over)
-        else:
-            first = select_interrupts(on_node, over, 0)
-        take(first.interrupt, "payback")
+    debt = {b: over for b, over in snapshot.overflow.items() if over > 0}
+
+    def freed(node: str, tokens: int) -> None:
+        """Room a release freed on ``node``: it pays the node's over-commit back first."""
+        paid = min(tokens, debt.get(node, 0))
+        if paid:
+            debt[node] -= paid
         if node in free:
-            free[node] += max(0, first.freed - over)
+            free[node] += tokens - paid
+
+    # 1. Over-committed nodes first: on reservations, or (``payback_context``) on contexts.
+    owed = snapshot.pressure if rules.payback_context else debt
+    for node, need in sorted(owed.items()):
+        on_node = [c for c in snapshot.interrupts if c.node == node]
+        if need <= 0 or not on_node:
+            continue
+        if rules.payback_context:  # what a release frees of the contexts: tokens + headroom
+            on_node = [replace(c, weight=c.tokens + rules.payback_headroom) for c in on_node]
+            if rules.payback_smallest:  # value order without credit and readiness: by tokens
+                on_node = [replace(c, credit=0, ready=0) for c in on_node]
+        if rules.payback:
+            first = select_releases(on_node, need)
+        else:
+            first = select_interrupts(on_node, need, 0)
+        take(first.interrupt, "payback")
+        for sid in first.interrupt:
+            freed(node, by_id[sid].weight)
     pool = (
         [c for c in snapshot.candidates if needs_gpu(c)]
         if rules.need
@@ -419,7 +465,7 @@ def decide(
                 node, release_ids = target
                 take(release_ids, "aging")
                 for sid in release_ids:
-                    free[node] += by_id[sid].weight
+                    freed(node, by_id[sid].weight)
                 if c.weight > free[node]:
                     if rules.starve_block:
                         blocked.add(node)  # room accumulates here for the starving session
@@ -443,9 +489,8 @@ def decide(
             rest, demand, sum(v for b, v in free.items() if b not in blocked)
         )
         take(second.interrupt, "demand")
-        for node, freed in second.freed_per_node.items():
-            if node in free:
-                free[node] += freed
+        for node, tokens in second.freed_per_node.items():
+            freed(node, tokens)
     for b in blocked:
         free[b] = 0
     nodes = tuple(replace(nd, free=free[nd.id]) for nd in snapshot.nodes)

@@ -258,7 +258,7 @@ class PooledScheduler(_Base):
             snap = replace(snap, interrupts=())
         for sid, mark in snap.probe_marks.items():
             live[sid] = set_probe_mark(live[sid], mark)
-        if not snap.candidates and not any(v > 0 for v in snap.overflow.values()):
+        if not snap.candidates and not snap.overflow and not snap.pressure:
             return  # an empty pool and no over-committed node: the round would do nothing
         self.recorder.last = None
         decision = decide(snap, self.recorder, self.options, self.rules)
@@ -289,7 +289,7 @@ class PooledScheduler(_Base):
             live.update(applied.sessions)
             sim.bump("interrupts", len(applied.interrupted))
             for m in applied.interrupted:
-                over = snap.overflow.get(m.node, 0) > 0
+                over = max(snap.overflow.get(m.node, 0), snap.pressure.get(m.node, 0)) > 0
                 sim.note_release(m.session, "payback" if over else "demand")
             sim.bump("admits", len(applied.admitted))
             if applied.truncated:

@@ -9,12 +9,15 @@ import anyio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from services.planner.mapping import from_wire
 from services.valuation.app import sweep_loop
 from services.valuation.handlers import Valuator, interrupts_matter, with_interrupts
 from shared.contracts.codec import decode
 from shared.contracts.session import SessionEnd
+from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies import get_policy
 from shared.core.predictor import History
+from shared.core.rules import ABLATIONS, PAPER, TaoRules
 from shared.core.session import Session, ToolCall
 from shared.core.tick import decide, value_snapshot
 from shared.core.valuation import NodeView, ValuationParams
@@ -107,9 +110,12 @@ class TestReducedSnapshot:
         assert not interrupts_matter(snap)
 
 
-def _valuator(store: FakeStore, bus: FakeBus, *, thunder: bool = False) -> Valuator:
+def _valuator(
+    store: FakeStore, bus: FakeBus, *, thunder: bool = False, rules: TaoRules = PAPER
+) -> Valuator:
     return Valuator(store=store, bus=bus, log=get_logger("test"), params=PARAMS,
-                    idle_timeout_s=300.0, clock=lambda: NOW, thunderagent=thunder)  # fmt: skip
+                    idle_timeout_s=300.0, clock=lambda: NOW, thunderagent=thunder,
+                    rules=rules)  # fmt: skip
 
 
 async def _world(capacity: int) -> FakeStore:
@@ -145,6 +151,29 @@ class TestConditionalRead:
         store = await _world(100_000)
         snap = await _valuator(store, FakeBus(), thunder=True).run_tick()
         assert [ic.id for ic in snap.interrupts] == ["a00"]
+
+    async def test_context_pressure_from_every_admitted_session(self) -> None:
+        """Under ``payback_context`` the snapshot carries each node's context pressure from
+        all its admitted sessions (a running one too, which no index lists), lists the tool
+        sessions there, and the wire form carries it to the planner, which releases one."""
+        store = await _world(100_000)
+        running = Session("r00", version=2, activity="running", node="n1", weight=5_000,
+                          tokens=4_600, request_id="q")  # fmt: skip
+        await store.update_session("r00", lambda _: running)
+        await store.put_node_status("n1", capacity_tokens=7_000)
+        bus = FakeBus()
+        rules = ABLATIONS["tao-payback-ctx"]
+        snap = await _valuator(store, bus, rules=rules).run_tick()
+        assert snap.pressure == {"n1": 2_488 + 100 + 4_600 + 100 - 7_000}
+        assert [ic.id for ic in snap.interrupts] == ["a00"]
+        (msg,) = [decode(d, ValuationSnapshot) for _, d, _ in bus.published]
+        core = from_wire(msg)
+        assert core.pressure == snap.pressure
+        d = decide(core, get_policy("tao-payback-ctx"))
+        assert [m.session for m in d.interrupts] == ["a00"]
+        assert d.released_by == (("payback", 1),)
+        plain = await _valuator(store, FakeBus()).run_tick()
+        assert plain.pressure == {}
 
 
 class TestSweepTask:

@@ -22,7 +22,14 @@ from shared.core.rules import (
     release_worth,
 )
 from shared.core.session import Session, on_request, on_response
-from shared.core.tick import TickCandidate, TickSnapshot, decide, policy_rules
+from shared.core.tick import (
+    TickCandidate,
+    TickSnapshot,
+    context_pressure,
+    decide,
+    policy_rules,
+)
+from shared.core.valuation import NodeView
 
 Q = 512
 
@@ -72,6 +79,7 @@ def snap(
     *,
     now: float = 100.0,
     overflow: dict[str, int] | None = None,
+    pressure: dict[str, int] | None = None,
 ) -> TickSnapshot:
     versions = {c.id: c.version for c in cands} | {t.id: 1 for t in tools}
     return TickSnapshot(
@@ -83,6 +91,7 @@ def snap(
         interrupts=tuple(tools),
         versions=versions,
         overflow=overflow or {},
+        pressure=pressure or {},
     )
 
 
@@ -112,6 +121,79 @@ class TestPayback:
             overflow={"n0": Q},
         )
         assert run(s, DEFAULT_RULES)[0] == ["cheap"]
+
+
+CTX = ABLATIONS["tao-payback-ctx"]
+
+
+class TestPaybackContext:
+    """``payback_context``: the pay-back acts where the contexts (each + headroom) exceed the
+    usable capacity, not where the reservations (contexts + next turn's growth) do; a release's
+    room pays a node's reservation over-commit back before it is free."""
+
+    @pytest.mark.parametrize(
+        ("rules", "overflow", "pressure", "released"),
+        [
+            (CTX, {"n0": Q}, {}, []),  # reservations over, contexts fit: keep everyone
+            (DEFAULT_RULES, {"n0": Q}, {}, ["a"]),  # the reservation trigger releases
+            (CTX, {"n0": Q}, {"n0": 1}, ["a"]),  # contexts over by a token: one release
+            (CTX, {}, {"n0": 5 * Q}, ["a", "b"]),  # one context (4Q + 100) is not enough
+            (DEFAULT_RULES, {}, {"n0": 5 * Q}, []),  # pressure is read only under the rule
+        ],
+    )
+    def test_trigger(
+        self,
+        rules: TaoRules,
+        overflow: dict[str, int],
+        pressure: dict[str, int],
+        released: list[str],
+    ) -> None:
+        tools = [tool("a", ready=1), tool("b", ready=1, credit=Q)]
+        s = snap({"n0": 0}, [], tools, overflow=overflow, pressure=pressure)
+        assert run(s, rules)[0] == released
+
+    @pytest.mark.parametrize(
+        ("rules", "released"),
+        [(CTX, ["big"]), (replace(CTX, payback_smallest=True), ["small"])],
+    )
+    def test_order(self, rules: TaoRules, released: list[str]) -> None:
+        """Lowest value first (credit, then readiness); ``payback_smallest``: fewest tokens."""
+        tools = [tool("big", weight=8 * Q, credit=0), tool("small", weight=2 * Q, credit=2 * Q)]
+        s = snap({"n0": 0}, [], tools, pressure={"n0": 1})
+        assert run(s, rules)[0] == released
+
+    @pytest.mark.parametrize("rules", [CTX, DEFAULT_RULES])
+    def test_release_pays_the_over_commit_first(self, rules: TaoRules) -> None:
+        """A node 2Q over on reservations: releasing its 4Q session leaves 2Q free, so a 3Q
+        request is not planned there (the live apply would refuse it), under either trigger."""
+        s = snap(
+            {"n0": 0},
+            [cand("w", 3 * Q, eligible=("n0",))],
+            [tool("t", remaining_s=600.0)],
+            overflow={"n0": 2 * Q},
+        )
+        assert run(s, rules) == (["t"], [])
+        fits = replace(s, candidates=(cand("w", 2 * Q, eligible=("n0",)),))
+        assert run(fits, rules) == (["t"], [("w", "n0")])
+
+    def test_context_pressure(self) -> None:
+        """Σ (tokens + headroom) of the sessions admitted on a healthy node, past its usable
+        capacity; pooled and ended sessions count nowhere, unhealthy nodes are left out."""
+
+        def on(sid: str, node: str | None, tokens: int, ended: bool = False) -> Session:
+            return replace(Session(id=sid), node=node, tokens=tokens, ended=ended)
+
+        nodes = [
+            NodeView(id="n0", capacity_tokens=10_000),
+            NodeView(id="n1", capacity_tokens=10_000, target_utilisation=0.5),
+            NodeView(id="n2", capacity_tokens=100, healthy=False),
+        ]
+        sessions = [
+            on("a", "n0", 6_000), on("b", "n0", 3_900), on("c", "n1", 4_950),
+            on("p", None, 9_000), on("e", "n0", 9_000, ended=True), on("d", "n2", 5_000),
+        ]  # fmt: skip
+        assert context_pressure(sessions, nodes, 100) == {"n0": 100, "n1": 50}
+        assert context_pressure(sessions, nodes, 0) == {}
 
 
 class TestNeed:

@@ -140,7 +140,12 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Start serving ``app`` on ``host:port`` (handler cancellation on); return the runner."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, port).start()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except BaseException:  # a busy port: close what start-up opened (the upstream client)
+        with anyio.CancelScope(shield=True):
+            await runner.cleanup()
+        raise
     return runner
 
 

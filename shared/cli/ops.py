@@ -102,10 +102,14 @@ def up_config(args: argparse.Namespace, env: Mapping[str, str]) -> StackConfig:
     environment (``TAO_NAMESPACE`` / ``TAO_DOMAIN``, read as the services read them; a bad
     setting is one line here rather than five dead services), so that a hook or client sent
     with the namespace set reaches the services it started."""
+    given = {**env, "TAO_POLICY": args.policy} if args.policy is not None else env
     try:
-        settings = Settings.from_env(env)
+        settings = Settings.from_env(given)
     except SettingsError as exc:
-        raise OpsError(str(exc)) from None
+        text = str(exc)
+        if args.policy is not None and text.startswith("TAO_POLICY:"):
+            text = "--policy:" + text.removeprefix("TAO_POLICY:")  # the flag, as given
+        raise OpsError(text) from None
     return StackConfig(
         sim_nodes=args.sim_nodes,
         policy=args.policy,
@@ -165,7 +169,7 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
             dead = stack.failed()
             if dead:
                 name, code = dead[0]
-                raise OpsError(f"{name} exited with code {code} (log: {stack.log_dir})")
+                raise OpsError(stack.exited(name, code))
     finally:
         out.write("tao up: stopping\n")
         out.flush()

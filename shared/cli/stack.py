@@ -21,6 +21,7 @@ exits or does not answer in time. :meth:`Stack.stop` terminates the children in 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
 from shared.infra.nodesfile import render_nodes_file
 from shared.infra.settings import NodeSpec
 
-__all__ = ["SERVICES", "Stack", "StackConfig", "StackError"]
+__all__ = ["SERVICES", "Stack", "StackConfig", "StackError", "exit_reason"]
 
 SERVICES: tuple[str, ...] = ("telemetry", "tools", "valuation", "planner", "gateway")
 """The services ``tao up`` starts, in start order (the gateway last: it serves clients)."""
@@ -45,6 +46,35 @@ SIM_MODEL = "tao-sim"
 """The model name the simnodes serve (their default)."""
 
 _READY_TIMEOUT_S = 60.0
+
+
+def exit_reason(log: Path, name: str) -> str | None:
+    """The one-line reason a child gave for exiting, from the end of its ``log``: the line it
+    printed for bad settings (``<name>: ...``, exit 2), or the exception of a JSON
+    ``service_crashed`` record (``OSError: ... address already in use``); None if neither."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        text = line.strip()
+        if text.startswith(f"{name}: "):
+            return text[len(name) + 2 :]
+        if not text.startswith("{"):
+            continue
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("event") != "service_crashed":
+            continue
+        exc = rec.get("exception")
+        if isinstance(exc, list) and exc and isinstance(exc[-1], dict):
+            return f"{exc[-1].get('exc_type', 'error')}: {exc[-1].get('exc_value', '')}"
+        if isinstance(exc, str) and exc.strip():
+            return exc.strip().splitlines()[-1]
+        return str(rec.get("error") or "crashed")
+    return None
 
 
 class StackError(Exception):
@@ -125,6 +155,14 @@ class Stack:
     def failed(self) -> list[tuple[str, int]]:
         """Children that have exited, with their exit codes."""
         return [(n, p.returncode) for n, p, _ in self._procs if p.poll() is not None]
+
+    def exited(self, name: str, code: int) -> str:
+        """One line on child ``name`` having exited: its reason, if its log gives one, its
+        code and its log."""
+        log = self.log_dir / f"{name}.log"
+        reason = exit_reason(log, name)
+        why = f": {reason}" if reason else ""
+        return f"{name}: exited with code {code}{why} (log: {log})"
 
     # -- parts ------------------------------------------------------------------------------
 
@@ -218,10 +256,7 @@ class Stack:
         deadline = time.monotonic() + _READY_TIMEOUT_S
         while time.monotonic() < deadline:
             if proc.poll() is not None:
-                raise StackError(
-                    f"{name}: exited with code {proc.returncode} "
-                    f"(log: {self.log_dir / (name + '.log')})"
-                )
+                raise StackError(self.exited(name, proc.returncode))
             with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1.0) as resp:
                 if resp.status == 200:
                     return

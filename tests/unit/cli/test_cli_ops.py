@@ -9,7 +9,7 @@ import pytest
 
 from shared.cli.main import main
 from shared.cli.ops import status_table, up_config
-from shared.cli.stack import Stack
+from shared.cli.stack import Stack, exit_reason
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -36,6 +36,7 @@ class TestUsageErrors:
             (("up", "--time-scale", "0"), "--time-scale: must be > 0"),
             (("up", "--port", "70000"), "--port: must be in 0..65535"),
             (("up", "--sim-nodes", "-1"), "--sim-nodes: must be >= 0"),
+            (("up", "--policy", "nope"), "--policy: must be one of tao,"),
             (("demo", "--policies", "tao,nope"), "unknown policy 'nope'"),
             (("demo", "--sessions", "0"), "--sessions: must be >= 1"),
             (("demo", "--nodes-file", "/nonexistent/nodes.toml"), "--nodes-file: /nonexistent"),
@@ -76,6 +77,36 @@ class TestUpEnvironment:
         code, out, err = run(capsys, "up")
         assert code == 2 and out == "" and err.count("\n") == 1
         assert "TAO_NAMESPACE" in err and "Traceback" not in err
+
+
+class TestExitReason:
+    """The one line a dead child's log gives as its reason (``shared.cli.stack.exit_reason``)."""
+
+    CRASH = (
+        '{"event":"service_crashed","service":"gateway","exception":[{"exc_type":"OSError",'
+        '"exc_value":"[Errno 98] address already in use"}]}'
+    )
+
+    @pytest.mark.parametrize(
+        ("lines", "reason"),
+        [
+            (["gateway: TAO_POLICY: must be one of tao, got 'x'"], "TAO_POLICY: must be one of"),
+            ([CRASH, '{"event":"service_stopped","exit_code":1}', "Unclosed client session"],
+             "OSError: [Errno 98] address already in use"),
+            (['{"event":"service_crashed","exception":"Traceback\\nValueError: bad"}'],
+             "ValueError: bad"),
+            (['{"event":"service_started"}', "planner: not this service's line"], None),
+            ([], None),
+        ],
+    )  # fmt: skip
+    def test_reason(self, tmp_path: Path, lines: list[str], reason: str | None) -> None:
+        log = tmp_path / "gateway.log"
+        log.write_text("".join(f"{line}\n" for line in lines))
+        got = exit_reason(log, "gateway")
+        assert got == reason if reason is None else (got or "").startswith(reason), got
+
+    def test_missing_log(self, tmp_path: Path) -> None:
+        assert exit_reason(tmp_path / "absent.log", "gateway") is None
 
 
 def build_up_args() -> argparse.Namespace:

@@ -37,7 +37,7 @@ from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
 from shared.infra.nodesfile import render_nodes_file
 from shared.infra.settings import NodeSpec
 
-__all__ = ["SERVICES", "Stack", "StackConfig", "StackError", "exit_reason"]
+__all__ = ["SERVICES", "Stack", "StackConfig", "StackError", "exit_reason", "simnode_launch"]
 
 SERVICES: tuple[str, ...] = ("telemetry", "tools", "valuation", "planner", "gateway")
 """The services ``tao up`` starts, in start order (the gateway last: it serves clients)."""
@@ -75,6 +75,26 @@ def exit_reason(log: Path, name: str) -> str | None:
             return exc.strip().splitlines()[-1]
         return str(rec.get("error") or "crashed")
     return None
+
+
+def simnode_launch(
+    i: int, cfg: StackConfig, ports: tuple[int, int, int]
+) -> tuple[list[str], NodeSpec]:
+    """The command of simnode ``i`` on ``ports`` (HTTP, KV events, replay) and its nodes-file
+    entry. Everything listens on loopback, as the rest of ``tao up`` does (vLLM's KV-event
+    format on ZMQ; vLLM itself binds the endpoint it is given)."""
+    node_id = f"sim{i}"
+    port, kv_port, replay_port = ports
+    kv, replay = f"tcp://127.0.0.1:{kv_port}", f"tcp://127.0.0.1:{replay_port}"
+    cmd = [sys.executable, "-m", "services.simnode", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--node-id", node_id, "--time-scale", repr(cfg.time_scale)]
+    cmd += ["--kv-events", kv, "--kv-replay", replay]
+    if cfg.kv_tokens is not None:
+        cmd += ["--kv-tokens", str(cfg.kv_tokens)]
+    if cfg.profile is not None:
+        cmd += ["--profile", cfg.profile]
+    url = f"http://127.0.0.1:{port}"
+    return cmd, NodeSpec(node_id, url, kv_events=kv, kv_replay=replay, model=SIM_MODEL)
 
 
 class StackError(Exception):
@@ -181,28 +201,10 @@ class Stack:
     def _start_simnodes(self) -> None:
         cfg = self.config
         for i in range(cfg.sim_nodes):
-            node_id = f"sim{i}"
-            port, kv_port, replay_port = free_port(), free_port(), free_port()
-            cmd = [sys.executable, "-m", "services.simnode", "--port", str(port)]
-            cmd += ["--node-id", node_id, "--time-scale", repr(cfg.time_scale)]
-            # vLLM's KV-event wire format on ZMQ; like vLLM, the node binds a `*` endpoint
-            cmd += ["--kv-events", f"tcp://*:{kv_port}", "--kv-replay", f"tcp://*:{replay_port}"]
-            if cfg.kv_tokens is not None:
-                cmd += ["--kv-tokens", str(cfg.kv_tokens)]
-            if cfg.profile is not None:
-                cmd += ["--profile", cfg.profile]
-            self._spawn(node_id, cmd, self._base)
-            url = f"http://127.0.0.1:{port}"
-            self.node_urls[node_id] = url
-            self.nodes.append(
-                NodeSpec(
-                    node_id,
-                    url,
-                    kv_events=f"tcp://127.0.0.1:{kv_port}",
-                    kv_replay=f"tcp://127.0.0.1:{replay_port}",
-                    model=SIM_MODEL,
-                )
-            )
+            cmd, spec = simnode_launch(i, cfg, (free_port(), free_port(), free_port()))
+            self._spawn(spec.id, cmd, self._base)
+            self.node_urls[spec.id] = spec.url
+            self.nodes.append(spec)
         if self.nodes:
             self.nodes_file = self.log_dir / "nodes.toml"
             self.nodes_file.write_text(

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from services.simnode.__main__ import parse_config
 from shared.cli.main import main
 from shared.cli.ops import status_table, up_config
-from shared.cli.stack import Stack, exit_reason
+from shared.cli.stack import Stack, exit_reason, simnode_launch
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -77,6 +78,22 @@ class TestUpEnvironment:
         code, out, err = run(capsys, "up")
         assert code == 2 and out == "" and err.count("\n") == 1
         assert "TAO_NAMESPACE" in err and "Traceback" not in err
+
+
+class TestUpListensOnLoopback:
+    """Every port a `tao up` simnode opens (HTTP, KV events, replay) is on loopback, as the
+    services' are (the ZMQ endpoints used to bind `tcp://*`, every interface)."""
+
+    def test_simnode_listeners(self) -> None:
+        cmd, spec = simnode_launch(0, up_config(build_up_args(), {}), (8101, 8102, 8103))
+        _, host, port = parse_config(cmd[3:])  # [python, -m, services.simnode, ...]
+        assert (host, port) == ("127.0.0.1", 8101)
+        for flag, port_, given in (
+            ("--kv-events", 8102, spec.kv_events), ("--kv-replay", 8103, spec.kv_replay)
+        ):  # fmt: skip
+            bound = cmd[cmd.index(flag) + 1]
+            assert bound == given == f"tcp://127.0.0.1:{port_}"
+        assert spec.url == "http://127.0.0.1:8101"
 
 
 class TestExitReason:

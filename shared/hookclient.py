@@ -532,12 +532,37 @@ def _forward(argv: Sequence[str], stdin: BinaryIO, env: Mapping[str, str], start
         _start_drainer(spool, env)
 
 
+def hook_help() -> str:
+    """What ``tao hook --help`` prints: the usage, the harness names and where events go."""
+    from shared.harness.registry import HARNESSES
+
+    names = "\n".join(
+        f"  {', '.join(dict.fromkeys((h.name, h.token))):<24} -> tao.v1.hook.{h.token}"
+        for h in HARNESSES
+    )
+    return (
+        "usage: tao hook HARNESS < payload.json\n\n"
+        "Forward one harness hook payload from stdin to NATS and exit 0, silently, whatever\n"
+        "happens (a hook never blocks its agent). Harnesses:\n"
+        f"{names}\n\n"
+        "NATS: TAO_NATS_URL, else the running `tao up`'s, else nats://127.0.0.1:4222.\n"
+        "TAO_NAMESPACE prefixes the subject. What cannot be sent in time is spooled\n"
+        "(TAO_HOOK_SPOOL) and delivered later, in order.\n"
+        "Install into a harness's settings: tao hooks install TARGET (see its --help).\n"
+    )
+
+
 def run_hook(
     argv: Sequence[str],
     stdin: BinaryIO | None = None,
     env: Mapping[str, str] | None = None,
 ) -> int:
-    """``tao hook HARNESS``: forward stdin (module docstring). Returns 0, whatever happens."""
+    """``tao hook HARNESS``: forward stdin (module docstring). Returns 0, whatever happens;
+    ``tao hook --help`` (or ``-h``) prints :func:`hook_help` instead."""
+    if argv[:1] in (["-h"], ["--help"]):
+        with contextlib.suppress(OSError):
+            sys.stdout.write(hook_help())
+        return 0
     start = time.monotonic()
     try:
         source = stdin if stdin is not None else sys.stdin.buffer

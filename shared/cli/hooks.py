@@ -107,15 +107,36 @@ def target(name: str) -> Callable[[Target], Target]:
 # -- helpers for targets -------------------------------------------------------------------------
 
 
-def default_command(token: str, argv0: str | None = None) -> str:
-    """``<absolute tao> hook <token>``: the running ``tao`` when that is what runs, else ``tao``
-    on PATH, else plain ``tao``."""
+def default_command(token: str, argv0: str | None = None, path: str | None = None) -> str:
+    """The hook command: plain ``tao hook <token>`` when ``tao`` on ``PATH`` (``path``) is the
+    running one, so the installed hook survives a moved or rebuilt clone; else ``<absolute
+    path of the running tao> hook <token>`` (a harness need not share this shell's PATH),
+    else ``tao`` on PATH by its path, else plain ``tao``."""
     argv0 = sys.argv[0] if argv0 is None else argv0
-    exe: str | None = None
+    running: str | None = None
     if argv0 and Path(argv0).name == "tao" and os.access(argv0, os.X_OK):
-        exe = os.path.abspath(argv0)
-    exe = exe or shutil.which("tao") or "tao"
-    return f"{shlex.quote(exe)} hook {token}"
+        running = os.path.abspath(argv0)
+    on_path = shutil.which("tao", path=path)
+    if on_path is not None and (
+        running is None or os.path.realpath(on_path) == os.path.realpath(running)
+    ):
+        return f"tao hook {token}"
+    return f"{shlex.quote(running or 'tao')} hook {token}"
+
+
+def command_note(command: str) -> str | None:
+    """A line for the installer's output when ``command`` names ``tao`` by an absolute path
+    (it breaks if that install moves): how to keep it working."""
+    try:
+        exe = shlex.split(command)[0]
+    except (ValueError, IndexError):
+        return None
+    if not os.path.isabs(exe):
+        return None
+    return (
+        f"note: the hooks run {exe}; after moving or deleting that install, run "
+        "`tao hooks install` again (or put tao on PATH, or pass --command)"
+    )
 
 
 def runs_tao_hook(command: str, token: str) -> bool:
@@ -515,7 +536,16 @@ def _cmd_hooks(args: argparse.Namespace, out: TextIO) -> int:
     changes = TARGETS[args.target](req)
     verb = "installed" if args.action == "install" else "uninstalled"
     apply(changes, dry_run=args.dry_run, verb=verb, name=f"tao hooks {args.action}", out=out)
+    token = _COMMAND_TOKENS.get(args.target)
+    if args.action == "install" and token is not None:
+        note = command_note(req.command or default_command(token))
+        if note is not None:
+            out.write(note + "\n")
     return 0
+
+
+_COMMAND_TOKENS: dict[str, str] = {"claude-code": "claude", "openhands": "openhands"}
+"""The targets whose hooks run a ``tao hook <token>`` command."""
 
 
 def _cmd_hook(args: argparse.Namespace, out: TextIO) -> int:
@@ -542,13 +572,19 @@ def add_hooks_parsers(sub: Any) -> None:
     actions = hooks.add_subparsers(dest="action", metavar="ACTION", required=True)
     for action in ("install", "uninstall"):
         p = actions.add_parser(action, help=f"{action} the hooks of TARGET")
-        p.add_argument("target", choices=sorted(TARGETS), metavar="TARGET")
-        p.add_argument("--scope", choices=SCOPES, default="user", help="settings scope")
+        p.add_argument(
+            "target", choices=sorted(TARGETS), metavar="TARGET",
+            help=f"one of: {', '.join(sorted(TARGETS))}",
+        )  # fmt: skip
+        p.add_argument(
+            "--scope", choices=SCOPES, default="user", help="settings scope (default user)"
+        )
         p.add_argument("--dry-run", action="store_true", help="print the diff, write nothing")
         p.add_argument(
             "--command",
             dest="hook_command",  # ``command`` is the top-level subcommand's dest
             metavar="CMD",
-            help="the hook command (default: <absolute path of tao> hook …)",
+            help="the hook command (default: tao hook …, with tao's absolute path when the "
+            "tao on PATH is another one)",
         )
         p.set_defaults(run=_cmd_hooks)

@@ -296,9 +296,7 @@ class FakeStore:
         names = list(dict.fromkeys(tool for tool, _, _ in items))
         for tool in names:
             tool_field(tool)
-        return fold_tools(
-            items, {t: self._tools.get(t, ToolStats()) for t in names}, self._overall
-        )
+        return fold_tools(items, {t: self._tools.get(t, ToolStats()) for t in names}, self._overall)
 
     async def history(self) -> History:
         return History(tools=dict(self._tools), overall=self._overall)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +38,7 @@ __all__ = [
     "ServiceContext",
     "run_service",
     "run_service_async",
+    "service_usage",
 ]
 
 EXIT_OK = 0
@@ -81,6 +82,21 @@ async def _connect_redis(url: str) -> Any:
     return client
 
 
+def service_usage(name: str) -> str:
+    """``tao service NAME --help``: a service takes no arguments; the ``TAO_*`` environment
+    variables configure it (the table of :mod:`shared.infra.settings`)."""
+    from . import settings as settings_module
+
+    table = [ln for ln in (settings_module.__doc__ or "").splitlines() if ln.startswith("|")]
+    return (
+        f"usage: tao service {name}   (or: python -m services.{name})\n\n"
+        f"Runs the {name} service in the foreground until SIGINT/SIGTERM. It takes no\n"
+        "arguments: TAO_* environment variables configure it (empty counts as unset):\n\n"
+        + "\n".join(table)
+        + "\n"
+    )
+
+
 def run_service(
     name: str,
     main: Main,
@@ -88,8 +104,19 @@ def run_service(
     needs_bus: bool = True,
     needs_redis: bool = False,
     env: Mapping[str, str] | None = None,
+    argv: Sequence[str] | None = None,
 ) -> int:
-    """Run ``main`` as service ``name`` until it returns or a signal arrives; the exit code."""
+    """Run ``main`` as service ``name`` until it returns or a signal arrives; the exit code.
+    ``argv`` (default ``sys.argv[1:]``): ``-h`` / ``--help`` prints :func:`service_usage`;
+    anything else is a usage error (exit 2, one line)."""
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given[:1] in (["-h"], ["--help"]):
+        print(service_usage(name), end="")
+        return EXIT_OK
+    if given:
+        print(f"{name}: takes no arguments (TAO_* variables configure it; see --help), "
+              f"got {given[0]!r}", file=sys.stderr)  # fmt: skip
+        return EXIT_USAGE
     return anyio.run(
         lambda: run_service_async(name, main, env=env, needs_bus=needs_bus, needs_redis=needs_redis)
     )

@@ -11,6 +11,7 @@ import pytest
 from shared.cli.hooks import (
     BACKUP_SUFFIX,
     claude_settings_path,
+    command_note,
     default_command,
     runs_tao_hook,
 )
@@ -222,7 +223,36 @@ class TestCommand:
         exe.parent.mkdir()
         exe.write_text("#!/bin/sh\n")
         exe.chmod(0o755)
-        assert default_command("claude", str(exe)) == f"{exe} hook claude"
+        assert default_command("claude", str(exe), path="") == f"{exe} hook claude"
+
+    @pytest.mark.parametrize("same", [True, False])
+    def test_plain_tao_when_path_has_this_one(self, tmp_path: Path, same: bool) -> None:
+        """``tao hook X`` (no clone path to go stale) when ``tao`` on PATH is the running
+        one; the running one's absolute path when PATH finds another."""
+        exe = tmp_path / "bin" / "tao"
+        other = tmp_path / "other" / "tao"
+        for f in (exe, other):
+            f.parent.mkdir()
+            f.write_text("#!/bin/sh\n")
+            f.chmod(0o755)
+        path = str((exe if same else other).parent)
+        cmd = default_command("claude", str(exe), path=path)
+        assert cmd == ("tao hook claude" if same else f"{exe} hook claude")
+        assert (command_note(cmd) is None) == same
+
+    def test_install_notes_an_absolute_command(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """An install whose command names tao by an absolute path says how to keep it
+        working when that install moves."""
+        from shared.cli.main import main
+
+        monkeypatch.setenv("HOME", str(tmp_path))
+        monkeypatch.chdir(tmp_path)
+        code = main(["hooks", "install", "claude-code", "--command", "/opt/x/tao hook claude"])
+        assert code == 0
+        out = capsys.readouterr().out
+        assert "note: the hooks run /opt/x/tao" in out and "tao hooks install" in out
 
     def test_quoted_path(self, tmp_path: Path) -> None:
         exe = tmp_path / "my bin" / "tao"

@@ -285,3 +285,23 @@ class TestSpool:
         assert spool.pending()  # appended before the hook returned; the drainer cannot send
         spool.take()
         assert [p for _, _, p in spool.records()] == [FIXTURE]
+
+
+class TestHelp:
+    def test_help_lists_every_harness_and_exits_0(self) -> None:
+        """`tao hook --help` (it printed nothing) names the usage and every harness by name
+        and token, through the console script's fast path."""
+        from shared.harness.registry import HARNESSES
+
+        for flag in ("--help", "-h"):
+            done = subprocess.run(
+                [sys.executable, "-m", "shared.cli.entry", "hook", flag],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            assert done.returncode == 0 and done.stderr == ""
+            assert done.stdout.startswith("usage: tao hook HARNESS")
+            for h in HARNESSES:
+                assert h.name in done.stdout and f"tao.v1.hook.{h.token}" in done.stdout

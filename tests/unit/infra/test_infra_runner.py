@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from shared.infra import BusError, FakeBus, MessageBus, ServiceContext, Settings
-from shared.infra.runner import EXIT_CRASH, EXIT_OK, EXIT_USAGE, run_service_async
+from shared.infra.runner import EXIT_CRASH, EXIT_OK, EXIT_USAGE, run_service, run_service_async
 
 
 class FakeRedis:
@@ -138,5 +138,37 @@ class TestRunServiceSync:
         async def main(settings: Settings, ctx: ServiceContext) -> None:
             ran.append(ctx.name)
 
-        assert run_service("svc", main, needs_bus=False, env={}) == EXIT_OK
+        assert run_service("svc", main, needs_bus=False, env={}, argv=[]) == EXIT_OK
         assert ran == ["svc"]
+
+
+class TestServiceArguments:
+    """A service takes no arguments: ``--help`` describes its configuration (it used to
+    answer ``TAO_NATS_URL: not set``), anything else is one usage line."""
+
+    def test_help_lists_the_settings(self, capsys: pytest.CaptureFixture[str]) -> None:
+        async def main(settings: Settings, ctx: ServiceContext) -> None:
+            raise AssertionError("--help must not start the service")
+
+        for flag in ("--help", "-h"):
+            assert run_service("gateway", main, env={}, argv=[flag]) == EXIT_OK
+            out, err = capsys.readouterr()
+            assert out.startswith("usage: tao service gateway") and err == ""
+            for var in ("TAO_NATS_URL", "TAO_REDIS_URL", "TAO_POLICY", "TAO_GATEWAY_PORT"):
+                assert f"| {var} " in out
+
+    def test_other_arguments_are_one_usage_line(self, capsys: pytest.CaptureFixture[str]) -> None:
+        async def main(settings: Settings, ctx: ServiceContext) -> None:
+            raise AssertionError("a usage error must not start the service")
+
+        assert run_service("planner", main, env={}, argv=["--bogus"]) == EXIT_USAGE
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1 and "takes no arguments" in err
+        assert "'--bogus'" in err
+
+    def test_through_tao_service(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """`tao service tools --help` reaches the service's help, exit 0."""
+        from shared.cli.main import main as cli
+
+        assert cli(["service", "tools", "--help"]) == 0
+        assert capsys.readouterr().out.startswith("usage: tao service tools")

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from shared.cli.plan import TimedResult, plan_document, run_policy
 from shared.core.policies import POLICY_NAMES
 from shared.core.problem import Objective, Problem
+from shared.tables import render
 
 REFERENCE = "tao"
 
@@ -89,13 +90,4 @@ def compare_table(results: Sequence[TimedResult]) -> str:
             ]
         )
     header = [name for name, _ in _COLUMNS]
-    widths = [max(len(r[j]) for r in [header, *rows]) for j in range(len(header))]
-
-    def line(cells: list[str]) -> str:
-        parts = [
-            cell.ljust(w) if align == "<" else cell.rjust(w)
-            for cell, w, (_, align) in zip(cells, widths, _COLUMNS, strict=True)
-        ]
-        return "  ".join(parts).rstrip()
-
-    return "\n".join([line(header), *(line(r) for r in rows)])
+    return render(header, rows, align=[a for _, a in _COLUMNS])

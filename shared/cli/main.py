@@ -278,13 +278,21 @@ def _silence_stdout() -> None:
         pass
 
 
+_TOP_OPTIONS = frozenset({"-h", "--help", "--version"})
+"""The options ``tao`` itself takes before its COMMAND."""
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run ``tao`` with ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
     prog = "tao"
     try:
         parser = build_parser()
+        given = list(sys.argv[1:] if argv is None else argv)
+        first = next((a for a in given if a not in _TOP_OPTIONS), None)
+        if first is not None and first.startswith("-"):  # before a COMMAND: name it, not that
+            raise UsageError(prog, f"unrecognized arguments: {first}")
         try:
-            args, extra = parser.parse_known_args(argv)
+            args, extra = parser.parse_known_args(given)
         except SystemExit as exc:  # --help / --version print and exit 0
             return exc.code if isinstance(exc.code, int) else EXIT_OK
         prog = f"tao {args.command}"

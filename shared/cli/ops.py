@@ -33,6 +33,7 @@ from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
 from shared.infra.errors import SettingsError
 from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_run_file
 from shared.infra.settings import Settings
+from shared.tables import render
 
 __all__ = ["add_ops_parsers", "redis_url", "status_table"]
 
@@ -229,28 +230,24 @@ def _ms(v: object) -> str:
 
 def status_table(status: dict[str, Any]) -> str:
     """A human-readable form of ``Store.status()``."""
-    lines = [
-        f"domain {status.get('domain')}",
-        "",
-        "node        healthy  capacity  reserved  free  prefix hit",
-    ]
+    lines = [f"domain {status.get('domain')}", ""]
+    nodes = []
     for n in status.get("nodes", []):
         rate = n.get("prefix_hit_rate")
-        lines.append(
-            f"{n['id']:<11} {('yes' if n['healthy'] else 'no'):<8} {n['capacity_tokens']:>8}"
-            f"  {n['reserved']:>8}  {n['free']:>5}  {'-' if rate is None else f'{rate:.0%}':>10}"
-        )
+        nodes.append([
+            str(n["id"]), "yes" if n["healthy"] else "no", str(n["capacity_tokens"]),
+            str(n["reserved"]), str(n["free"]), "-" if rate is None else f"{rate:.0%}",
+        ])  # fmt: skip
+    header = ["node", "healthy", "capacity", "reserved", "free", "prefix hit"]
+    lines.append(render(header, nodes, align="<<>>>>"))
     sessions = [s for s in status.get("sessions", []) if not s.get("ended")]
-    lines += [
-        "",
-        f"sessions {len(sessions)} live",
-        "session                  activity  node   tokens",
-    ]
-    for s in sessions[:50]:
-        lines.append(
-            f"{str(s['id'])[:24]:<24} {s['activity']:<9} {s['node'] or '-':<6} {s['tokens']:>6}"
-            f"  v{s['version']}"
-        )
+    lines += ["", f"sessions {len(sessions)} live"]
+    rows = [
+        [str(s["id"])[:40], str(s["activity"]), str(s["node"] or "-"), str(s["tokens"]),
+         str(s["version"])]
+        for s in sessions[:50]
+    ]  # fmt: skip
+    lines.append(render(["session", "activity", "node", "tokens", "version"], rows, align="<<<>>"))
     if len(sessions) > 50:
         lines.append(f"... {len(sessions) - 50} more (use --json)")
     p = status.get("planner", {})

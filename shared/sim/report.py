@@ -40,6 +40,7 @@ from shared.sim.metrics import (
 )
 from shared.sim.runner import LOWER_BOUND, Run
 from shared.sim.snapshots import SnapshotStudy
+from shared.tables import render, signed
 
 __all__ = [
     "BASELINE_NAMES",
@@ -57,6 +58,8 @@ __all__ = [
     "write_report",
 ]
 
+TEXT_WIDTH = 100
+"""The widest line of a plain table (wider ones are cut into column blocks)."""
 BASELINE_NAMES = ("rr", "cache-aware", "kv-aware", "thunderagent", "short-first")
 """Policies a TAO variant is compared against (the paper's baselines plus short-first); any
 name starting with ``thunderagent`` is a baseline too (:func:`is_baseline`)."""
@@ -207,7 +210,7 @@ def _num(v: float | int | None) -> float | None:
 def _paired_cell(row: PairedRow | None, n_row: int) -> str:
     if row is None:
         return "–"
-    text = f"{row.mean_pct:+.1f}"
+    text = signed(row.mean_pct)
     if row.ci_low_pct is not None:
         text += f" ± {row.mean_pct - row.ci_low_pct:.1f}" + ("*" if row.excludes_zero else "")
     if row.n != n_row:
@@ -270,7 +273,7 @@ def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
             for m, _, _ in TABLE_METRICS:
                 best = _best_baseline(agg, w, policies, m)
                 imp = None if best is None else improvement(m, agg[(w, p)][m][0], best[1])
-                cells.append("–" if imp is None else f"{imp:+.1f}% ({best[0] if best else ''})")
+                cells.append("–" if imp is None else f"{signed(imp)}% ({best[0] if best else ''})")
             rows.append(cells)
         n = max((a[METRICS[0]][2] for (ww, _), a in agg.items() if ww == w), default=0)
         title = f"workers={w if w is not None else 'open-loop'} (seeds: {n})"
@@ -287,13 +290,7 @@ def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
 
 
 def _render(header: list[str], rows: list[list[str]], markdown: bool) -> str:
-    if markdown:
-        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
-        return "\n".join(lines)
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    fmt = "  ".join(f"{{:<{wd}}}" if i == 0 else f"{{:>{wd}}}" for i, wd in enumerate(widths))
-    return "\n".join(fmt.format(*r) for r in [header, *rows])
+    return render(header, rows, markdown=markdown, width=None if markdown else TEXT_WIDTH)
 
 
 def write_csvs(runs: Sequence[Run], out: str, study: SnapshotStudy | None = None) -> list[str]:

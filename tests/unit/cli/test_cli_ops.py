@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,8 @@ class TestUsageErrors:
         ("argv", "fragment"),
         [
             (("service", "nope"), "invalid choice: 'nope'"),
+            (("--bogus",), "tao: error: unrecognized arguments: --bogus"),
+            (("--bogus", "status"), "unrecognized arguments: --bogus"),
             (("up", "--time-scale", "0"), "--time-scale: must be > 0"),
             (("up", "--port", "70000"), "--port: must be in 0..65535"),
             (("up", "--sim-nodes", "-1"), "--sim-nodes: must be >= 0"),
@@ -153,6 +156,17 @@ class TestStatusTable:
                 "planner": {"ticks": 4, "plans_applied": 2, "solve_ms": None},
             }
         )  # fmt: skip
-        assert "n1          yes" in text and "sessions 1 live" in text
-        assert "a " in text and "\nb " not in text
+        assert "sessions 1 live" in text
+        lines = text.splitlines()
+        head = next(ln for ln in lines if ln.startswith("node "))
+        row = lines[lines.index(head) + 1]
+        for label, value in (("capacity", "1000"), ("reserved", "10"), ("free", "890")):
+            cell = re.search(rf"(?<!\S){value}(?!\S)", row)
+            assert cell is not None and head.index(label) + len(label) == cell.end()
+        assert row.split() == ["n1", "yes", "1000", "10", "890", "-"]
+        shead = next(ln for ln in lines if ln.startswith("session "))
+        srow = lines[lines.index(shead) + 1]
+        assert shead.split() == ["session", "activity", "node", "tokens", "version"]
+        assert srow.split() == ["a", "tool", "n1", "5", "3"] and len(srow) == len(shead)
+        assert "\nb " not in text
         assert "ticks 4  applied 2" in text and "p50 -" in text

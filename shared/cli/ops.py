@@ -30,6 +30,7 @@ import anyio
 import orjson
 
 from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
+from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.infra.errors import SettingsError
 from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_run_file
 from shared.infra.settings import Settings
@@ -65,8 +66,15 @@ def add_ops_parsers(sub: Any) -> None:
     up.add_argument("--policy", metavar="NAME", help="placement policy (default: TAO_POLICY)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
     up.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
-    up.add_argument("--kv-tokens", type=int, metavar="N", help="simnode KV capacity in tokens")
-    up.add_argument("--profile", metavar="NAME", help="simnode engine profile")
+    up.add_argument(
+        "--kv-tokens", type=int, metavar="N",
+        help="simnode KV capacity in tokens (default: the profile's)",
+    )  # fmt: skip
+    up.add_argument(
+        "--profile", metavar="NAME",
+        help=f"simnode engine profile, one of {', '.join(sorted(PROFILES))} "
+        f"(default {DEFAULT_PROFILE})",
+    )  # fmt: skip
     up.add_argument("--log-dir", metavar="DIR", help="where children log (default: a temp dir)")
     up.set_defaults(run=_cmd_up)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import pytest
@@ -124,3 +125,30 @@ class TestEndings:
         code, _, err = run(capsys, "plan", str(example_path()))
         assert code == 1
         assert err == "tao plan: error: internal: RuntimeError: kernel exploded\n"
+
+
+def _options(parser: argparse.ArgumentParser, path: tuple[str, ...] = ("tao",)):  # type: ignore[no-untyped-def]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield from _options(sub, (*path, name))
+        elif action.option_strings:
+            yield path, parser, action
+
+
+class TestHelpShowsDefaults:
+    def test_every_option_with_a_default_shows_it(self) -> None:
+        """Each option whose default is a value (not None or False) says it in --help."""
+        from shared.cli.main import build_parser
+
+        missing = []
+        checked = 0
+        for path, parser, action in _options(build_parser()):
+            if action.default in (None, False, argparse.SUPPRESS) or action.dest == "help":
+                continue
+            checked += 1
+            formatter = parser._get_formatter()
+            text = formatter._expand_help(action) if action.help else ""
+            if "default" not in text:
+                missing.append(f"{' '.join(path)} {action.option_strings[0]}")
+        assert checked > 10 and missing == []

@@ -8,13 +8,24 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PYTHON="${PYTHON:-python3}"
 STAMP=.venv/.tao-installed
 
+# A .venv without a working pip (what a failed `python3 -m venv` leaves behind) would stop every
+# later run at the install step: recreate it.
+if [ -x .venv/bin/python ] && ! .venv/bin/python -m pip --version >/dev/null 2>&1; then
+    echo "setup: .venv has no working pip (a failed venv creation?); recreating it" >&2
+    rm -rf .venv
+fi
+
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || {
         echo "setup: $PYTHON is $("$PYTHON" -V 2>&1); TAO needs Python >= 3.11 (set PYTHON=...)" >&2
         exit 1
     }
     echo "setup: creating .venv with $PYTHON" >&2
-    "$PYTHON" -m venv .venv
+    "$PYTHON" -m venv .venv || {
+        rm -rf .venv
+        echo "setup: '$PYTHON -m venv' failed; install its venv and pip (Debian: python3-venv)" >&2
+        exit 1
+    }
 fi
 
 if [ ! -f "$STAMP" ] || [ pyproject.toml -nt "$STAMP" ] || [ ! -x .venv/bin/tao ]; then

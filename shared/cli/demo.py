@@ -51,11 +51,15 @@ import asyncio
 import math
 import os
 import random
+import shutil
 import statistics
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 import orjson
@@ -461,13 +465,17 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
         models = await _wait_for_models(client, args.model)
         args.model = args.model or models[0]
         began = time.monotonic()
-        outcomes = await asyncio.gather(
-            *(
-                _session(i, args, client, bus, http, target.gateway_url, result)
-                for i in range(args.sessions)
-            ),
-            return_exceptions=True,
-        )
+        ticker = asyncio.create_task(_progress(result, began, args))
+        try:
+            outcomes = await asyncio.gather(
+                *(
+                    _session(i, args, client, bus, http, target.gateway_url, result)
+                    for i in range(args.sessions)
+                ),
+                return_exceptions=True,
+            )
+        finally:
+            ticker.cancel()
     result.wall_s = time.monotonic() - began
     result.errors = [f"{type(e).__name__}: {e}" for e in outcomes if isinstance(e, BaseException)]
     await client.close()
@@ -475,6 +483,25 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
     if target.redis_url:
         result.planner = await _planner_stats(target.redis_url, target.domain)
     return result
+
+
+PROGRESS_S = 5.0
+"""How often a run reports its progress on stderr."""
+
+
+async def _progress(result: DemoResult, began: float, args: argparse.Namespace) -> None:
+    """Every :data:`PROGRESS_S`, one line on stderr: tasks done, turns, tool calls, elapsed
+    (a run of 16 sessions takes ~30 s that would otherwise be silent). Not with ``--json``."""
+    if args.json:
+        return
+    while True:
+        await asyncio.sleep(PROGRESS_S)
+        sys.stderr.write(
+            f"tao demo: {result.policy}: {result.tasks_done}/{result.sessions} tasks done, "
+            f"{len(result.ttfts)} turns, {result.tool_calls} tool calls, "
+            f"{time.monotonic() - began:.0f} s\n"
+        )
+        sys.stderr.flush()
 
 
 async def _wait_for_models(client: Any, wanted: str | None) -> list[str]:
@@ -542,6 +569,11 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
+        "--log-dir", metavar="DIR",
+        help="keep the services' logs here, one folder per policy (default: a temporary "
+        "folder, removed when every run succeeded and named on stderr when one did not)",
+    )  # fmt: skip
+    p.add_argument(
         "--against",
         metavar="URL",
         help="drive this running gateway instead of starting stacks (one run; compose demo)",
@@ -591,7 +623,9 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     args.domain_of = {p: f"demo-{run_id}-{i}" for i, p in enumerate(policies)}
     results: list[DemoResult] = []
     real = _real_nodes(args.nodes_file)
+    logs = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="tao-demo-"))
     servers = EmbeddedServers().start() if need_servers else None
+    ok = False
     try:
         for i, policy in enumerate(policies):
             ns = f"demo{run_id}p{i}"
@@ -603,6 +637,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                 namespace=ns,
                 domain=args.domain_of[policy],
                 extra_env={"TAO_NODES_FILE": args.nodes_file} if real else {},
+                log_dir=str(logs / policy),
             )
             for node in real:
                 _reset_prefix_cache(node)
@@ -621,9 +656,14 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                     results.append(asyncio.run(_drive(target, args, policy)))
             except StackError as exc:
                 raise DemoError(str(exc)) from None
+        ok = all(r.tasks_done == r.sessions and not r.errors for r in results)
     finally:
         if servers is not None:
             servers.stop()
+        if ok and not args.log_dir:  # the services' logs matter only when something failed
+            shutil.rmtree(logs, ignore_errors=True)
+        elif not args.json:
+            sys.stderr.write(f"tao demo: the services' logs are in {logs}\n")
     _print_results(results, args, out)
     return 0 if all(r.tasks_done == r.sessions for r in results) else 1
 
@@ -713,7 +753,6 @@ def demo_table(results: Sequence[DemoResult]) -> str:
         ("plans applied", "plans_applied", ""),
         ("plans discarded", "plans_discarded", ""),
         ("errors", "errors", ""),
-        ("wall time", "wall_s", " s"),
     ]
     width = max(14, *(len(r["policy"]) + 2 for r in rows))
     lines = [f"{'metric':<26}" + "".join(f"{r['policy']:>{width}}" for r in rows)]

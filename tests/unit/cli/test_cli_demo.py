@@ -47,3 +47,30 @@ class TestDemo:
         assert blind["node_moves_per_session"] is None
         table = demo_table([r])
         assert "interrupts / tool call" in table and "node moves / session" in table
+
+
+class TestProgress:
+    async def test_progress_lines_on_stderr(
+        self, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    ) -> None:
+        """A run reports tasks done, turns and tool calls every PROGRESS_S on stderr (it was
+        silent for ~35 s per policy); with --json it says nothing."""
+        import argparse
+        import asyncio
+        import time
+
+        from shared.cli import demo
+
+        monkeypatch.setattr(demo, "PROGRESS_S", 0.01)
+        result = demo.DemoResult(policy="tao", sessions=4, tasks_done=1, tool_calls=3)
+        result.ttfts = [0.1, 0.2]
+        for as_json, expect in ((False, True), (True, False)):
+            task = asyncio.create_task(
+                demo._progress(result, time.monotonic(), argparse.Namespace(json=as_json))
+            )
+            await asyncio.sleep(0.05)
+            task.cancel()
+            out, err = capsys.readouterr()
+            assert out == ""
+            line = "tao demo: tao: 1/4 tasks done, 2 turns, 3 tool calls"
+            assert (line in err) is expect

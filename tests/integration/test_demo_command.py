@@ -1,0 +1,38 @@
+"""`tao demo` as a user runs it: a short run leaves no log folders behind (each run used to
+leave an undocumented /tmp/tao-logs-* per policy), keeps them where --log-dir says, and its
+table has no row that repeats another (\"wall time\" was the task latency maximum)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+DEADLINE_S = 240.0
+
+
+def _demo(tmp: Path, nats_url: str, redis_url: str, *extra: str) -> subprocess.CompletedProcess:  # type: ignore[type-arg]
+    env = {**os.environ, "TMPDIR": str(tmp), "TAO_NATS_URL": nats_url,
+           "TAO_REDIS_URL": redis_url, "TAO_RUN_FILE": str(tmp / "run.json")}  # fmt: skip
+    cmd = [sys.executable, "-m", "shared.cli.entry", "demo", "--sessions", "2", "--turns", "2",
+           "--policies", "tao", "--time-scale", "20", *extra]  # fmt: skip
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=DEADLINE_S,
+                          check=False)  # fmt: skip
+
+
+def test_a_clean_run_leaves_no_log_folders(tmp_path: Path, nats_url: str, redis_url: str) -> None:
+    done = _demo(tmp_path, nats_url, redis_url)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split("  ")[0].strip() for line in done.stdout.splitlines()]
+    assert "tasks done" in rows and "wall time" not in rows
+    left = [p.name for p in tmp_path.iterdir() if p.name.startswith(("tao-demo-", "tao-logs-"))]
+    assert left == [] and "logs are in" not in done.stderr
+
+
+def test_log_dir_keeps_each_policys_logs(tmp_path: Path, nats_url: str, redis_url: str) -> None:
+    logs = tmp_path / "kept"
+    done = _demo(tmp_path, nats_url, redis_url, "--log-dir", str(logs))
+    assert done.returncode == 0, done.stderr
+    assert {p.name for p in (logs / "tao").iterdir()} >= {"gateway.log", "planner.log"}
+    assert f"logs are in {logs}" in done.stderr

@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import os
 import random
@@ -69,6 +70,7 @@ from shared.cli.stack import Stack, StackConfig, StackError
 from shared.contracts import ToolEnd, ToolStart
 from shared.core.policies import POLICY_NAMES
 from shared.infra.embedded import EmbeddedServers
+from shared.tables import render, signed
 
 if TYPE_CHECKING:
     from shared.infra.settings import NodeSpec
@@ -137,6 +139,8 @@ class DemoResult:
     errors: list[str] = field(default_factory=list)
     planner: dict[str, Any] = field(default_factory=dict)
     wall_s: float = 0.0
+    repeat: int = 0
+    """Which of ``--repeat`` runs this is (0-based; its workload seed is ``--seed`` + it)."""
 
     def row(self) -> dict[str, Any]:
         """The table row / JSON object of this run."""
@@ -162,6 +166,7 @@ class DemoResult:
             "plans_discarded": self.planner.get("plans_discarded"),
             "errors": len(self.errors),
             "wall_s": self.wall_s,
+            "repeat": self.repeat,
         }
 
 
@@ -567,6 +572,11 @@ def add_demo_parser(sub: Any) -> None:
     p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
     p.add_argument("--model", help="model name sent (default: the first the gateway lists)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
+    p.add_argument(
+        "--repeat", type=int, default=1, metavar="N",
+        help="run every policy N times, interleaved, repeat r on workload seed --seed + r; "
+        "the table shows mean ± sd and each policy's paired difference to the first",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
         "--log-dir", metavar="DIR",
@@ -590,7 +600,7 @@ def _check(args: argparse.Namespace) -> list[str]:
             )
     if not policies:
         raise DemoError("--policies: give at least one policy")
-    for opt in ("sessions", "turns", "sim_nodes", "kv_tokens"):
+    for opt in ("sessions", "turns", "sim_nodes", "kv_tokens", "repeat"):
         value = getattr(args, opt)
         if value is not None and value < 1:
             raise DemoError(f"--{opt.replace('_', '-')}: must be >= 1")
@@ -617,43 +627,47 @@ def _shape(args: argparse.Namespace) -> str:
 def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     policies = _check(args)
     if args.against:
+        if args.repeat > 1:
+            raise DemoError("--repeat: not with --against (it drives one deployed policy once)")
         return _demo_against(args, out)
     need_servers = not (os.environ.get("TAO_NATS_URL") and os.environ.get("TAO_REDIS_URL"))
     run_id = uuid.uuid4().hex[:8]
-    args.domain_of = {p: f"demo-{run_id}-{i}" for i, p in enumerate(policies)}
     results: list[DemoResult] = []
     real = _real_nodes(args.nodes_file)
     logs = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="tao-demo-"))
     servers = EmbeddedServers().start() if need_servers else None
     ok = False
+    base_seed = args.seed
     try:
-        for i, policy in enumerate(policies):
-            ns = f"demo{run_id}p{i}"
+        # repeats interleave the policies, so a drift of the machine's load hits them all alike
+        for rep, (i, policy) in itertools.product(range(args.repeat), enumerate(policies)):
+            args.seed = base_seed + rep  # each repeat is another workload draw, the same for all
+            ns = f"demo{run_id}r{rep}p{i}"
+            domain = f"demo-{run_id}-{rep}-{i}"
             config = StackConfig(
                 sim_nodes=0 if real else args.sim_nodes,
                 policy=policy,
                 time_scale=args.time_scale,
                 kv_tokens=args.kv_tokens,
                 namespace=ns,
-                domain=args.domain_of[policy],
+                domain=domain,
                 extra_env={"TAO_NODES_FILE": args.nodes_file} if real else {},
-                log_dir=str(logs / policy),
+                log_dir=str(logs / (policy if args.repeat == 1 else f"{policy}-{rep}")),
             )
             for node in real:
                 _reset_prefix_cache(node)
             try:
                 with Stack(config, servers=servers) as stack:
                     if not args.json:
-                        out.write(f"tao demo: {policy}: {_shape(args)} via {stack.gateway_url}\n")
+                        which = "" if args.repeat == 1 else f" (run {rep + 1}/{args.repeat})"
+                        out.write(
+                            f"tao demo: {policy}{which}: {_shape(args)} via {stack.gateway_url}\n"
+                        )
                         out.flush()
-                    target = Target(
-                        stack.gateway_url,
-                        stack.nats_url,
-                        stack.redis_url,
-                        ns,
-                        args.domain_of[policy],
-                    )
-                    results.append(asyncio.run(_drive(target, args, policy)))
+                    target = Target(stack.gateway_url, stack.nats_url, stack.redis_url, ns, domain)
+                    result = asyncio.run(_drive(target, args, policy))
+                    result.repeat = rep
+                    results.append(result)
             except StackError as exc:
                 raise DemoError(str(exc)) from None
         ok = all(r.tasks_done == r.sessions and not r.errors for r in results)
@@ -737,27 +751,85 @@ def _fmt(v: object, unit: str = "") -> str:
     return str(v)
 
 
+_TABLE: tuple[tuple[str, str, str], ...] = (
+    ("tasks done", "tasks_done", ""),
+    ("task latency mean", "latency_mean_s", " s"),
+    ("task latency p99", "latency_p99_s", " s"),
+    ("TTFT mean", "ttft_mean_s", " s"),
+    ("TTFT p99", "ttft_p99_s", " s"),
+    ("tool end -> first token", "tool_end_to_first_token_mean_s", " s"),
+    ("prefix cache hit rate", "cache_hit_rate", "%"),
+    ("interrupts / tool call", "interrupts_per_tool_call", ""),
+    ("node moves / session", "node_moves_per_session", ""),
+    ("plans applied", "plans_applied", ""),
+    ("plans discarded", "plans_discarded", ""),
+    ("errors", "errors", ""),
+)
+_PAIRED: tuple[tuple[str, str], ...] = (
+    ("task latency mean", "latency_mean_s"),
+    ("TTFT mean", "ttft_mean_s"),
+    ("prefix cache hit rate", "cache_hit_rate"),
+)
+
+
+def _cell(values: Sequence[object], unit: str) -> str:
+    """One run's value, or the mean ± sd over repeated runs (``-`` when none has one)."""
+    nums = [float(v) for v in values if isinstance(v, int | float)]
+    if len(values) == 1 or not nums:
+        return _fmt(values[0] if len(values) == 1 else None, unit)
+    mean = statistics.fmean(nums)
+    sd = statistics.stdev(nums) if len(nums) > 1 else 0.0
+    if unit == "%":
+        return f"{mean * 100:.1f} ± {sd * 100:.1f}%"
+    if all(isinstance(v, int) for v in values) and not unit:
+        return f"{mean:.1f} ± {sd:.1f}"
+    return f"{mean:.2f} ± {sd:.2f}{unit}"
+
+
+def paired_lines(results: Sequence[DemoResult]) -> list[str]:
+    """With repeated runs: each other policy against the first, per metric of
+    :data:`_PAIRED`, as the mean over repeats of the paired % difference ± the 95 %
+    Student-t half-width (``*``: the interval excludes 0), repeat by repeat."""
+    from shared.sim.metrics import t_quantile
+
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault(r.policy, {})[r.repeat] = r.row()
+    policies = list(by)
+    if len(policies) < 2 or max(len(v) for v in by.values()) < 2:
+        return []
+    ref = policies[0]
+    lines = [f"paired vs {ref} (mean % difference over repeats ± 95 % interval, * excludes 0):"]
+    for p in policies[1:]:
+        cells = []
+        for label, key in _PAIRED:
+            ds = [
+                (row[key] - by[ref][rep][key]) / by[ref][rep][key] * 100
+                for rep, row in by[p].items()
+                if rep in by[ref] and row[key] is not None and by[ref][rep][key]
+            ]
+            if len(ds) < 2:
+                cells.append(f"{label} -")
+                continue
+            mean = statistics.fmean(ds)
+            half = t_quantile(0.975, len(ds) - 1) * statistics.stdev(ds) / math.sqrt(len(ds))
+            star = "*" if abs(mean) > half else ""
+            cells.append(f"{label} {signed(mean)} ± {half:.1f}%{star}")
+        lines.append(f"  {p} vs {ref}: " + ", ".join(cells))
+    return lines
+
+
 def demo_table(results: Sequence[DemoResult]) -> str:
-    """Policies side by side, one metric per row."""
-    rows = [r.row() for r in results]
-    metrics = [
-        ("tasks done", "tasks_done", ""),
-        ("task latency mean", "latency_mean_s", " s"),
-        ("task latency p99", "latency_p99_s", " s"),
-        ("TTFT mean", "ttft_mean_s", " s"),
-        ("TTFT p99", "ttft_p99_s", " s"),
-        ("tool end -> first token", "tool_end_to_first_token_mean_s", " s"),
-        ("prefix cache hit rate", "cache_hit_rate", "%"),
-        ("interrupts / tool call", "interrupts_per_tool_call", ""),
-        ("node moves / session", "node_moves_per_session", ""),
-        ("plans applied", "plans_applied", ""),
-        ("plans discarded", "plans_discarded", ""),
-        ("errors", "errors", ""),
-    ]
-    width = max(14, *(len(r["policy"]) + 2 for r in rows))
-    lines = [f"{'metric':<26}" + "".join(f"{r['policy']:>{width}}" for r in rows)]
-    for label, key, unit in metrics:
-        lines.append(f"{label:<26}" + "".join(f"{_fmt(r[key], unit):>{width}}" for r in rows))
+    """Policies side by side, one metric per row; with ``--repeat`` each cell is the mean ± sd
+    over the repeats, followed by the paired differences (:func:`paired_lines`)."""
+    by: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        by.setdefault(r.policy, []).append(r.row())
+    header = ["metric", *by]
+    rows = [[label, *(_cell([row[key] for row in runs], unit) for runs in by.values())]
+            for label, key, unit in _TABLE]  # fmt: skip
+    lines = [render(header, rows)]
+    lines += paired_lines(results)
     errors = [e for r in results for e in r.errors[:3]]
     if errors:
         lines.append("first errors: " + "; ".join(errors))

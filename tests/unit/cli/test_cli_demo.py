@@ -74,3 +74,35 @@ class TestProgress:
             assert out == ""
             line = "tao demo: tao: 1/4 tasks done, 2 turns, 3 tool calls"
             assert (line in err) is expect
+
+
+class TestRepeat:
+    @staticmethod
+    def result(policy: str, rep: int, latencies: list[float]) -> DemoResult:
+        r = DemoResult(policy, sessions=len(latencies), tasks_done=len(latencies), repeat=rep)
+        r.latencies = latencies
+        r.ttfts = [1.0]
+        r.prompt_tokens, r.cached_tokens = 100, 50
+        return r
+
+    def test_cells_and_paired_difference(self) -> None:
+        """Three repeats each: cells are mean ± sd; tao's paired latency difference to the
+        first policy is the mean of −10, −20, −30 % ± t(0.975, 2)·10/√3 = 24.8 %."""
+        runs = [self.result("thunderagent", k, [10.0]) for k in range(3)]
+        runs += [self.result("tao", k, [9.0 - k]) for k in range(3)]  # −10, −20, −30 %
+        text = demo_table(runs)
+        head = text.splitlines()[0].split()
+        assert head == ["metric", "thunderagent", "tao"]
+        latency = next(ln for ln in text.splitlines() if ln.startswith("task latency mean"))
+        assert "10.00 ± 0.00 s" in latency and "8.00 ± 1.00 s" in latency
+        assert "tao vs thunderagent: task latency mean -20.0 ± 24.8%," in text
+        assert "TTFT mean +0.0 ± 0.0%" in text  # identical: no -0.0, no star
+
+    def test_one_run_prints_no_paired_lines(self) -> None:
+        text = demo_table([self.result("a", 0, [1.0]), self.result("b", 0, [2.0])])
+        assert "paired" not in text and "1.00 s" in text
+
+    def test_bad_repeat_is_one_line(self) -> None:
+        from shared.cli.main import main
+
+        assert main(["demo", "--repeat", "0"]) == 2

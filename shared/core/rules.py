@@ -10,21 +10,39 @@ flag, so each has an ablation policy that switches it off *everywhere it acts*
 Rules (derivations in docs/evaluation.md, "TAO's rules"):
 
 ``payback``
-    A node whose admitted reservations grew past its usable capacity releases tool-running
-    sessions there, lowest value first, *whatever their readiness*, until the reservations fit.
-    (Paper round: ``r = 1`` sessions are protected here too, and almost every short tool is
-    ``r = 1``, so the over-commit stayed and the engine preempted.)
+    An over-committed node releases tool-running sessions there, lowest value first, *whatever
+    their readiness*, until it fits. (Paper round: ``r = 1`` sessions are protected here too,
+    and almost every short tool is ``r = 1``, so the over-commit stayed and the engine
+    preempted.)
+``payback_context`` (on in ``tao``; ``tao-payback-reserved`` switches it off)
+    What "over-committed" means for the pay-back: the contexts of the sessions admitted on the
+    node, each counted ``payback_headroom`` (100) tokens long — ThunderAgent's accounting —
+    exceed its usable capacity; off, the admitted *reservations* (each context plus its next
+    turn's predicted growth) do. The reservations still gate admission, and any release's room
+    pays the node's reservation over-commit back before it is free. Why: the growth reserved
+    for every admitted session's next turn is not needed by all of them at once, so the
+    reservation trigger fired whenever the node was full — every other response — and its
+    releases were mostly of sessions in short tools, re-admitted on the same node after their
+    prefix had been evicted (docs/evaluation.md (h)).
+``demand`` (off in ``tao``; ``tao-demand`` switches it on)
+    The paper's interrupt rule: while the pool's demand exceeds the free room, tool-running
+    sessions are released lowest value first (``r = 1`` protected, and only those ``hold`` or
+    ``evict`` allows). Off, a tool-running session keeps its room until its node's contexts
+    overflow (the pay-back). Why off: a released session's prefix is evicted by the sessions
+    that take its room, and the recompute when its tool returns cost more than the room gained
+    at every point measured, most with long tools (docs/evaluation.md (c): hit rate 0.17
+    against 0.89 with it off).
 ``need``
     Only pooled sessions that will use the GPU now — a request is pending, or ``r = 1`` — count
     as demand for the interrupt rule, and under contention (their weights exceed free capacity)
     only they are placed; the others are placed on what is left. A reservation held by a session
     deep in a tool does nothing but keep others out.
-``hold``
+``hold`` (acts within ``demand``)
     A tool-running session is released for the pool only when its tool's expected remaining time
     is at least ``hold_s`` plus ``hold_per_ktoken_s`` per thousand tokens of its context (the
     longer its context, the more a release that evicts its prefix costs in recompute). A call
     that has run past its prediction is expected to run as long again as it has so far.
-``evict`` (off in ``tao``: the ``tao-evict`` variant, which replaces ``hold``)
+``evict`` (off; the ``tao-evict`` variant turns ``demand`` on with this instead of ``hold``)
     A tool-running session is released for the pool only when the room is worth more than the
     release is expected to cost, from the node's eviction pressure (:func:`release_cost_s`).
     The room serves a needy session for the tool's expected remaining time ``R``: the gain is
@@ -94,7 +112,8 @@ class TaoRules:
     aging: bool = False
     stay: bool = True
     evict: bool = False
-    payback_context: bool = False
+    demand: bool = False
+    payback_context: bool = True
     payback_smallest: bool = False
     payback_headroom: int = 100
     """Tokens a context is counted above its length by the ``payback_context`` trigger: the
@@ -119,10 +138,18 @@ class TaoRules:
 
 
 DEFAULT_RULES: Final = TaoRules()
-"""``tao``: every rule on, the constants of the documented sweep (docs/evaluation.md)."""
+"""``tao``: the rules and constants of the documented sweeps (docs/evaluation.md): pay-back on
+contexts, no release for the pool's demand, no aging."""
 
 PAPER: Final = TaoRules(
-    payback=False, need=False, hold=False, growth=False, aging=False, stay=False
+    payback=False,
+    need=False,
+    hold=False,
+    growth=False,
+    aging=False,
+    stay=False,
+    demand=True,
+    payback_context=False,
 )
 """``tao-paper``: the paper's round (DESIGN 3.2–3.3) with the over-commit pay-back of commit
 32161fe, which protects ``r = 1`` sessions."""
@@ -133,17 +160,20 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-no-cache-no-ready": replace(DEFAULT_RULES, use_cache=False, use_ready=False),
     "tao-no-payback": replace(DEFAULT_RULES, payback=False),
     "tao-no-need": replace(DEFAULT_RULES, need=False),
-    "tao-no-hold": replace(DEFAULT_RULES, hold=False),
+    "tao-demand": replace(DEFAULT_RULES, demand=True),
+    "tao-no-hold": replace(DEFAULT_RULES, demand=True, hold=False),
     "tao-no-growth": replace(DEFAULT_RULES, growth=False),
     "tao-aging": replace(DEFAULT_RULES, aging=True),
     "tao-no-stay": replace(DEFAULT_RULES, stay=False),
     "tao-paper": PAPER,
-    "tao-evict": replace(DEFAULT_RULES, hold=False, evict=True),
-    "tao-payback-ctx": replace(DEFAULT_RULES, payback_context=True),
+    "tao-evict": replace(DEFAULT_RULES, demand=True, hold=False, evict=True),
+    "tao-payback-reserved": replace(DEFAULT_RULES, payback_context=False),
+    "tao-prev": replace(DEFAULT_RULES, payback_context=False, demand=True),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
-``tao-paper``, which switches off every rule, and ``tao-evict``, which replaces the hold rule's
-fixed threshold by the eviction-aware release cost)."""
+``tao-paper``, which switches off every rule; ``tao-no-hold`` and ``tao-evict``, which turn the
+demand step on to change how it chooses; and ``tao-prev``, the rules before the pay-back on
+contexts and without the demand step, kept to compare with)."""
 
 
 def growth_reserve(n: int, mean: float, m2: float, default: int, rules: TaoRules) -> int:

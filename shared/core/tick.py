@@ -479,7 +479,7 @@ def decide(
     demand = sum(c.weight for c in pool)
     total_free = sum(free.values())
     # 3. The pool's demand (DESIGN 3.3), from the sessions not released above.
-    if pool:
+    if pool and rules.demand:
         rest = [
             c
             for c in snapshot.interrupts

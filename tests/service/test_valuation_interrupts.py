@@ -17,7 +17,7 @@ from shared.contracts.session import SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies import get_policy
 from shared.core.predictor import History
-from shared.core.rules import ABLATIONS, PAPER, TaoRules
+from shared.core.rules import DEFAULT_RULES, PAPER, TaoRules
 from shared.core.session import Session, ToolCall
 from shared.core.tick import decide, value_snapshot
 from shared.core.valuation import NodeView, ValuationParams
@@ -162,14 +162,14 @@ class TestConditionalRead:
         await store.update_session("r00", lambda _: running)
         await store.put_node_status("n1", capacity_tokens=7_000)
         bus = FakeBus()
-        rules = ABLATIONS["tao-payback-ctx"]
+        rules = DEFAULT_RULES
         snap = await _valuator(store, bus, rules=rules).run_tick()
         assert snap.pressure == {"n1": 2_488 + 100 + 4_600 + 100 - 7_000}
         assert [ic.id for ic in snap.interrupts] == ["a00"]
         (msg,) = [decode(d, ValuationSnapshot) for _, d, _ in bus.published]
         core = from_wire(msg)
         assert core.pressure == snap.pressure
-        d = decide(core, get_policy("tao-payback-ctx"))
+        d = decide(core, get_policy("tao"))
         assert [m.session for m in d.interrupts] == ["a00"]
         assert d.released_by == (("payback", 1),)
         plain = await _valuator(store, FakeBus()).run_tick()

@@ -100,12 +100,16 @@ def run(s: TickSnapshot, rules: TaoRules) -> tuple[list[str], list[tuple[str, st
     return [m.session for m in d.interrupts], [(m.session, m.node) for m in d.admits]
 
 
+RESERVED = ABLATIONS["tao-payback-reserved"]  # the pay-back triggered by reservations
+DEMAND = ABLATIONS["tao-demand"]  # the demand step on: the rules that act within it
+
+
 class TestPayback:
     """An over-committed node comes back within capacity whatever the readiness."""
 
     @pytest.mark.parametrize(
         ("rules", "released"),
-        [(DEFAULT_RULES, ["ready"]), (replace(DEFAULT_RULES, payback=False), [])],
+        [(RESERVED, ["ready"]), (replace(RESERVED, payback=False), [])],
     )
     def test_ready_session_released_for_overflow(
         self, rules: TaoRules, released: list[str]
@@ -120,10 +124,10 @@ class TestPayback:
             [tool("keep", credit=4 * Q, ready=1), tool("cheap", credit=0, ready=1)],
             overflow={"n0": Q},
         )
-        assert run(s, DEFAULT_RULES)[0] == ["cheap"]
+        assert run(s, RESERVED)[0] == ["cheap"]
 
 
-CTX = ABLATIONS["tao-payback-ctx"]
+CTX = DEFAULT_RULES
 
 
 class TestPaybackContext:
@@ -135,10 +139,10 @@ class TestPaybackContext:
         ("rules", "overflow", "pressure", "released"),
         [
             (CTX, {"n0": Q}, {}, []),  # reservations over, contexts fit: keep everyone
-            (DEFAULT_RULES, {"n0": Q}, {}, ["a"]),  # the reservation trigger releases
+            (RESERVED, {"n0": Q}, {}, ["a"]),  # the reservation trigger releases
             (CTX, {"n0": Q}, {"n0": 1}, ["a"]),  # contexts over by a token: one release
             (CTX, {}, {"n0": 5 * Q}, ["a", "b"]),  # one context (4Q + 100) is not enough
-            (DEFAULT_RULES, {}, {"n0": 5 * Q}, []),  # pressure is read only under the rule
+            (RESERVED, {}, {"n0": 5 * Q}, []),  # pressure is read only under the rule
         ],
     )
     def test_trigger(
@@ -162,7 +166,7 @@ class TestPaybackContext:
         s = snap({"n0": 0}, [], tools, pressure={"n0": 1})
         assert run(s, rules)[0] == released
 
-    @pytest.mark.parametrize("rules", [CTX, DEFAULT_RULES])
+    @pytest.mark.parametrize("rules", [replace(CTX, demand=True), replace(RESERVED, demand=True)])
     def test_release_pays_the_over_commit_first(self, rules: TaoRules) -> None:
         """A node 2Q over on reservations: releasing its 4Q session leaves 2Q free, so a 3Q
         request is not planned there (the live apply would refuse it), under either trigger."""
@@ -202,8 +206,8 @@ class TestNeed:
     @pytest.mark.parametrize(
         ("rules", "interrupted", "admitted"),
         [
-            (DEFAULT_RULES, [], []),  # a deep-in-a-tool pooled session claims nothing
-            (replace(DEFAULT_RULES, need=False), ["t"], [("pooled", "n0")]),
+            (DEMAND, [], []),  # a deep-in-a-tool pooled session claims nothing
+            (replace(DEMAND, need=False), ["t"], [("pooled", "n0")]),
         ],
     )
     def test_pooled_tool_session(
@@ -218,7 +222,7 @@ class TestNeed:
 
     def test_pending_request_is_needy(self) -> None:
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", remaining_s=600.0)])
-        assert run(s, DEFAULT_RULES) == (["t"], [("w", "n0")])
+        assert run(s, DEMAND) == (["t"], [("w", "n0")])
 
 
 class TestReleasedBy:
@@ -238,7 +242,8 @@ class TestReleasedBy:
     ) -> None:
         cands = [cand("w", eligible=("n0",))] if waiting else []
         tools = [tool("a", remaining_s=600.0), tool("b", remaining_s=600.0, credit=4 * Q)]
-        d = decide(snap({"n0": 0}, cands, tools, overflow=overflow), get_policy("tao"))
+        s = snap({"n0": 0}, cands, tools, overflow=overflow)
+        d = decide(s, get_policy("tao"), rules=ABLATIONS["tao-prev"])
         assert d.released_by == expected
         assert sum(n for _, n in d.released_by) == len(d.interrupts)
 
@@ -255,7 +260,7 @@ class TestHold:
         ],
     )
     def test_threshold(self, remaining_s: float, hold: bool, released: list[str]) -> None:
-        rules = replace(DEFAULT_RULES, hold=hold)
+        rules = replace(DEMAND, hold=hold)
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", remaining_s=remaining_s)])
         assert run(s, rules)[0] == released
 
@@ -263,7 +268,13 @@ class TestHold:
         # 3 s left: above hold_s (2 s) but below 2 s + 0.1 s per 1,000 of 20,480 tokens
         big = tool("big", weight=40 * Q, remaining_s=3.0)
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [big])
-        assert run(s, DEFAULT_RULES)[0] == []
+        assert run(s, DEMAND)[0] == []
+
+    def test_no_demand_step_keeps_every_tool_session(self) -> None:
+        """``tao`` (the demand step off): a needy request does not get a long tool's room."""
+        s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", remaining_s=600.0)])
+        assert run(s, DEFAULT_RULES) == ([], [])
+        assert run(s, DEMAND) == (["t"], [("w", "n0")])
 
 
 EVICT = ABLATIONS["tao-evict"]
@@ -316,9 +327,9 @@ class TestEvict:
             (EVICT, 3.0, 100_000, 0, ["t"]),
             (EVICT, 3.0, 100_000, 4, []),  # a busy node: the recompute delays the batch
             (EVICT, 600.0, 100_000, 4, ["t"]),
-            (DEFAULT_RULES, 0.5, 100_000 - K, 0, []),  # the hold rule: fixed 2 s + 2 s
-            (DEFAULT_RULES, 3.0, 100_000, 4, []),
-            (DEFAULT_RULES, 600.0, 100_000, 4, ["t"]),
+            (DEMAND, 0.5, 100_000 - K, 0, []),  # the hold rule: fixed 2 s + 2 s
+            (DEMAND, 3.0, 100_000, 4, []),
+            (DEMAND, 600.0, 100_000, 4, ["t"]),
         ],
     )
     def test_decide(
@@ -341,7 +352,7 @@ class TestEvict:
         assert run(s, EVICT)[0] == []
 
     def test_variant_replaces_the_hold(self) -> None:
-        assert replace(DEFAULT_RULES, hold=False, evict=True) == EVICT
+        assert replace(DEMAND, hold=False, evict=True) == EVICT
         assert not DEFAULT_RULES.evict
 
 
@@ -388,7 +399,7 @@ class TestSignals:
     @pytest.mark.parametrize(("name", "released"), [("tao", []), ("tao-no-ready", ["t"])])
     def test_ready_protection(self, name: str, released: list[str]) -> None:
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", ready=1, remaining_s=600.0)])
-        d = decide(s, get_policy(name))
+        d = decide(s, get_policy(name), rules=replace(policy_rules(get_policy(name)), demand=True))
         assert [m.session for m in d.interrupts] == released
 
     def test_every_ablation_is_registered_with_its_rules(self) -> None:

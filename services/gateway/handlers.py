@@ -46,6 +46,7 @@ from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, dec
 from shared.infra import Delivery, get_logger
 
 from .apis import CHAT, COMPLETIONS, MESSAGES
+from .cluster_metrics import cluster_lines
 from .relay import Relay
 
 __all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
@@ -95,9 +96,9 @@ class HttpHandlers:
         )
 
     async def metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            text=self.relay.metrics.render(), content_type="text/plain", charset="utf-8"
-        )
+        cluster = await cluster_lines(self.relay.stored.store)
+        text = self.relay.metrics.render() + "".join(f"{line}\n" for line in cluster)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def models(self, request: web.Request) -> web.Response:
         known = self.relay.nodes.models()

@@ -276,3 +276,18 @@ class TestClientLeavesDuringRead:
         finally:
             await client.close()
             await bus.drain()
+
+
+class TestClusterMetrics:
+    async def test_metrics_page_carries_the_domains_series(self, env: Env) -> None:
+        """GET /metrics gives the gateway's own series and, read from the store, the nodes',
+        the planner's and the pool's (the dashboard and alerts in deploy/ chart them)."""
+        await env.store.put_node_status("n1", capacity_tokens=4096, healthy=True)
+        await env.store.incr(ticks=3)
+        await env.admit_in_store("s1", 1)
+        client = await env.gateway(hold_timeout_s=5.0, recheck_s=0.05)
+        text = await (await client.get("/metrics")).text()
+        assert "# TYPE tao_gateway_requests_total counter" in text
+        assert 'tao_node_capacity_tokens{node="n1"} 4096' in text
+        assert 'tao_node_reserved_tokens{node="n1"} 64' in text
+        assert "tao_planner_ticks_total 3" in text and "tao_cluster_scrape_ok 1" in text

@@ -322,9 +322,13 @@ class TestGateway:
         assert (url.port, url.path) == (8000, "/healthz")
 
     def test_only_the_gateway_is_published(self) -> None:
-        """No other service publishes a host port."""
-        published = {n for n, s in _compose()["services"].items() if s.get("ports")}
+        """No other service of the default stack publishes a host port; the observability
+        profile publishes Prometheus (9090) and Grafana (3000)."""
+        services = _compose()["services"]
+        published = {n for n, s in services.items() if s.get("ports") and not s.get("profiles")}
         assert published == {"gateway"}
+        assert services["prometheus"]["ports"] == ["9090:9090"]
+        assert services["grafana"]["ports"] == ["3000:3000"]
 
 
 class TestSimnodes:
@@ -348,11 +352,14 @@ class TestDemoProfile:
     """The demo client exists only under `--profile demo` and waits for a healthy gateway."""
 
     def test_demo_only_in_demo_profile(self) -> None:
-        """demo carries profile demo, kv-bridge profile bridge, and no other service any."""
+        """demo carries profile demo, kv-bridge profile bridge, Prometheus and Grafana profile
+        observability, and no other service any."""
         assert _service("demo")["profiles"] == ["demo"]
         assert _service("kv-bridge")["profiles"] == ["bridge"]
+        for name in ("prometheus", "grafana"):
+            assert _service(name)["profiles"] == ["observability"]
         profiled = {n for n, s in _compose()["services"].items() if s.get("profiles")}
-        assert profiled == {"demo", "kv-bridge"}
+        assert profiled == {"demo", "kv-bridge", "prometheus", "grafana"}
 
     def test_bridge_forwards_a_listed_node(self) -> None:
         """`tao kv-bridge --node ID` names a node of the nodes file that has KV endpoints."""

@@ -28,6 +28,7 @@ from shared.cli.ops import OpsError, add_ops_parsers
 from shared.cli.plan import plan_document, run_policy
 from shared.cli.sim import add_sim_parser, int_at_least, positive_number
 from shared.cli.snapshot import parse_snapshot
+from shared.cli.top import add_top_parser
 from shared.cli.trace import add_trace_parser
 from shared.core.generate import CreditMode, generate
 from shared.core.policies import DEFAULT_BUDGET, POLICY_NAMES, UnknownPolicyError
@@ -151,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_kvbridge_parser(sub)
     add_trace_parser(sub)
     add_hooks_parsers(sub)
+    add_top_parser(sub)
     add_inspect_parser(sub)
     add_engines_parser(sub)
     return parser

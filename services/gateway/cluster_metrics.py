@@ -75,8 +75,8 @@ async def cluster_lines(store: StateStore | None) -> list[str]:
             if value is not None:
                 out.append(f'{name}{{node="{_esc(n.id)}"}} {int(value)}')
     for counter, name in zip(BASE_COUNTERS, PLANNER_SERIES, strict=True):
-        value = planner.get(counter, 0)
-        out += [f"# TYPE {name} counter", f"{name} {int(value) if isinstance(value, int) else 0}"]
+        count = planner.get(counter, 0)
+        out += [f"# TYPE {name} counter", f"{name} {int(count) if isinstance(count, int) else 0}"]
     solve = planner.get("solve_ms")
     out += [
         "# HELP tao_planner_solve_ms Planner solve time, ms.",

@@ -38,6 +38,8 @@ from typing import Any, Final
 
 import aiohttp
 from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 
 from shared.contracts import (
     ContractError,
@@ -54,7 +56,7 @@ from shared.contracts.session import (
     END_WAIT_TIMEOUT,
 )
 from shared.contracts.subjects import subject_for
-from shared.infra import MessageBus, Settings, get_logger
+from shared.infra import MessageBus, Settings, get_logger, tracing
 from shared.infra.store_types import StateStore
 
 from .apis import Api, openai_error
@@ -84,6 +86,7 @@ from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 
 _log = get_logger("services.gateway")
+_tracer = tracing.tracer("services.gateway")
 GENERATED_PREFIX: Final = "gw-"
 CANCEL_SESSION_ENDED: Final = "session_ended"
 """SessionCancel reason of a held request whose session was ended (no END_* constant fits)."""
@@ -129,7 +132,8 @@ class Relay:
         ok = True
         for msg in msgs:
             try:
-                await self.bus.publish_msg(msg)
+                # the task runs in the turn's context: its span's traceparent goes along
+                await self.bus.publish_msg(msg, headers=tracing.inject() or None)
             except Exception as exc:  # the client gets its answer; log, never crash
                 _log.error("publish_failed", message=type(msg).__name__, error=str(exc))
                 ok = False
@@ -200,7 +204,15 @@ class Relay:
     # --- one request -------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, api: Api) -> web.StreamResponse:
-        """Serve one ``POST`` of ``api.path``."""
+        """Serve one ``POST`` of ``api.path``, in a ``tao.turn`` span (shared.infra.tracing)."""
+        with _tracer.start_as_current_span(
+            "tao.turn", kind=SpanKind.SERVER, attributes={"tao.endpoint": api.name}
+        ) as span:
+            response = await self._handle(request, api)
+            span.set_attribute("http.response.status_code", response.status)
+            return response
+
+    async def _handle(self, request: web.Request, api: Api) -> web.StreamResponse:
         endpoint = api.name
         try:
             body = parse_body(await request.json())
@@ -223,6 +235,9 @@ class Relay:
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated"
+        turn = trace.get_current_span()
+        turn.set_attribute("tao.session_id", session_id)
+        turn.set_attribute("tao.request_id", request_id)
         registered = SessionRequest(
             session_id=session_id,
             request_id=request_id,
@@ -259,13 +274,24 @@ class Relay:
                 self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
                 raise
         if node is None:
-            node_or_reply = await self._hold(api, session_id, request_id, one_turn)
-            if isinstance(node_or_reply, web.Response):
-                return node_or_reply
-            node = node_or_reply
-        return await self._forward(
-            request, api, body, info, session_id, request_id, node, one_turn=one_turn
-        )
+            with _tracer.start_as_current_span(
+                "tao.hold", attributes={"tao.session_id": session_id}
+            ) as held:
+                node_or_reply = await self._hold(api, session_id, request_id, one_turn)
+                if isinstance(node_or_reply, web.Response):
+                    held.set_attribute("tao.outcome", f"answered {node_or_reply.status}")
+                    return node_or_reply
+                node = node_or_reply
+                held.set_attribute("tao.node", node)
+                held.set_attribute("tao.outcome", "placed")
+        with _tracer.start_as_current_span(
+            "tao.forward",
+            kind=SpanKind.CLIENT,
+            attributes={"tao.session_id": session_id, "tao.node": node},
+        ):
+            return await self._forward(
+                request, api, body, info, session_id, request_id, node, one_turn=one_turn
+            )
 
     def _unavailable(self, api: Api, message: str) -> web.Response:
         retry = str(max(1, math.ceil(self.settings.retry_after_s)))  # RFC 9110 §10.2.3: integer

@@ -38,10 +38,13 @@ from shared.core.problem import ZERO, PlanResult
 from shared.core.session import Session, admit
 from shared.core.thunder import SCHEDULER_INTERVAL_S
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
+from shared.infra import tracing
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.store_types import StateStore
 
 __all__ = ["Planner", "Snapshot", "decode_snapshot"]
+
+_tracer = tracing.tracer("services.planner")
 
 
 class Snapshot(NamedTuple):
@@ -160,6 +163,7 @@ class Planner:
         await self.store.incr(ticks=1)
         forced: Applied | None = None
         ta = TAStep()
+        t_started = time.time()
         if self.thunder is not None:
             t0 = time.perf_counter()
             ta = self.thunder.step(core, snap.capacity, snap.held, snap.healthy)
@@ -193,6 +197,7 @@ class Planner:
         await self.bus.publish(
             subjects.plan(), encode(_plan_msg(shown, self.policy.name, elapsed_ms))
         )
+        _trace_plan(core.tick, self.policy.name, decision, applied, t_started, elapsed_ms)
         self.log.info(
             "plan_tick",
             tick=core.tick,
@@ -298,3 +303,25 @@ class Planner:
             )
             n += 1
         return n
+
+
+def _trace_plan(
+    tick: int, policy: str, decision: Decision, applied: Applied, started: float, solve_ms: float
+) -> None:
+    """One ``tao.plan`` span (shared.infra.tracing): the decision's solve, with the sessions it
+    admitted and interrupted (the correlation keys with the gateway's turns)."""
+    r = decision.result
+    span = _tracer.start_span(
+        "tao.plan",
+        start_time=int(started * 1e9),
+        attributes={
+            "tao.tick": tick,
+            "tao.policy": policy,
+            "tao.method": r.method,
+            "tao.exact": r.exact,
+            "tao.discarded": applied.discarded,
+            "tao.admitted": [m.session for m in applied.admitted],
+            "tao.interrupted": [m.session for m in applied.interrupted],
+        },
+    )
+    span.end(end_time=int((started + solve_ms / 1000.0) * 1e9))

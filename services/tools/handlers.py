@@ -35,10 +35,13 @@ from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from shared.contracts.wake import WAKE_ARRIVAL, WAKE_CANCEL, WAKE_END, WAKE_TOOL_END, Wake
 from shared.core.rules import TaoRules
 from shared.core.session import Session, on_end
+from shared.infra import tracing
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.store_types import SessionFn, StateStore
 
 __all__ = ["ToolsHandlers"]
+
+_tracer = tracing.tracer("services.tools")
 
 
 _WAKE_OF: dict[type, str] = {
@@ -175,6 +178,9 @@ class ToolsHandlers:
             for (ev, _), out in zip(items, outs, strict=True)
             if isinstance(ev, ToolEnd) and out.skipped is None
         }
+        for (ev, d), out in zip(items, outs, strict=True):
+            if isinstance(ev, ToolEnd) and out.duration is not None and not ev.censored:
+                _trace_tool(ev, out.duration, d)
         if ended:
             await self._wake(WAKE_TOOL_END, next(iter(ended)) if len(ended) == 1 else None)
         self.handled += len(items)
@@ -200,3 +206,22 @@ def _tool_step(ev: ToolEvent, out: Outcome) -> SessionFn:
             return tool_end_step(ev, out)
         case ToolProgress():
             return tool_progress_step(ev, out)
+
+
+def _trace_tool(ev: ToolEnd, duration: float, d: Delivery) -> None:
+    """One ``tao.tool`` span (shared.infra.tracing) from the call's start to its end, in the
+    trace its message's headers carry, if any."""
+    end = ev.ended_at
+    span = _tracer.start_span(
+        "tao.tool",
+        context=tracing.extract(d.headers),
+        start_time=int((end - duration) * 1e9),
+        attributes={
+            "tao.session_id": ev.session_id,
+            "tao.tool": ev.tool or "",
+            "tao.call_id": ev.call_id,
+            "tao.source": ev.source,
+            "tao.ok": ev.ok,
+        },
+    )
+    span.end(end_time=int(end * 1e9))

@@ -22,6 +22,7 @@ import anyio
 from anyio.abc import TaskStatus
 from structlog.typing import FilteringBoundLogger
 
+from . import tracing
 from .bus import Bus
 from .busapi import MessageBus
 from .errors import InfraError, SettingsError
@@ -140,6 +141,11 @@ async def run_service_async(
             raise SettingsError("TAO_NATS_URL", None, "not set (run `tao up`, or set it)")
         if needs_redis and settings.redis_url is None and redis_factory is None:
             raise SettingsError("TAO_REDIS_URL", None, "not set (run `tao up`, or set it)")
+        try:
+            exporter = tracing.configure_from_env(env or os.environ, settings.service_name or name)
+        except ValueError as exc:
+            var, _, why = str(exc).partition(": ")
+            raise SettingsError(var, None, why) from None
     except SettingsError as exc:
         print(f"{name}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -154,7 +160,7 @@ async def run_service_async(
         if needs_redis:
             redis = await (redis_factory or _connect_redis)(settings.redis_url or "")
         ctx = ServiceContext(name, settings, bus, redis, get_logger(name))
-        log.info("service_started", bus=bus is not None, redis=redis is not None)
+        log.info("service_started", bus=bus is not None, redis=redis is not None, traces=exporter)
         code = await _run_until_signal(main, settings, ctx, log)
     except InfraError as exc:
         log.error("service_start_failed", error=str(exc))
@@ -165,6 +171,7 @@ async def run_service_async(
     finally:
         with anyio.CancelScope(shield=True):
             await _close(bus, redis, log)
+        tracing.shutdown()
     log.info("service_stopped", exit_code=code)
     return code
 

@@ -172,3 +172,14 @@ class TestServiceArguments:
 
         assert cli(["service", "tools", "--help"]) == 0
         assert capsys.readouterr().out.startswith("usage: tao service tools")
+
+    def test_bad_trace_exporter_is_one_usage_line(self, capsys: pytest.CaptureFixture[str]) -> None:
+        """OTEL_TRACES_EXPORTER naming no exporter stops the service with one line, exit 2."""
+
+        async def main(settings: Settings, ctx: ServiceContext) -> None:
+            raise AssertionError("must not start")
+
+        env = {"OTEL_TRACES_EXPORTER": "zipkin"}
+        assert run_service("tools", main, needs_bus=False, env=env, argv=[]) == EXIT_USAGE
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "tools: OTEL_TRACES_EXPORTER: must be otlp" in err

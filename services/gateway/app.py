@@ -78,7 +78,9 @@ def create_app(
         token_ids=TokenIdNodes(n.id for n in settings.nodes if not n.return_token_ids),
     )
     http = HttpHandlers(relay)
-    app = web.Application()
+    # aiohttp reads at most 1 MiB by default: an agent's prompt with its tools and history
+    # passes that; the limit is TAO_MAX_BODY_BYTES, and a larger body is answered 413 (relay)
+    app = web.Application(client_max_size=settings.max_body_bytes)
     app[RELAY] = relay
     app[_SUBSCRIPTIONS] = []
     app.router.add_post("/v1/chat/completions", http.chat_completions)

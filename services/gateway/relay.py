@@ -218,6 +218,13 @@ class Relay:
             body = parse_body(await request.json())
             info = api.describe(body)
             named_harness = harness_of(request.headers)
+        except web.HTTPRequestEntityTooLarge:
+            self.metrics.requests.inc(endpoint=endpoint, outcome="too_large")
+            limit = self.settings.max_body_bytes
+            return api.error(
+                413, f"request body is larger than {limit} bytes (TAO_MAX_BODY_BYTES)",
+                "invalid_request_error",
+            )  # fmt: skip
         except BadRequest as exc:
             self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
             return api.error(400, exc.message, "invalid_request_error")

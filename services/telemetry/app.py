@@ -55,9 +55,7 @@ async def run(
         if isinstance(source, KvResidency):
             tg.start_soon(source.run)
             await Inspector(source.index, store, settings.nodes).start(bus, name)
-        on_restart = (
-            source.engine_restarted if isinstance(source, KvResidency) else _clearer(store)
-        )
+        on_restart = source.engine_restarted if isinstance(source, KvResidency) else _clearer(store)
         await _scrape_forever(settings, store, bus, fetch, log, on_restart)
 
 

@@ -105,7 +105,7 @@ class StubNode:
         self.aborted = asyncio.Event()
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(client_max_size=64 << 20)  # as vLLM, no 1 MiB cap on prompts
         app.router.add_post("/v1/chat/completions", self.chat)
         app.router.add_post("/v1/completions", self.chat)
         app.router.add_get("/v1/models", self.models)
@@ -564,3 +564,23 @@ class TestEndpoints:
         assert 'tao_gateway_requests_total{endpoint="chat",outcome="ok"} 1' in text
         health = await (await h.client.get("/healthz")).json()
         assert health == {"status": "ok", "gateway_id": GW, "held": 0, "admitted": 1}
+
+
+class TestBodyLimit:
+    async def test_large_prompt_under_the_default_limit_is_forwarded(self, h: Harness) -> None:
+        """A 2 MiB prompt (an agent's long history; aiohttp alone stops at 1 MiB) goes through."""
+        await h.place("admit", "s1", 1)
+        resp = await h.chat("s1", messages=[{"role": "user", "content": "x" * (2 << 20)}])
+        assert resp.status == 200
+
+    async def test_body_over_the_limit_is_413_and_counted(self) -> None:
+        """Past TAO_MAX_BODY_BYTES: 413 in the API's error shape, counted as too_large, and
+        nothing is registered for the session."""
+        async for small in make_harness(SETTINGS.replace(max_body_bytes=4096)):
+            resp = await small.chat("s1", messages=[{"role": "user", "content": "x" * 10_000}])
+            assert resp.status == 413
+            err = (await resp.json())["error"]
+            assert "TAO_MAX_BODY_BYTES" in err["message"] and err["type"] == "invalid_request_error"
+            text = await (await small.client.get("/metrics")).text()
+            assert 'tao_gateway_requests_total{endpoint="chat",outcome="too_large"} 1' in text
+            assert small.rec.seen == []

@@ -234,6 +234,8 @@ def _decode_event(raw: msgspec.Raw, index: int) -> KVEvent | None:
         if isinstance(tag, str) and tag not in _KNOWN_TAGS:
             return None
         raise DecodeError(_TARGET, f"events[{index}] ({tag!r}): {exc}") from exc
+    except msgspec.DecodeError as exc:  # malformed inside (bad UTF-8, truncated): not a shape
+        raise DecodeError(_TARGET, f"events[{index}]: {exc}") from exc
     raise DecodeError(_TARGET, f"events[{index}] is neither an array nor a map (0x{head:02x})")
 
 

@@ -107,7 +107,8 @@ def parse_nodes(doc: Mapping[str, Any]) -> tuple[NodeSpec, ...]:
     """The nodes of a parsed TOML document; :class:`ValueError` names the node and key."""
     extra = sorted(set(doc) - {"node"})
     if extra:
-        raise ValueError(f"unknown top-level key(s) {', '.join(extra)}; expected [[node]] tables")
+        keys = ", ".join(repr(k) for k in extra)
+        raise ValueError(f"unknown top-level key(s) {keys}; expected [[node]] tables")
     tables = doc.get("node", [])
     if not isinstance(tables, list):
         raise ValueError("node must be an array of tables ([[node]])")

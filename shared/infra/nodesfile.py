@@ -131,6 +131,8 @@ def load_nodes_file(path: str | Path) -> tuple[NodeSpec, ...]:
         raise NodesFileError(name, f"cannot read: {exc.strerror or exc}") from None
     except tomllib.TOMLDecodeError as exc:
         raise NodesFileError(name, f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError as exc:  # tomllib decodes the bytes first
+        raise NodesFileError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
     try:
         return parse_nodes(doc)
     except ValueError as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -265,11 +266,19 @@ class TestFiles:
         only((ValueError,), lambda: parse_nodes({"node": nodes}))
 
     @FUZZ
-    @given(text=st.text(max_size=300))
-    def test_nodes_files(self, text: str, tmp_path_factory: pytest.TempPathFactory) -> None:
+    @given(data=st.one_of(st.text(max_size=300).map(str.encode), st.binary(max_size=100)))
+    def test_nodes_files(self, data: bytes, tmp_path_factory: pytest.TempPathFactory) -> None:
+        """Any bytes, UTF-8 or not (atheris found b"\xcc\xa5\xc5\xe5" escaping as
+        UnicodeDecodeError), are read or refused with one NodesFileError."""
         path = tmp_path_factory.mktemp("nodes") / "nodes.toml"
-        path.write_text(text)
+        path.write_bytes(data)
         only((NodesFileError,), lambda: load_nodes_file(path))
+
+    def test_non_utf8_nodes_file(self, tmp_path: Path) -> None:
+        path = tmp_path / "nodes.toml"
+        path.write_bytes(b"\xcc\xa5\xc5\xe5")
+        with pytest.raises(NodesFileError, match="not UTF-8"):
+            load_nodes_file(path)
 
     @FUZZ
     @given(tree=json_trees)

@@ -60,6 +60,7 @@ from shared.infra import MessageBus, Settings, get_logger, tracing
 from shared.infra.store_types import StateStore
 
 from .apis import Api, openai_error
+from .calibration import PromptCalibration
 from .holds import HoldEnded, Holds, HoldTimeout
 from .metrics import GatewayMetrics
 from .nodes import NodeDirectory
@@ -120,6 +121,7 @@ class Relay:
         )
         self.client: aiohttp.ClientSession | None = None
         self.token_ids = token_ids or TokenIdNodes()
+        self.calibration = PromptCalibration()
         self._ended_holds: set[str] = set()  # request ids whose cancel end_session reported
         self._reports: dict[str, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
@@ -251,7 +253,7 @@ class Relay:
             model=info.model,
             arrived_at=self.clock(),
             gateway_id=self.settings.gateway_id,
-            prompt_tokens_estimate=info.prompt_tokens_estimate,
+            prompt_tokens_estimate=self.calibration.scale(info.model, info.prompt_tokens_estimate),
             messages_count=info.messages_count,
             stream=info.stream,
             max_tokens=info.max_tokens,
@@ -394,6 +396,10 @@ class Relay:
             raise
         report_now()
         self._done(endpoint, session_id, request_id, done)
+        if done.error is None:
+            self.calibration.observe(
+                info.model, info.prompt_tokens_estimate, done.stats.usage.prompt_tokens
+            )
         await asyncio.shield(reported[0])
         return response
 

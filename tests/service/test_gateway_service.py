@@ -8,6 +8,7 @@ Synchronisation is on events: the test awaits the bus messages the gateway publi
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -584,3 +585,21 @@ class TestBodyLimit:
             text = await (await small.client.get("/metrics")).text()
             assert 'tao_gateway_requests_total{endpoint="chat",outcome="too_large"} 1' in text
             assert small.rec.seen == []
+
+
+class TestCalibratedEstimate:
+    async def test_next_estimate_follows_the_nodes_usage(self, h: Harness) -> None:
+        """The first request registers chars / 4; once the node's usage says how many prompt
+        tokens that was, the next request's estimate is scaled by the ratio (a fixed ratio
+        over-counted running contexts and made the pay-back release sessions needlessly)."""
+        content = "word " * 40  # 200 characters: 50 by chars / 4; the stub's usage says 40
+        await h.place("admit", "s1", 1)
+        msgs = [{"role": "user", "content": content}]
+        assert (await h.chat("s1", messages=msgs)).status == 200
+        [first] = await h.rec.next(SessionRequest)
+        raw = first.prompt_tokens_estimate
+        assert raw >= 50
+        assert (await h.chat("s1", messages=msgs)).status == 200
+        _, second = await h.rec.next(SessionRequest, 2)
+        assert second.prompt_tokens_estimate == math.ceil(raw * (USAGE["prompt_tokens"] / raw))
+        assert second.prompt_tokens_estimate == 40 < raw

@@ -74,7 +74,7 @@ from shared.core.planner import warm_up
 from shared.core.policies import get_policy
 from shared.core.policies.base import PlanOptions
 from shared.core.session import Session, ToolCall, on_request
-from shared.core.tick import Decision, TickSnapshot, decide, value_snapshot
+from shared.core.tick import Decision, TickSnapshot, decide, policy_rules, value_snapshot
 from shared.infra import Bus, Delivery, EmbeddedServers, FakeBus, nats_answers, redis_answers
 from shared.infra.settings import Settings
 from shared.infra.store import Store
@@ -401,9 +401,10 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
     settings = Settings.from_env()
     quiet = structlog.wrap_logger(None, wrapper_class=structlog.make_filtering_bound_logger(40))
     fake = FakeBus()
-    valuator = Valuator(store=store, bus=fake, log=quiet, params=params_from(settings),
-                        idle_timeout_s=settings.idle_timeout_s, clock=time.time)  # fmt: skip
     policy = get_policy(settings.policy)
+    valuator = Valuator(store=store, bus=fake, log=quiet, params=params_from(settings),
+                        idle_timeout_s=settings.idle_timeout_s, clock=time.time,
+                        rules=policy_rules(policy))  # fmt: skip  # as the service reads them
     await asyncio.to_thread(warm_up)
     out: dict[str, list[float]] = {p: [] for p in TICK_PARTS}
 

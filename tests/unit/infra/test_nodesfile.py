@@ -72,7 +72,7 @@ def test_render_round_trips(tmp_path: Path) -> None:
         ('[[node]]\nid = "a"\nurl = "http://x"\nkv_replay = "tcp://x:2"\n', "needs kv_events"),
         ('[[node]]\nid = "a"\nurl = "http://x"\ncapacity_tokens = 0\n', "capacity_tokens"),
         ('[[node]]\nid = "a"\nurl = "http://x"\n[[node]]\nid = "a"\nurl = "http://y"\n', "twice"),
-        ("nodes = 1\n", "unknown top-level key(s) nodes"),
+        ("nodes = 1\n", "unknown top-level key(s) 'nodes'"),
         ("[[node]\nid=", "not valid TOML"),
     ],
 )

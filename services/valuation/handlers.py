@@ -147,6 +147,12 @@ class Valuator:
     rules: TaoRules = PAPER
     """The policy's rules (``TAO_POLICY``): the growth rule sets the candidates' reserve."""
     reader: SessionReader | None = field(default=None)
+    pressure_every_s: float = 1.0
+    """How long a wake-up tick may reuse the last context pressure (the ``payback_context``
+    rule's read of every admitted session): periodic ticks always read it, wake-up ticks, the
+    tool end → placement path, only when it is older than this."""
+    pressure: dict[str, int] = field(default_factory=dict)
+    pressure_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -172,12 +178,14 @@ class Valuator:
         snap = value(pool, residency)
         sessions = pool
         if self.rules.payback_context:  # the contexts of every admitted session, on each node
-            in_pool = {s.id for s in pool}
-            others = sorted((await self.store.session_ids()) - in_pool)
-            admitted, _ = await reader.read(others, "admitted")  # decoded only when changed
-            snap = replace(
-                snap, pressure=context_pressure(admitted, views, self.rules.payback_headroom)
-            )
+            fresh = self.pressure_at is not None and now - self.pressure_at < self.pressure_every_s
+            if reason != "wake" or not fresh:
+                in_pool = {s.id for s in pool}
+                others = sorted((await self.store.session_ids()) - in_pool)
+                admitted, _ = await reader.read(others, "admitted")  # decoded only when changed
+                self.pressure = context_pressure(admitted, views, self.rules.payback_headroom)
+                self.pressure_at = now
+            snap = replace(snap, pressure=dict(self.pressure))
         read_tool = self.thunderagent or interrupts_matter(snap)
         if read_tool:
             tool, tool_res = await reader.index("admitted_tool")

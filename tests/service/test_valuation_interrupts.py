@@ -175,6 +175,28 @@ class TestConditionalRead:
         plain = await _valuator(store, FakeBus()).run_tick()
         assert plain.pressure == {}
 
+    async def test_wake_ticks_reuse_recent_pressure(self) -> None:
+        """The read of every admitted session runs on periodic ticks; a wake-up tick (the
+        tool end -> placement path) reuses a pressure younger than pressure_every_s."""
+        store = await _world(100_000)
+        await store.update_session("r00", lambda _: Session("r00", version=2,
+                                   activity="running", node="n1", weight=5_000, tokens=4_600,
+                                   request_id="q"))  # fmt: skip
+        await store.put_node_status("n1", capacity_tokens=7_000)
+        clock = [NOW]
+        v = Valuator(store=store, bus=FakeBus(), log=get_logger("test"), params=PARAMS,
+                     idle_timeout_s=300.0, clock=lambda: clock[0],
+                     rules=DEFAULT_RULES)  # fmt: skip
+        first = await v.run_tick("period")
+        assert first.pressure == {"n1": 288}
+        await store.put_node_status("n1", capacity_tokens=100_000)  # room now
+        clock[0] += 0.5
+        assert (await v.run_tick("wake")).pressure == {"n1": 288}  # reused, 0.5 s old
+        assert (await v.run_tick("period")).pressure == {}  # a periodic tick reads again
+        await store.put_node_status("n1", capacity_tokens=7_000)
+        clock[0] += 1.5
+        assert (await v.run_tick("wake")).pressure == {"n1": 288}  # stale: read again
+
 
 class TestSweepTask:
     async def test_sweep_loop_ends_idle_sessions_concurrently(self) -> None:

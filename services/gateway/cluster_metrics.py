@@ -25,6 +25,7 @@ whatever the number of sessions. A store that cannot be read gives
 
 from __future__ import annotations
 
+from services.gateway.metrics import escape_label
 from shared.infra.store_stats import BASE_COUNTERS
 from shared.infra.store_types import StateStore
 
@@ -41,10 +42,6 @@ NODE_SERIES: tuple[tuple[str, str, str], ...] = (
     ("tao_node_prefix_cache_hits_total", "counter", "Prompt tokens the prefix cache served."),
 )
 PLANNER_SERIES: tuple[str, ...] = tuple(f"tao_planner_{c}_total" for c in BASE_COUNTERS)
-
-
-def _esc(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 async def cluster_lines(store: StateStore | None) -> list[str]:
@@ -73,7 +70,7 @@ async def cluster_lines(store: StateStore | None) -> list[str]:
                 "tao_node_prefix_cache_hits_total": n.prefix_cache_hits,
             }[name]
             if value is not None:
-                out.append(f'{name}{{node="{_esc(n.id)}"}} {int(value)}')
+                out.append(f'{name}{{node="{escape_label(n.id)}"}} {int(value)}')
     for counter, name in zip(BASE_COUNTERS, PLANNER_SERIES, strict=True):
         count = planner.get(counter, 0)
         out += [f"# TYPE {name} counter", f"{name} {int(count) if isinstance(count, int) else 0}"]

@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["HOLD_BUCKETS_S", "GatewayMetrics"]
+__all__ = ["HOLD_BUCKETS_S", "GatewayMetrics", "escape_label"]
 
 HOLD_BUCKETS_S: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds of the hold-time histogram, seconds (default hold limit is 120 s)."""
@@ -20,14 +20,15 @@ HOLD_BUCKETS_S: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 
 Labels = tuple[tuple[str, str], ...]
 
 
-def _escape(value: str) -> str:
+def escape_label(value: str) -> str:
+    """A label value in the exposition format (backslash, quote and newline escaped)."""
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 def _fmt_labels(labels: Labels) -> str:
     if not labels:
         return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in labels) + "}"
+    return "{" + ",".join(f'{k}="{escape_label(v)}"' for k, v in labels) + "}"
 
 
 def _num(value: float) -> str:

@@ -1,6 +1,6 @@
 """Agent sessions end to end through the whole stack, and capacity never over-committed.
 
-One workload runs once for the module: eight concurrent coding-agent sessions of four turns
+One workload runs once for the module: fourteen concurrent coding-agent sessions of four turns
 each, half of them streaming, with the real ``openai`` client through the gateway to two
 simnodes whose KV capacity cannot hold all sessions at once; tool calls are scripted and
 reported on NATS as harness hooks would. While it runs, a watcher reads every node and session
@@ -20,7 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-SESSIONS = 8
+SESSIONS = 14
 TURNS = 4
 WITNESSES = 2
 _KV_USAGE = re.compile(r"^vllm:kv_cache_usage_perc\{[^}]*\} (\S+)$", re.M)

@@ -95,6 +95,20 @@ _SLIM_KEEP = 256
 """Equal to :data:`shared.harness.base.MAX_HOOK_BYTES` (kept in step by a test)."""
 RECEIVED_AT_HEADER = "Tao-Received-At"
 """Equal to :data:`shared.contracts.subjects.RECEIVED_AT_HEADER` (kept in step by a test)."""
+TENANT_HEADER = "Tao-Tenant"
+"""Equal to :data:`shared.infra.tenants.TENANT_HEADER` (kept in step by a test)."""
+
+
+def hook_headers(received_at: float, env: Mapping[str, str]) -> dict[str, str]:
+    """The headers a payload is published with: its receive time, and ``TAO_TENANT`` (the
+    tenant whose sessions this harness runs, when the gateway serves tenants) if set."""
+    headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
+    tenant = env.get("TAO_TENANT", "").strip()
+    if tenant:
+        headers[TENANT_HEADER] = tenant
+    return headers
+
+
 OVERSIZED_MARKER = b"tao-hook-oversized "
 """Start of the body forwarded instead of an oversized payload: marker, byte count, newline,
 then the payload's first :data:`_MARKER_PREFIX_BYTES` bytes."""
@@ -464,7 +478,7 @@ def drain(spool: Spool, env: Mapping[str, str], give_up_s: float = DRAIN_GIVE_UP
         failing_since: float | None = None
         while spool.take():
             for end, received_at, payload in spool.records():
-                headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
+                headers = hook_headers(received_at, env)
                 while True:
                     try:
                         deadline = time.monotonic() + _DRAIN_ATTEMPT_S
@@ -519,7 +533,7 @@ def _forward(argv: Sequence[str], stdin: BinaryIO, env: Mapping[str, str], start
     if len(payload) > MAX_HOOK_BYTES:
         slimmed = slim(payload) if len(payload) <= MAX_READ_BYTES else None
         payload = slimmed if slimmed is not None else oversized_marker(payload, len(payload))
-    headers = {RECEIVED_AT_HEADER: f"{received_at:.6f}"}
+    headers = hook_headers(received_at, env)
     spool = Spool(spool_dir(env), subject)
     if not spool.pending():
         deadline = min(time.monotonic() + PUBLISH_DEADLINE_S, start + TOTAL_DEADLINE_S)

@@ -90,7 +90,7 @@ def create_app(
     app.router.add_delete("/v1/sessions/{session_id}", http.delete_session)
     app.router.add_get("/healthz", http.healthz)
     app.router.add_get("/metrics", http.metrics)
-    hooks.install(app, bus)  # POST /hooks/{harness} (services.gateway.hooks)
+    hooks.install(app, bus, relay.auth, relay.metrics)  # POST /hooks/{harness}
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app

@@ -26,8 +26,11 @@ Request headers read by the model endpoints:
                       clients, e.g. ``claude-code``), at most 128 characters (else 400);
                       reported as SessionRequest.harness, not forwarded to the node; without
                       it, Claude Code's ids or a harness's ``User-Agent`` name the harness
-    Authorization     forwarded to the node unchanged (so are ``x-api-key``,
-                      ``anthropic-version`` and ``anthropic-beta``)
+    Authorization     with a tenants file (TAO_TENANTS_FILE), the client's API key
+                      (or ``x-api-key``; :mod:`.auth`), not forwarded; without one,
+                      forwarded to the node unchanged (so is ``x-api-key``); with
+                      TAO_NODE_API_KEY that key goes instead. ``anthropic-version`` and
+                      ``anthropic-beta`` are forwarded
 
 Bus: placements for this gateway (JetStream), node statuses (core NATS; URL and models of each
 node), session ends (core NATS; forget the session's admission).
@@ -79,10 +82,14 @@ class HttpHandlers:
         return await self.relay.handle(request, MESSAGES)
 
     async def delete_session(self, request: web.Request) -> web.Response:
-        session_id = request.match_info["session_id"]
+        caller = self.relay.auth.client(request.headers)
+        if caller is None:
+            return self.relay.unauthorized(CHAT, "delete")
+        named = request.match_info["session_id"]
+        session_id = caller.session(named)
         released = await self.relay.end_session(session_id)
         _log.info("session_deleted", session_id=session_id, held_released=released)
-        return web.json_response({"id": session_id, "object": "session.deleted", "deleted": True})
+        return web.json_response({"id": named, "object": "session.deleted", "deleted": True})
 
     async def healthz(self, request: web.Request) -> web.Response:
         relay = self.relay
@@ -101,6 +108,8 @@ class HttpHandlers:
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def models(self, request: web.Request) -> web.Response:
+        if self.relay.auth.client(request.headers) is None:
+            return self.relay.unauthorized(CHAT, "models")
         known = self.relay.nodes.models()
         if known:
             data = [{"id": m, "object": "model", "created": 0, "owned_by": "tao"} for m in known]

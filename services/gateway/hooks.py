@@ -8,6 +8,12 @@ forwards it the same way: bytes unparsed on ``tao.v1.hook.<token>``
 (:func:`shared.contracts.subjects.hook_events`) with the receive time in ``Tao-Received-At``;
 the tools service maps and validates it (:mod:`services.tools.hooks`).
 
+With a tenants file (``TAO_TENANTS_FILE``, :mod:`.auth`) a post needs a hook token
+(``Authorization: Bearer <token>`` or ``X-TAO-Hook-Token``), else 401; the payload goes out
+with the token's tenant in the ``Tao-Tenant`` header, and the tools service serves its session
+ids as that tenant's. Counted in ``tao_gateway_hooks_total{result}``: ``forwarded``,
+``dropped``, ``unauthorized``, ``not_found``.
+
 The answer never waits for the bus: 200 ``{}`` (no decision, for Claude Code) at once, and the
 payload goes to a queue that one task publishes in arrival order. A bus failure, or a full
 queue (:data:`QUEUE_LIMIT` payloads waiting), drops the payload with a warning and still
@@ -16,7 +22,7 @@ answers 200: a hook must never block or fail its agent. An unknown harness is 40
 marker the hook process sends (:func:`shared.hookclient.oversized_marker`), which the tools
 service dead-letters as oversized.
 
-``install(app, bus)`` adds the route and stops the queue on the app's cleanup.
+``install(app, bus, auth, metrics)`` adds the route and stops the queue on the app's cleanup.
 """
 
 from __future__ import annotations
@@ -34,11 +40,18 @@ from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
 from shared.harness.registry import UnknownHarnessError, find
 from shared.hookclient import oversized_marker
 from shared.infra import MessageBus, get_logger
+from shared.infra.tenants import TENANT_HEADER
+
+from .auth import Auth
+from .metrics import GatewayMetrics
 
 __all__ = ["QUEUE_LIMIT", "HookForwarder", "install"]
 
 QUEUE_LIMIT: Final = 4096
 _STOP_WAIT_S: Final = 2.0
+_NEEDS_TOKEN: Final = (
+    "a valid hook token is required (Authorization: Bearer <token>, or X-TAO-Hook-Token)"
+)
 _log = get_logger("services.gateway.hooks")
 
 _Item = tuple[str, bytes, dict[str, str]]
@@ -47,8 +60,17 @@ _Item = tuple[str, bytes, dict[str, str]]
 class HookForwarder:
     """The ``POST /hooks/{harness}`` handler and its ordered publishing queue."""
 
-    def __init__(self, bus: MessageBus, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self,
+        bus: MessageBus,
+        *,
+        auth: Auth | None = None,
+        metrics: GatewayMetrics | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.bus = bus
+        self.auth = auth or Auth(None)
+        self.metrics = metrics
         self.clock = clock
         self.queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_LIMIT)
         self.worker: asyncio.Task[None] | None = None
@@ -58,21 +80,27 @@ class HookForwarder:
     async def post(self, request: web.Request) -> web.Response:
         """Queue the body for ``tao.v1.hook.<token>`` and answer 200 ``{}`` (404: no harness)."""
         name = request.match_info["harness"]
+        caller = self.auth.hook(request.headers)
+        if caller is None:
+            self._count("unauthorized")
+            return _error(401, "unauthorized", _NEEDS_TOKEN)
         try:
             token = find(name).token
         except UnknownHarnessError as exc:
-            return web.json_response(
-                {"error": {"type": "not_found", "message": str(exc)}}, status=404
-            )
+            self._count("not_found")
+            return _error(404, "not_found", str(exc))
         at = self.clock()
         body = await _read_capped(request, MAX_HOOK_BYTES)
         if len(body) > MAX_HOOK_BYTES:
             body = oversized_marker(body, len(body))
         headers = {RECEIVED_AT_HEADER: f"{at:.6f}"}
+        if caller.tenant is not None:
+            headers[TENANT_HEADER] = caller.tenant.name
         try:
             self.queue.put_nowait((subjects.hook_events(token), body, headers))
         except asyncio.QueueFull:
             self.dropped += 1
+            self._count("dropped")
             _log.warning("hook_dropped", harness=token, reason="queue full", size=len(body))
         else:
             if self.worker is None or self.worker.done():
@@ -85,11 +113,17 @@ class HookForwarder:
             try:
                 await self.bus.publish(subject, body, headers)
                 self.forwarded += 1
+                self._count("forwarded")
             except Exception as exc:  # the agent was answered already: log and go on
                 self.dropped += 1
+                self._count("dropped")
                 _log.warning("hook_publish_failed", subject=subject, size=len(body), error=str(exc))
             finally:
                 self.queue.task_done()
+
+    def _count(self, result: str) -> None:
+        if self.metrics is not None:
+            self.metrics.hooks.inc(result=result)
 
     async def stop(self) -> None:
         """Publish what is queued (for up to two seconds), then stop the task."""
@@ -116,9 +150,19 @@ async def _read_capped(request: web.Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def install(app: web.Application, bus: MessageBus) -> HookForwarder:
-    """Serve ``POST /hooks/{harness}`` on ``app``, publishing on ``bus``."""
-    forwarder = HookForwarder(bus)
+def _error(status: int, kind: str, message: str) -> web.Response:
+    return web.json_response({"error": {"type": kind, "message": message}}, status=status)
+
+
+def install(
+    app: web.Application,
+    bus: MessageBus,
+    auth: Auth | None = None,
+    metrics: GatewayMetrics | None = None,
+) -> HookForwarder:
+    """Serve ``POST /hooks/{harness}`` on ``app``, publishing on ``bus``; ``auth`` checks hook
+    tokens (``None``: none needed), ``metrics`` counts the posts."""
+    forwarder = HookForwarder(bus, auth=auth, metrics=metrics)
     app.router.add_post("/hooks/{harness}", forwarder.post)
 
     async def _stop(_: web.Application) -> None:

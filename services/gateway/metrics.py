@@ -99,6 +99,10 @@ class GatewayMetrics:
             "tao_gateway_store_admissions_total",
             "Admissions read from the state store (placement missed), by when: arrival or held.",
         )
+        self.hooks = _Counter(
+            "tao_gateway_hooks_total",
+            "Hook posts, by result: forwarded, dropped, unauthorized, not_found.",
+        )
         self.hold_seconds = _Histogram(
             "tao_gateway_hold_seconds", "Time a request was held before admission.", HOLD_BUCKETS_S
         )
@@ -113,6 +117,7 @@ class GatewayMetrics:
             self.upstream_errors,
             self.placements,
             self.store_admissions,
+            self.hooks,
         ):
             lines += counter.render()
         lines += [

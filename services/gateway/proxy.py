@@ -50,7 +50,7 @@ NODE_HEADER: Final = "X-TAO-Node"
 CONNECT_TIMEOUT_S: Final = 10.0
 """Longest wait for a TCP connection to a node; generation itself has no time limit."""
 
-_PASS_HEADERS: Final = ("Authorization", "x-api-key", "anthropic-version", "anthropic-beta")
+_PASS_HEADERS: Final = ("anthropic-version", "anthropic-beta")
 
 BodyReader = Callable[[bytes], tuple[ResponseStats, bytes]]
 """Reads a whole response: what it says, and the bytes for the client."""
@@ -101,10 +101,13 @@ class Forwarded:
         self.error = None
 
 
-def upstream_headers(client_headers: Mapping[str, str], extra: Mapping[str, str]) -> dict[str, str]:
-    """Headers sent to the node: JSON content type, the client's auth (``Authorization``, or
-    Anthropic's ``x-api-key`` with ``anthropic-version`` / ``anthropic-beta``), and ``extra``."""
-    out = {"Content-Type": "application/json"}
+def upstream_headers(
+    client_headers: Mapping[str, str], credentials: Mapping[str, str], extra: Mapping[str, str]
+) -> dict[str, str]:
+    """Headers sent to the node: JSON content type, ``credentials`` (:meth:`.auth.Auth.
+    node_headers`: the client's ``Authorization`` / ``x-api-key``, or the gateway's own),
+    Anthropic's ``anthropic-version`` / ``anthropic-beta``, and ``extra``."""
+    out = {"Content-Type": "application/json", **credentials}
     for name in _PASS_HEADERS:
         value = client_headers.get(name)
         if value:

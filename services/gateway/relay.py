@@ -60,6 +60,7 @@ from shared.infra import MessageBus, Settings, get_logger, tracing
 from shared.infra.store_types import StateStore
 
 from .apis import Api, openai_error
+from .auth import Auth, Caller
 from .calibration import PromptCalibration
 from .holds import HoldEnded, Holds, HoldTimeout
 from .metrics import GatewayMetrics
@@ -85,6 +86,11 @@ from .store_check import STORE_RECHECK_S, StoreCheck
 from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
+
+
+def _maybe(f: Callable[[str], str], value: str | None) -> str | None:
+    return None if value is None else f(value)
+
 
 _log = get_logger("services.gateway")
 _tracer = tracing.tracer("services.gateway")
@@ -122,6 +128,8 @@ class Relay:
         self.client: aiohttp.ClientSession | None = None
         self.token_ids = token_ids or TokenIdNodes()
         self.calibration = PromptCalibration()
+        self.auth = Auth.from_file(settings.tenants_file, settings.node_api_key, clock)
+        self._held_by: dict[str, int] = {}  # tenant -> its requests held now
         self._ended_holds: set[str] = set()  # request ids whose cancel end_session reported
         self._reports: dict[str, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
@@ -214,8 +222,19 @@ class Relay:
             span.set_attribute("http.response.status_code", response.status)
             return response
 
+    def unauthorized(self, api: Api, endpoint: str) -> web.Response:
+        """401 for a request without a known API key (:mod:`.auth`), counted."""
+        self.metrics.requests.inc(endpoint=endpoint, outcome="unauthorized")
+        kind = "authentication_error" if api.anthropic else "invalid_request_error"
+        return api.error(
+            401, "a valid API key is required (Authorization: Bearer <key>, or x-api-key)", kind
+        )
+
     async def _handle(self, request: web.Request, api: Api) -> web.StreamResponse:
         endpoint = api.name
+        caller = self.auth.client(request.headers)
+        if caller is None:
+            return self.unauthorized(api, endpoint)
         try:
             body = parse_body(await request.json())
             info = api.describe(body)
@@ -238,9 +257,19 @@ class Relay:
             # As vLLM answers an unknown model: 404 at once, never a hold that cannot end.
             self.metrics.requests.inc(endpoint=endpoint, outcome="model_not_found")
             return api.error(404, f"The model `{info.model}` does not exist.", "NotFoundError")
-        session_id, source = api.identity(
+        named_id, source = api.identity(
             request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
         )
+        session_id = caller.session(named_id)
+        if self._tenant_full(caller, session_id):
+            self.metrics.requests.inc(endpoint=endpoint, outcome="tenant_limit")
+            retry = str(max(1, math.ceil(self.settings.retry_after_s)))
+            return api.error(
+                429,
+                "too many requests of this tenant are waiting for admission; retry later",
+                "rate_limit_error",
+                headers={"Retry-After": retry},
+            )
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated"
@@ -258,7 +287,7 @@ class Relay:
             stream=info.stream,
             max_tokens=info.max_tokens,
             harness=harness,
-            parent_session_id=parent_session(request.headers, session_id),
+            parent_session_id=_maybe(caller.session, parent_session(request.headers, named_id)),
         )
         try:
             subject_for(registered)  # the session id must fit a subject token
@@ -286,7 +315,7 @@ class Relay:
             with _tracer.start_as_current_span(
                 "tao.hold", attributes={"tao.session_id": session_id}
             ) as held:
-                node_or_reply = await self._hold(api, session_id, request_id, one_turn)
+                node_or_reply = await self._held(caller, api, session_id, request_id, one_turn)
                 if isinstance(node_or_reply, web.Response):
                     held.set_attribute("tao.outcome", f"answered {node_or_reply.status}")
                     return node_or_reply
@@ -311,6 +340,30 @@ class Relay:
         if one_turn:
             msgs.append(self._end_msg(session_id, reason, self.clock()))
         self.report(session_id, *msgs)
+
+    def _tenant_full(self, caller: Caller, session_id: str) -> bool:
+        """The caller's tenant holds ``max_held`` requests already and this session is not
+        known admitted here (it would be held too)."""
+        tenant = caller.tenant
+        if tenant is None or tenant.max_held is None:
+            return False
+        held = self._held_by.get(tenant.name, 0)
+        return held >= tenant.max_held and self.placements.node_of(session_id) is None
+
+    async def _held(
+        self, caller: Caller, api: Api, session_id: str, request_id: str, one_turn: bool
+    ) -> str | web.Response:
+        """:meth:`_hold`, counted against the caller's tenant while it waits."""
+        if caller.tenant is None:
+            return await self._hold(api, session_id, request_id, one_turn)
+        name = caller.tenant.name
+        self._held_by[name] = self._held_by.get(name, 0) + 1
+        try:
+            return await self._hold(api, session_id, request_id, one_turn)
+        finally:
+            self._held_by[name] -= 1
+            if not self._held_by[name]:
+                del self._held_by[name]
 
     async def _hold(
         self, api: Api, session_id: str, request_id: str, one_turn: bool
@@ -438,7 +491,9 @@ class Relay:
         assert self.client is not None, "Relay.client is set by the app's startup"
         client = self.client
         headers = upstream_headers(
-            request.headers, {SESSION_HEADER: session_id, "X-Request-ID": request_id}
+            request.headers,
+            self.auth.node_headers(request.headers),
+            {SESSION_HEADER: session_id, "X-Request-ID": request_id},
         )
 
         async def send(ids: bool) -> web.StreamResponse:

@@ -18,6 +18,10 @@ wrappers forward a harness's hook payload unparsed, with its receive time in the
    :class:`SessionEnd` is published on the session stream, where the gateway's go, so the
    tools service ends the record and the gateway forgets the session's placement;
 4. one log line per batch.
+
+A payload the gateway forwarded with a tenant (``Tao-Tenant`` header: posted with that
+tenant's hook token, :mod:`services.gateway.auth`) names that tenant's sessions: every message
+it maps to has its session id qualified (``<tenant>:<id>``), as the gateway serves them.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
 import orjson
 from structlog.typing import FilteringBoundLogger
 
@@ -39,6 +44,7 @@ from shared.harness.base import MAX_HOOK_BYTES, HookMapper
 from shared.harness.registry import UnknownHarnessError, mapper_for
 from shared.hookclient import OVERSIZED_MARKER
 from shared.infra.busapi import Delivery, MessageBus, dead_letter_for, received_at
+from shared.infra.tenants import TENANT_HEADER, qualify, valid_name
 
 __all__ = ["HookIngest", "HookPayload", "decode_hook", "received_at"]
 
@@ -102,6 +108,16 @@ class HookIngest:
         if seq is not None and seq in self.memo:
             return self.memo[seq]
         msgs = self._mapper(d.subject).map(payload.body, received_at(d))
+        tenant = d.headers.get(TENANT_HEADER)
+        if tenant is not None and not valid_name(tenant):
+            raise DecodeError(_TARGET, f"header {TENANT_HEADER} is not a tenant name: {tenant!r}")
+        if tenant:  # posted with a tenant's hook token: that tenant's sessions only
+            msgs = [
+                msgspec.structs.replace(m, session_id=qualify(tenant, m.session_id))
+                if hasattr(m, "session_id")
+                else m
+                for m in msgs
+            ]
         for m in msgs:
             subjects.escape_token(getattr(m, "session_id", ""))
         self._remember(seq, msgs)

@@ -23,6 +23,7 @@ from shared.cli.demo import add_demo_parser
 from shared.cli.engines import add_engines_parser
 from shared.cli.hooks import add_hooks_parsers
 from shared.cli.inspect import add_inspect_parser
+from shared.cli.keys import add_keys_parser
 from shared.cli.kvbridge import add_kvbridge_parser
 from shared.cli.ops import OpsError, add_ops_parsers
 from shared.cli.plan import plan_document, run_policy
@@ -155,6 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_top_parser(sub)
     add_inspect_parser(sub)
     add_engines_parser(sub)
+    add_keys_parser(sub)
     return parser
 
 

@@ -30,6 +30,10 @@ message names the variable, what is wrong and what was given
 | TAO_HOLD_TIMEOUT_S        | 120       | longest a request is held before a 503, s (> 0)         |
 | TAO_RETRY_AFTER_S         | 2         | Retry-After sent with the 503, s (> 0)                  |
 | TAO_MAX_BODY_BYTES        | 33554432  | largest request body the gateway reads (413 beyond it)  |
+| TAO_TENANTS_FILE          | (unset)   | tenants, API keys, hook tokens (TOML; tenants.py): set, |
+|                           |           | the gateway requires keys; unset, it trusts everyone    |
+| TAO_NODE_API_KEY          | (unset)   | sent to the nodes as `Authorization: Bearer` (vLLM      |
+|                           |           | `--api-key`); unset: the client's own, if auth is off   |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
@@ -131,6 +135,8 @@ class Settings:
     hold_timeout_s: float = 120.0
     retry_after_s: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
+    tenants_file: str | None = None
+    node_api_key: str | None = None
     idle_timeout_s: float = 300.0
     service_name: str | None = None
     log_level: str = "info"
@@ -299,6 +305,8 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "hold_timeout_s": ("TAO_HOLD_TIMEOUT_S", _POSITIVE),
     "retry_after_s": ("TAO_RETRY_AFTER_S", _POSITIVE),
     "max_body_bytes": ("TAO_MAX_BODY_BYTES", _integer(lo=1024)),
+    "tenants_file": ("TAO_TENANTS_FILE", _text),
+    "node_api_key": ("TAO_NODE_API_KEY", _text),
     "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
     "service_name": ("TAO_SERVICE_NAME", _name),
     "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),

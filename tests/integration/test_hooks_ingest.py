@@ -18,6 +18,7 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
 from services.gateway import hooks as gateway_hooks
+from services.gateway.auth import Auth
 from services.tools.app import start
 from services.tools.hooks import decode_hook, received_at
 from shared.contracts import DeadLetter, decode, subjects
@@ -31,6 +32,7 @@ from shared.infra import Bus, Delivery, FakeBus, MessageBus, Subscription
 from shared.infra.embedded import free_port
 from shared.infra.fake_store import FakeStore
 from shared.infra.store_types import StateStore
+from shared.infra.tenants import TENANT_HEADER, add_secret, qualify
 from tests.integration.collect import Collector, dead_letter_reader
 
 FIXTURES = Path(__file__).parents[1] / "fixtures" / "claude-code"
@@ -279,6 +281,51 @@ class TestGatewayHook:
             assert (resp.status, await resp.json()) == (200, {})
             await asyncio.wait_for(forwarder.queue.join(), TIMEOUT_S)
         assert (forwarder.forwarded, forwarder.dropped) == (0, 1)
+
+
+class TestTenantHooks:
+    """A hook posted with a tenant's token names that tenant's sessions, and no other's."""
+
+    async def test_gateway_post_reaches_only_the_tenants_session(
+        self, bus: MessageBus, store: StateStore, tmp_path: Path
+    ) -> None:
+        sid = fixture("pre-tool-use-bash")["session_id"]
+        mine, plain = qualify("team-a", sid), in_tool(sid, "toolu_01ABCDEF")
+        await seed(store, in_tool(mine, "toolu_01ABCDEF"), plain, in_tool("s1", "toolu_03"))
+        token = add_secret(tmp_path / "t.toml", "team-a", "hook")
+        add_secret(tmp_path / "t.toml", "team-b", "hook")
+        auth = Auth.from_file(str(tmp_path / "t.toml"), None, clock=lambda: 0.0)
+        _, subs = await start(store, bus)
+        woken = await wakes(bus)
+        app = web.Application()
+        gateway_hooks.install(app, bus, auth)
+        async with TestClient(TestServer(app)) as client:
+            body = fixture_bytes("pre-tool-use-bash")
+            forged = await client.post("/hooks/claude", data=body)
+            assert forged.status == 401
+            token_header = {"Authorization": f"Bearer {token}"}
+            ok = await client.post("/hooks/claude", data=body, headers=token_header)
+            assert ok.status == 200
+            # a later tool end of another (untenanted) session: both written once it wakes
+            await bus.publish(CLAUDE, fixture_bytes("post-tool-use-run-in-background"), at())
+            await woken.values(1, lambda w: w.reason == WAKE_TOOL_END)
+        rec = await store.get_session(mine)
+        assert rec is not None and rec.tool is not None and rec.tool.source == "hook"
+        untouched = await store.get_session(sid)
+        assert untouched is not None and untouched.tool is not None
+        assert untouched.tool.source == INFERRED  # the same id outside team-a: not reached
+        await stop_all(subs)
+
+    async def test_bad_tenant_header_is_dead_lettered(self, bus: MessageBus) -> None:
+        store = FakeStore()
+        _, subs = await start(store, bus)
+        letters = await dead_letters(bus)
+        data = fixture_bytes("pre-tool-use-bash")
+        await bus.publish(CLAUDE, data, {**at(), TENANT_HEADER: "a b"})
+        (letter,) = await letters.values(1)
+        assert "header Tao-Tenant is not a tenant name: 'a b'" in letter.reason
+        assert letter.payload == data
+        await stop_all(subs)
 
 
 # -- the hook process --------------------------------------------------------------------------

@@ -1,0 +1,137 @@
+"""``tao keys``: client API keys and hook tokens of the gateway's tenants (``TAO_TENANTS_FILE``).
+
+::
+
+    tao keys add --tenant team-a --kind api            # prints a new client API key once
+    tao keys add --tenant team-a --kind hook           # prints a new hook token once
+    tao keys add --tenant team-a --kind api --max-held 64
+    tao keys list                                      # tenants, key counts, digest prefixes
+    tao keys remove --tenant team-a --digest 9f86d0    # revoke one key by its digest's prefix
+
+The file (``--file``, else ``TAO_TENANTS_FILE``) holds only SHA-256 digests
+(:mod:`shared.infra.tenants`); a running gateway reads it again within a second of a change,
+so a key added or removed takes effect without a restart. Rotate by adding the new key,
+moving the clients to it, then removing the old one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, TextIO
+
+from shared.cli.ops import OpsError
+from shared.infra.tenants import (
+    TenantsFileError,
+    add_secret,
+    load_tenants_file,
+    remove_secret,
+)
+from shared.tables import render
+
+__all__ = ["add_keys_parser"]
+
+
+def _file(args: argparse.Namespace) -> str:
+    path: str | None = args.file or os.environ.get("TAO_TENANTS_FILE", "").strip() or None
+    if path is None:
+        raise OpsError("--file: no tenants file given (--file PATH, or TAO_TENANTS_FILE)")
+    return path
+
+
+def _cmd_add(args: argparse.Namespace, out: TextIO) -> int:
+    path = _file(args)
+    try:
+        secret = add_secret(path, args.tenant, args.kind, max_held=args.max_held)
+    except (TenantsFileError, ValueError) as exc:
+        raise OpsError(str(exc)) from None
+    except OSError as exc:
+        raise OpsError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    out.write(secret + "\n")
+    what = "API key" if args.kind == "api" else "hook token"
+    header = (
+        "Authorization: Bearer <key> (or x-api-key)"
+        if args.kind == "api"
+        else "Authorization: Bearer <token> (or X-TAO-Hook-Token) on POST /hooks/<harness>"
+    )
+    print(
+        f"new {what} of tenant {args.tenant!r} written to {path} as its digest; it is shown "
+        f"only now. Clients send it as {header}.",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _cmd_list(args: argparse.Namespace, out: TextIO) -> int:
+    path = _file(args)
+    try:
+        tenants = load_tenants_file(path)
+    except TenantsFileError as exc:
+        raise OpsError(str(exc)) from None
+    rows = [
+        [
+            t.name,
+            str(len(t.api_keys)),
+            str(len(t.hook_tokens)),
+            "-" if t.max_held is None else str(t.max_held),
+            " ".join(d.removeprefix("sha256:")[:12] for d in (*t.api_keys, *t.hook_tokens)),
+        ]
+        for t in tenants.tenants
+    ]
+    out.write(render(["tenant", "api keys", "hook tokens", "max held", "digests"], rows) + "\n")
+    return 0
+
+
+def _cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
+    path = _file(args)
+    try:
+        removed = remove_secret(path, args.tenant, args.digest)
+    except (TenantsFileError, ValueError) as exc:
+        raise OpsError(str(exc)) from None
+    except OSError as exc:
+        raise OpsError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    out.write(f"removed {removed} from tenant {args.tenant!r}\n")
+    return 0
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {text!r}")
+    return value
+
+
+def add_keys_parser(sub: Any) -> None:
+    """Register ``tao keys add|list|remove``."""
+    keys = sub.add_parser(
+        "keys",
+        help="client API keys and hook tokens of the gateway's tenants",
+        description=(__doc__ or "").split("\n\n")[0],
+    )
+    actions = keys.add_subparsers(dest="action", metavar="ACTION", required=True)
+
+    def common(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--file", metavar="PATH", help="tenants file (default: TAO_TENANTS_FILE)")
+
+    add = actions.add_parser("add", help="make a key for a tenant (created if new); print it")
+    common(add)
+    add.add_argument("--tenant", required=True, metavar="NAME", help="[A-Za-z0-9_-]{1,64}")
+    add.add_argument("--kind", required=True, choices=("api", "hook"), help="what the key is for")
+    add.add_argument(
+        "--max-held", type=_positive, metavar="N", help="the tenant's held requests at most"
+    )
+    add.set_defaults(run=_cmd_add)
+
+    ls = actions.add_parser("list", help="tenants, key counts and digest prefixes")
+    common(ls)
+    ls.set_defaults(run=_cmd_list)
+
+    rm = actions.add_parser("remove", help="revoke one key by the prefix of its digest")
+    common(rm)
+    rm.add_argument("--tenant", required=True, metavar="NAME")
+    rm.add_argument("--digest", required=True, metavar="PREFIX", help="as `tao keys list` shows")
+    rm.set_defaults(run=_cmd_remove)

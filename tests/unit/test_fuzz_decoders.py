@@ -5,8 +5,8 @@ service dead-letters and a CLI prints as one line) — never another exception, 
 Decoders: every NATS message type (``decode``, the tool / session unions, ``decode_message``),
 KV-event batches in the three msgpack encodings and their ZMQ frames, hook payloads and each
 harness's mapper, gateway request bodies (chat, completions, Messages; identity and upstream
-body), nodes files, workload files and session-trace lines. Huge and deeply nested JSON is
-covered by the strategies' depth and by explicit cases.
+body), nodes files, tenants files, workload files and session-trace lines. Huge and deeply
+nested JSON is covered by the strategies' depth and by explicit cases.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from shared.contracts.frames import parse_kv_frames
 from shared.contracts.kv import KV_ENCODINGS, decode_kv_batch, encode_kv_batch
 from shared.harness.registry import HARNESSES, mapper_for
 from shared.infra.nodesfile import NodesFileError, load_nodes_file, parse_nodes
+from shared.infra.tenants import TenantsFileError, load_tenants_file, parse_tenants
 from shared.sim.dists import WorkloadError
 from shared.sim.trace import parse_trace_line
 from shared.sim.workloads import parse_workload
@@ -251,6 +252,9 @@ class TestGatewayBodies:
         only((ContractError,), lambda: decode_hook(nested))
 
 
+_tenant_keys = st.one_of(_keys, st.sampled_from(["name", "api_keys", "hook_tokens", "max_held"]))
+
+
 class TestFiles:
     @FUZZ
     @given(tree=json_trees)
@@ -279,6 +283,25 @@ class TestFiles:
         path.write_bytes(b"\xcc\xa5\xc5\xe5")
         with pytest.raises(NodesFileError, match="not UTF-8"):
             load_nodes_file(path)
+
+    @FUZZ
+    @given(tree=json_trees)
+    def test_tenants_documents(self, tree: object) -> None:
+        """parse_tenants' contract is ValueError naming the tenant and key."""
+        doc = tree if isinstance(tree, dict) else {"tenant": tree}
+        only((ValueError,), lambda: parse_tenants(doc))
+
+    @FUZZ
+    @given(tenants=st.lists(st.dictionaries(_tenant_keys, json_trees, max_size=5), max_size=3))
+    def test_tenant_tables(self, tenants: list[dict[str, object]]) -> None:
+        only((ValueError,), lambda: parse_tenants({"tenant": tenants}))
+
+    @FUZZ
+    @given(data=st.one_of(st.text(max_size=300).map(str.encode), st.binary(max_size=100)))
+    def test_tenants_files(self, data: bytes, tmp_path_factory: pytest.TempPathFactory) -> None:
+        path = tmp_path_factory.mktemp("tenants") / "tenants.toml"
+        path.write_bytes(data)
+        only((TenantsFileError,), lambda: load_tenants_file(path))
 
     @FUZZ
     @given(tree=json_trees)

@@ -33,6 +33,7 @@ from shared.infra.store_types import StateStore
 
 from . import hooks
 from .handlers import BusHandlers, HttpHandlers, decode_placement
+from .hook_limit import HookLimiter
 from .nodes import NodeDirectory
 from .proxy import CONNECT_TIMEOUT_S
 from .relay import Relay
@@ -90,7 +91,8 @@ def create_app(
     app.router.add_delete("/v1/sessions/{session_id}", http.delete_session)
     app.router.add_get("/healthz", http.healthz)
     app.router.add_get("/metrics", http.metrics)
-    hooks.install(app, bus, relay.auth, relay.metrics)  # POST /hooks/{harness}
+    limiter = HookLimiter(settings.hook_rate, settings.hook_burst)
+    hooks.install(app, bus, relay.auth, relay.metrics, limiter)  # POST /hooks/{harness}
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app

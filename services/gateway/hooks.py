@@ -11,8 +11,10 @@ the tools service maps and validates it (:mod:`services.tools.hooks`).
 With a tenants file (``TAO_TENANTS_FILE``, :mod:`.auth`) a post needs a hook token
 (``Authorization: Bearer <token>`` or ``X-TAO-Hook-Token``), else 401; the payload goes out
 with the token's tenant in the ``Tao-Tenant`` header, and the tools service serves its session
-ids as that tenant's. Counted in ``tao_gateway_hooks_total{result}``: ``forwarded``,
-``dropped``, ``unauthorized``, ``not_found``.
+ids as that tenant's. A session posting faster than ``TAO_HOOK_RATE`` (burst
+``TAO_HOOK_BURST``) gets 429 with ``Retry-After`` (:mod:`.hook_limit`). Counted in
+``tao_gateway_hooks_total{result}``: ``forwarded``, ``dropped``, ``unauthorized``,
+``not_found``, ``rate_limited``.
 
 The answer never waits for the bus: 200 ``{}`` (no decision, for Claude Code) at once, and the
 payload goes to a queue that one task publishes in arrival order. A bus failure, or a full
@@ -43,12 +45,14 @@ from shared.infra import MessageBus, get_logger
 from shared.infra.tenants import TENANT_HEADER
 
 from .auth import Auth
+from .hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, session_of
 from .metrics import GatewayMetrics
 
 __all__ = ["QUEUE_LIMIT", "HookForwarder", "install"]
 
 QUEUE_LIMIT: Final = 4096
 _STOP_WAIT_S: Final = 2.0
+_RATE_LIMITED: Final = "too many hook events of this session (TAO_HOOK_RATE, TAO_HOOK_BURST)"
 _NEEDS_TOKEN: Final = (
     "a valid hook token is required (Authorization: Bearer <token>, or X-TAO-Hook-Token)"
 )
@@ -66,11 +70,13 @@ class HookForwarder:
         *,
         auth: Auth | None = None,
         metrics: GatewayMetrics | None = None,
+        limiter: HookLimiter | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.bus = bus
-        self.auth = auth or Auth(None)
+        self.auth = Auth(None) if auth is None else auth
         self.metrics = metrics
+        self.limiter = HookLimiter(DEFAULT_RATE, DEFAULT_BURST) if limiter is None else limiter
         self.clock = clock
         self.queue: asyncio.Queue[_Item] = asyncio.Queue(QUEUE_LIMIT)
         self.worker: asyncio.Task[None] | None = None
@@ -93,6 +99,15 @@ class HookForwarder:
         body = await _read_capped(request, MAX_HOOK_BYTES)
         if len(body) > MAX_HOOK_BYTES:
             body = oversized_marker(body, len(body))
+        tenant = caller.tenant.name if caller.tenant is not None else ""
+        wait = self.limiter.take((tenant, token, session_of(body)), at)
+        if wait > 0:
+            self._count("rate_limited")
+            return web.json_response(
+                {"error": {"type": "rate_limited", "message": _RATE_LIMITED}},
+                status=429,
+                headers={"Retry-After": HookLimiter.retry_after(wait)},
+            )
         headers = {RECEIVED_AT_HEADER: f"{at:.6f}"}
         if caller.tenant is not None:
             headers[TENANT_HEADER] = caller.tenant.name
@@ -159,10 +174,12 @@ def install(
     bus: MessageBus,
     auth: Auth | None = None,
     metrics: GatewayMetrics | None = None,
+    limiter: HookLimiter | None = None,
 ) -> HookForwarder:
     """Serve ``POST /hooks/{harness}`` on ``app``, publishing on ``bus``; ``auth`` checks hook
-    tokens (``None``: none needed), ``metrics`` counts the posts."""
-    forwarder = HookForwarder(bus, auth=auth, metrics=metrics)
+    tokens (``None``: none needed), ``metrics`` counts the posts, ``limiter`` caps each
+    session's rate (:mod:`.hook_limit`; default 20/s, burst 200)."""
+    forwarder = HookForwarder(bus, auth=auth, metrics=metrics, limiter=limiter)
     app.router.add_post("/hooks/{harness}", forwarder.post)
 
     async def _stop(_: web.Application) -> None:

@@ -101,7 +101,7 @@ class GatewayMetrics:
         )
         self.hooks = _Counter(
             "tao_gateway_hooks_total",
-            "Hook posts, by result: forwarded, dropped, unauthorized, not_found.",
+            "Hook posts, by result: forwarded, dropped, unauthorized, not_found, rate_limited.",
         )
         self.hold_seconds = _Histogram(
             "tao_gateway_hold_seconds", "Time a request was held before admission.", HOLD_BUCKETS_S

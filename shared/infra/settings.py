@@ -16,7 +16,8 @@ message names the variable, what is wrong and what was given
 | TAO_HALF_LIFE_S           | 10        | residency credit half-life, s (> 0)                     |
 | TAO_CREDIT_UNIT           | 256       | tokens per credit unit (> 0)                            |
 | TAO_QUANTUM               | 512       | planner weight quantum, tokens (> 0)                    |
-| TAO_RESERVE_TOKENS        | 512       | growth reserve per admitted session, tokens (>= 0)      |
+| TAO_RESERVE_TOKENS        | 512       | next-turn reserve per session, tokens (>= 0); under     |
+|                           |           | `tao` the default of the growth rule                    |
 | TAO_TARGET_UTILISATION    | 0.9       | share of node KV capacity the planner may fill, (0, 1]  |
 | TAO_HORIZON_S             | 1.0       | readiness horizon, s (> 0)                              |
 | TAO_FRESHNESS_S           | 30        | telemetry older than this is stale, s (> 0)             |
@@ -32,6 +33,8 @@ message names the variable, what is wrong and what was given
 | TAO_MAX_BODY_BYTES        | 33554432  | largest request body the gateway reads (413 beyond it)  |
 | TAO_TENANTS_FILE          | (unset)   | tenants, API keys, hook tokens (TOML; tenants.py): set, |
 |                           |           | the gateway requires keys; unset, it trusts everyone    |
+| TAO_HOOK_RATE             | 20        | hook posts per second per session at the gateway (> 0)  |
+| TAO_HOOK_BURST            | 200       | hook posts a session may send at once (429 beyond)      |
 | TAO_NODE_API_KEY          | (unset)   | sent to the nodes as `Authorization: Bearer` (vLLM      |
 |                           |           | `--api-key`); unset: the client's own, if auth is off   |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
@@ -136,6 +139,8 @@ class Settings:
     retry_after_s: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
     tenants_file: str | None = None
+    hook_rate: float = 20.0
+    hook_burst: int = 200
     node_api_key: str | None = None
     idle_timeout_s: float = 300.0
     service_name: str | None = None
@@ -306,6 +311,8 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "retry_after_s": ("TAO_RETRY_AFTER_S", _POSITIVE),
     "max_body_bytes": ("TAO_MAX_BODY_BYTES", _integer(lo=1024)),
     "tenants_file": ("TAO_TENANTS_FILE", _text),
+    "hook_rate": ("TAO_HOOK_RATE", _POSITIVE),
+    "hook_burst": ("TAO_HOOK_BURST", _integer(lo=1)),
     "node_api_key": ("TAO_NODE_API_KEY", _text),
     "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
     "service_name": ("TAO_SERVICE_NAME", _name),

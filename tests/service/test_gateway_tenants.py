@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -180,3 +181,36 @@ class TestHookTokens:
         assert [h[TENANT_HEADER] for _, h in sent] == ["team-a", "team-a"]
         assert g.relay.metrics.hooks.get(result="forwarded") == 2
         assert "tao_gateway_hooks_total" in await (await g.client.get("/metrics")).text()
+
+
+def _poster(g: Harness) -> Any:
+    def post(sid: str, token: str) -> Any:
+        body = b'{"session_id": "%s", "hook_event_name": "Stop"}' % sid.encode()
+        return g.client.post("/hooks/claude", data=body, headers=bearer(token))
+
+    return post
+
+
+class TestHookRate:
+    async def test_a_flooding_session_gets_429_others_go_on(self, keys: Keys) -> None:
+        """TAO_HOOK_BURST posts of one session pass; the next gets 429 with Retry-After and is
+        not forwarded; another session, and the same id of another tenant, are not affected."""
+        hook_b = add_secret(keys.path, "team-b", "hook")
+        settings = SETTINGS.replace(tenants_file=str(keys.path), hook_rate=0.5, hook_burst=3)
+        async for g in make_harness(settings):
+            post = _poster(g)
+
+            for _ in range(3):
+                assert (await post("s1", keys.hook_a)).status == 200
+            limited = await post("s1", keys.hook_a)
+            assert limited.status == 429 and limited.headers["Retry-After"] == "2"
+            assert (await limited.json())["error"]["type"] == "rate_limited"
+            assert (await post("s2", keys.hook_a)).status == 200
+            assert (await post("s1", hook_b)).status == 200
+            assert g.relay.metrics.hooks.get(result="rate_limited") == 1
+            for _ in range(100):
+                if g.relay.metrics.hooks.get(result="forwarded") == 5:
+                    break
+                await asyncio.sleep(0.01)  # the forwarder publishes from its queue task
+            sent = [s for s, _, _ in g.bus.published if s == subjects.hook_events("claude")]
+            assert len(sent) == 5

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from shared.infra import NodeSpec, Settings, SettingsError
@@ -29,6 +31,23 @@ class TestDefaults:
         assert module.__doc__ is not None
         missing = [v for v in VARIABLES if f"| {v} " not in module.__doc__]
         assert missing == []
+
+    def test_the_readme_table_is_the_docstrings(self) -> None:
+        """README "Settings" shows the same table, row for row."""
+        import shared.infra.settings as module
+
+        def rows(text: str, first: str) -> list[str]:
+            lines = text.splitlines()
+            start = next(i for i, line in enumerate(lines) if line.startswith(first))
+            end = start
+            while end < len(lines) and lines[end].startswith("|"):
+                end += 1
+            return lines[start:end]
+
+        readme = (Path(__file__).parents[3] / "README.md").read_text()
+        assert module.__doc__ is not None
+        header = "| Variable                  | Default"
+        assert rows(readme, header) == rows(module.__doc__, header)
 
 
 class TestParsing:

@@ -6,10 +6,16 @@ node's ``url``, ``models`` and ``block_size`` (scraped from ``vllm:cache_config_
 status with a URL overrides the static one (telemetry sees the node that actually answers). A
 node no status has described has no known block size: the gateway then makes no block keys
 for it (:mod:`.tokenids`).
+
+Health: a status saying ``healthy=false`` (telemetry: three failed scrapes in a row) sets the
+node's :meth:`NodeDirectory.down` event, which aborts every forward in flight to it and turns
+away new ones (:mod:`.relay`), so a frozen or dead engine holds no client past its detection;
+a later healthy status gives the node a fresh event.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -27,6 +33,7 @@ class NodeEntry:
     healthy: bool = True
     seen_at: float | None = None
     block_size: int | None = None
+    down: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class NodeDirectory:
@@ -43,6 +50,10 @@ class NodeDirectory:
         if entry.seen_at is not None and status.ts < entry.seen_at:
             return
         entry.seen_at = status.ts
+        if not status.healthy:
+            entry.down.set()  # forwards in flight to it end now
+        elif entry.down.is_set():
+            entry.down = asyncio.Event()
         entry.healthy = status.healthy
         entry.models = list(status.models)
         entry.block_size = status.block_size if status.block_size > 0 else None
@@ -53,6 +64,10 @@ class NodeDirectory:
         """The base URL of ``node_id`` (``http://host:port``, maybe ending in ``/v1``)."""
         entry = self._nodes.get(node_id)
         return entry.url if entry is not None else None
+
+    def down(self, node_id: str) -> asyncio.Event:
+        """Set while ``node_id`` is known unhealthy (module docstring)."""
+        return self._nodes.setdefault(node_id, NodeEntry()).down
 
     def block_size(self, node_id: str) -> int | None:
         """The KV block size of ``node_id`` in tokens, ``None`` until a status gave it."""

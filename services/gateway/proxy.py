@@ -15,15 +15,19 @@ runs to the last byte.
 
 Failures: a connection error before any answer raises :class:`UpstreamError` (the caller answers
 502); a stream that breaks off after the client got its headers ends with one SSE ``error``
-event and is reported with ``error`` set; a client that goes away ends the forward at once and
+event and is reported with ``error`` set; ``abort`` (the node's
+:meth:`.nodes.NodeDirectory.down` event) set while a forward waits ends it the same way, the
+waiting request at once and the connection closed (a frozen engine answers nothing),
+reported as ``upstream_node_down``; a client that goes away ends the forward at once and
 closes the upstream connection, which makes vLLM abort the request.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import asyncio
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Protocol
+from typing import Any, Final, Protocol, TypeVar
 
 import aiohttp
 import orjson
@@ -37,6 +41,7 @@ __all__ = [
     "NODE_HEADER",
     "BodyReader",
     "Forwarded",
+    "NodeDown",
     "Tracker",
     "UpstreamError",
     "anthropic_error_event",
@@ -45,6 +50,7 @@ __all__ = [
     "openai_error_event",
 ]
 
+_T = TypeVar("_T")
 CLIENT_CLOSED: Final = "client_closed"
 NODE_HEADER: Final = "X-TAO-Node"
 CONNECT_TIMEOUT_S: Final = 10.0
@@ -116,6 +122,56 @@ def upstream_headers(
     return out
 
 
+class NodeDown(aiohttp.ClientConnectionError):
+    """The node turned unhealthy while the forward waited on it."""
+
+    def __init__(self) -> None:
+        super().__init__("the node became unhealthy")
+
+
+async def _unless(aw: Awaitable[_T], abort: asyncio.Event | None) -> _T:
+    """``await aw``, or raise :class:`NodeDown` as soon as ``abort`` is set (``aw`` cancelled)."""
+    if abort is None:
+        return await aw
+    task = asyncio.ensure_future(aw)
+    if abort.is_set():
+        task.cancel()
+        raise NodeDown()
+    waiter = asyncio.ensure_future(abort.wait())
+    try:
+        await asyncio.wait((task, waiter), return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:  # cancelled from outside: take both down with it
+        if task.done() and not task.cancelled() and task.exception() is None:
+            close = getattr(task.result(), "close", None)
+            if close is not None:  # a response that came at the same instant: let it go
+                close()
+        task.cancel()
+        raise
+    finally:
+        waiter.cancel()
+    if not task.done():
+        task.cancel()
+        raise NodeDown()
+    return task.result()
+
+
+def _close_on(abort: asyncio.Event | None, up: aiohttp.ClientResponse) -> asyncio.Task[None] | None:
+    """A task that closes ``up`` when ``abort`` is set (its pending read then fails)."""
+    if abort is None:
+        return None
+
+    async def watch() -> None:
+        await abort.wait()
+        up.close()
+
+    return asyncio.create_task(watch())
+
+
+def _kind(exc: BaseException, abort: asyncio.Event | None) -> str:
+    """``node_down`` when the forward ended because the node turned unhealthy."""
+    return "node_down" if isinstance(exc, NodeDown) or (abort and abort.is_set()) else "unreachable"
+
+
 def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
@@ -128,17 +184,25 @@ async def forward_json(
     clock: Callable[[], float],
     done: Forwarded,
     read: BodyReader = read_body,
+    abort: asyncio.Event | None = None,
 ) -> web.Response:
     """POST ``body`` to ``url``; fill ``done`` and return the node's answer for the client
-    (the body as ``read`` gives it back for a 200, else unchanged)."""
+    (the body as ``read`` gives it back for a 200, else unchanged); ``abort`` ends the wait
+    (module docstring)."""
     start = clock()
     try:
-        async with client.post(url, data=orjson.dumps(body), headers=headers) as up:
+        up = await _unless(client.post(url, data=orjson.dumps(body), headers=headers), abort)
+        watch = _close_on(abort, up)
+        try:
             data = await up.read()
             content_type = up.headers.get("Content-Type", "application/json")
             status = up.status
+        finally:
+            up.release()
+            if watch is not None:
+                watch.cancel()
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamError(done.node_id, "unreachable", _describe(exc)) from exc
+        raise UpstreamError(done.node_id, _kind(exc, abort), _describe(exc)) from exc
     finally:
         done.duration_s = clock() - start
     done.status = status
@@ -181,6 +245,7 @@ async def forward_stream(
     read: BodyReader = read_body,
     before_done: Callable[[], None] | None = None,
     error_event: Callable[[str], bytes] = openai_error_event,
+    abort: asyncio.Event | None = None,
 ) -> web.StreamResponse:
     """POST a streaming ``body`` to ``url``; relay the SSE events to the client as ``tracker``
     passes them, filling ``done`` as they pass (so a cancelled caller still reads what
@@ -191,7 +256,9 @@ async def forward_stream(
     writes the event that tells the client the node broke off (in the client's API format)."""
     start = clock()
     try:
-        async with client.post(url, data=orjson.dumps(body), headers=headers) as up:
+        up = await _unless(client.post(url, data=orjson.dumps(body), headers=headers), abort)
+        watch = _close_on(abort, up)
+        try:
             content_type = up.headers.get("Content-Type", "")
             if up.status != 200 or not content_type.startswith("text/event-stream"):
                 data = await up.read()
@@ -201,14 +268,15 @@ async def forward_stream(
                     done.error = f"upstream_status_{up.status}"
                 ctype = content_type or "application/json"
                 return web.Response(status=up.status, body=data, headers=_headers(ctype, done))
-            try:
-                return await _relay_events(
-                    request, up, start, clock, done, tracker, before_done, error_event
-                )
-            finally:
-                up.close()  # no-op once fully read; else drops the connection: the node aborts
+            return await _relay_events(
+                request, up, start, clock, done, tracker, before_done, error_event, abort
+            )
+        finally:
+            if watch is not None:
+                watch.cancel()
+            up.close()  # no-op once fully read; else drops the connection: the node aborts
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamError(done.node_id, "unreachable", _describe(exc)) from exc
+        raise UpstreamError(done.node_id, _kind(exc, abort), _describe(exc)) from exc
     finally:
         done.duration_s = clock() - start
 
@@ -222,6 +290,7 @@ async def _relay_events(
     tracker: Tracker,
     before_done: Callable[[], None] | None,
     error_event: Callable[[str], bytes],
+    abort: asyncio.Event | None = None,
 ) -> web.StreamResponse:
     response = web.StreamResponse(
         status=200,
@@ -253,7 +322,8 @@ async def _relay_events(
         except (aiohttp.ClientError, TimeoutError) as exc:
             if isinstance(exc, ConnectionResetError):  # writing to the client failed
                 raise
-            done.error = f"upstream_broken: {_describe(exc)}"
+            kind = "node_down" if abort is not None and abort.is_set() else "broken"
+            done.error = f"upstream_{kind}: {_describe(exc)}"
             await response.write(error_event("the model node broke off the stream"))
         await response.write_eof()
     except ConnectionResetError:

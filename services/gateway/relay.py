@@ -433,6 +433,10 @@ class Relay:
             if url is None:
                 done.error = f"unknown_node: no URL known for node {node!r}"
                 response = api.error(502, f"node {node!r} has no known URL", "upstream_error")
+            elif self.nodes.down(node).is_set():  # its sessions are moved; the retry is placed
+                done.error = f"node_down: node {node!r} is unhealthy"
+                self.metrics.upstream_errors.inc(node=node, kind="node_down")
+                response = self._unavailable(api, f"node {node!r} is unhealthy; retry later")
             else:
                 self.metrics.forwarded.inc(node=node)
                 response = await self._send(
@@ -496,6 +500,8 @@ class Relay:
             {SESSION_HEADER: session_id, "X-Request-ID": request_id},
         )
 
+        down = self.nodes.down(done.node_id)
+
         async def send(ids: bool) -> web.StreamResponse:
             outgoing = api.upstream(body, info, token_ids=ids)
             read = api.reader(body, ids)
@@ -513,8 +519,11 @@ class Relay:
                     read=read,
                     before_done=before_done,
                     error_event=api.error_event,
+                    abort=down,
                 )
-            return await forward_json(client, url, outgoing, headers, self.clock, done, read)
+            return await forward_json(
+                client, url, outgoing, headers, self.clock, done, read, abort=down
+            )
 
         asked = self._asks_ids(api, done.node_id)
         try:

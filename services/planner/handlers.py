@@ -174,7 +174,7 @@ class Planner:
                 return forced
             decision = _thunder_decision(core.tick, ta, self.policy.name)
         else:
-            if not core.candidates and not core.overflow and not core.pressure:
+            if not (core.candidates or core.overflow or core.pressure or core.stranded):
                 self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
                 return forced
             t0 = time.perf_counter()

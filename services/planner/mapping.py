@@ -208,4 +208,5 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
         capacity={nd.id: nd.capacity for nd in msg.nodes if nd.capacity > 0},
         running={nd.id: nd.running for nd in msg.nodes if nd.running > 0},
         pressure={nd.id: nd.pressure for nd in msg.nodes if nd.pressure > 0},
+        unhealthy=frozenset(nd.id for nd in msg.nodes if not nd.healthy),
     )

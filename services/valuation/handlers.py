@@ -3,8 +3,10 @@
 A tick reads the pool (the store's ``pool`` index set) with its residency, the nodes and the
 tool history, and values the pool. The admitted sessions in a tool (the interrupt candidates,
 ``admitted_tool``) and their residency are read and valued only when they can matter
-(:func:`interrupts_matter`): when the pool's demand exceeds the nodes' total free capacity, or
-some healthy node is over-committed (reservations above capacity × target). Otherwise
+(:func:`interrupts_matter`): when the pool's demand exceeds the nodes' total free capacity,
+some healthy node is over-committed (reservations above capacity × target), or some node is
+unhealthy — then the idle sessions admitted there are read too (from every admitted session),
+and decide's evacuation releases them all with the ones in a tool. Otherwise
 :func:`shared.core.tick.decide` interrupts nobody whatever the candidates (DESIGN 3.3: its
 node-overflow step runs only on over-committed nodes and ``select_interrupts`` frees nothing
 without a deficit), so the snapshot simply lists none. Consequence: the readiness probe marks
@@ -91,9 +93,10 @@ def params_from(settings: Settings) -> ValuationParams:
 
 def interrupts_matter(snap: TickSnapshot) -> bool:
     """Whether :func:`shared.core.tick.decide` may interrupt anyone on ``snap`` (valued from
-    the pool alone): some node is over-committed, or the pool's demand exceeds the total free
-    capacity (exactly ``select_interrupts``' deficit test, ``demand > max(0, free)``)."""
-    if snap.overflow or snap.pressure:
+    the pool alone): some node is unhealthy (its sessions are evacuated) or over-committed,
+    or the pool's demand exceeds the total free capacity (exactly ``select_interrupts``'
+    deficit test, ``demand > max(0, free)``)."""
+    if snap.unhealthy or snap.overflow or snap.pressure:
         return True
     if not snap.candidates:
         return False
@@ -177,20 +180,34 @@ class Valuator:
 
         snap = value(pool, residency)
         sessions = pool
+        down = {v.id for v in views if not v.healthy}
+        admitted: list[Session] | None = None
+
+        async def read_admitted() -> list[Session]:
+            in_pool = {s.id for s in pool}
+            others = sorted((await self.store.session_ids()) - in_pool)
+            got, _ = await reader.read(others, "admitted")  # decoded only when changed
+            return got
+
         if self.rules.payback_context:  # the contexts of every admitted session, on each node
             fresh = self.pressure_at is not None and now - self.pressure_at < self.pressure_every_s
             if reason != "wake" or not fresh:
-                in_pool = {s.id for s in pool}
-                others = sorted((await self.store.session_ids()) - in_pool)
-                admitted, _ = await reader.read(others, "admitted")  # decoded only when changed
+                admitted = await read_admitted()
                 self.pressure = context_pressure(admitted, views, self.rules.payback_headroom)
                 self.pressure_at = now
             snap = replace(snap, pressure=dict(self.pressure))
+        stranded: list[Session] = []
+        if down:  # idle sessions admitted on a dead node, to be released (decide's step 0)
+            if admitted is None:
+                admitted = await read_admitted()
+            stranded = [s for s in admitted if s.node in down and s.activity == "idle"]
         read_tool = self.thunderagent or interrupts_matter(snap)
         if read_tool:
             tool, tool_res = await reader.index("admitted_tool")
             in_pool = {s.id for s in pool}
             tool = [s for s in tool if s.id not in in_pool]  # moved between the two reads
+            in_tool = {s.id for s in tool}
+            tool += [s for s in stranded if s.id not in in_pool and s.id not in in_tool]
             snap = with_interrupts(snap, value(tool, tool_res))
             sessions = pool + tool
         stored = {s.id: s.probe_mark for s in sessions}
@@ -204,6 +221,7 @@ class Valuator:
             bool(snap.candidates)
             or bool(snap.overflow)
             or bool(snap.pressure)
+            or bool(snap.stranded)
             or self.last_nonempty
             or self.thunderagent
         )
@@ -211,7 +229,9 @@ class Valuator:
             msg = to_wire(snap, views, held)
             await self.bus.publish(subjects.valuation_snapshot(), encode(msg))
             self.published += 1
-        self.last_nonempty = bool(snap.candidates) or bool(snap.overflow) or bool(snap.pressure)
+        self.last_nonempty = bool(
+            snap.candidates or snap.overflow or snap.pressure or snap.stranded
+        )
         self.log.info(
             "valuation_tick",
             tick=self.tick,

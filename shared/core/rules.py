@@ -68,6 +68,10 @@ Rules (derivations in docs/evaluation.md, "TAO's rules"):
     cleared for it: tool-running sessions there are released, lowest value first (``r = 1``
     still protected, the hold rule not applied), and nothing else is admitted there this round.
     Beyond the paper: it bounds the wait that pure value order leaves unbounded.
+``readmit`` (off; the ``tao-readmit`` variant)
+    After the plan, a released session still in its tool is admitted again on its last node,
+    most credit first, into the room the plan left there (never room a session that needs the
+    GPU was given). Measured without effect (docs/evaluation.md (j)).
 ``stay``
     Among nodes of equal value for a session, the one it last ran on (where its prefix may still
     be, although its decayed credit rounds to the same value) is preferred, so a session never
@@ -115,6 +119,7 @@ class TaoRules:
     demand: bool = False
     payback_context: bool = True
     payback_smallest: bool = False
+    readmit: bool = False
     payback_headroom: int = 100
     """Tokens a context is counted above its length by the ``payback_context`` trigger: the
     +100 per program of ThunderAgent's own accounting (``backend/state.py``)."""
@@ -169,6 +174,7 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-evict": replace(DEFAULT_RULES, demand=True, hold=False, evict=True),
     "tao-payback-reserved": replace(DEFAULT_RULES, payback_context=False),
     "tao-prev": replace(DEFAULT_RULES, payback_context=False, demand=True),
+    "tao-readmit": replace(DEFAULT_RULES, readmit=True),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
 ``tao-paper``, which switches off every rule; ``tao-no-hold`` and ``tao-evict``, which turn the

@@ -107,7 +107,9 @@ class TickSnapshot:
     ``evict`` rule reads of a node's eviction pressure (absent: no unclaimed cache, no batch).
     ``pressure`` maps a healthy node to the tokens its admitted sessions' *contexts* (each plus
     the ``payback_headroom``) exceed capacity × target by: what the ``payback_context`` rule
-    pays back (filled only under that rule).
+    pays back (filled only under that rule). ``unhealthy`` are the nodes nothing may be placed
+    on; the admitted sessions there that are not in a model call (in a tool, or idle) are
+    listed in ``interrupts`` too, and :func:`decide` releases them all (:attr:`stranded`).
     """
 
     tick: int
@@ -122,6 +124,15 @@ class TickSnapshot:
     capacity: Mapping[str, int] = field(default_factory=dict)
     running: Mapping[str, int] = field(default_factory=dict)
     pressure: Mapping[str, int] = field(default_factory=dict)
+    unhealthy: frozenset[str] = frozenset()
+
+    @property
+    def stranded(self) -> tuple[InterruptCandidate, ...]:
+        """Interrupt candidates on a node that is unhealthy or no longer listed."""
+        listed = {nd.id for nd in self.nodes}
+        return tuple(
+            c for c in self.interrupts if c.node in self.unhealthy or c.node not in listed
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,6 +209,7 @@ def value_snapshot(
     largest = max(usable.values(), default=0) // q * q  # what the planner's quanta can place
     overflow = {b: -room for b, room in live_free(nodes).items() if room < 0}
     sessions = list(sessions)
+    healthy = {nv.id for nv in nodes if nv.healthy}
     cands: list[TickCandidate] = []
     inter: list[InterruptCandidate] = []
     versions: dict[str, int] = {}
@@ -206,7 +218,9 @@ def value_snapshot(
         if s.ended:
             continue
         pooled = s.pooled
-        in_tool = s.node is not None and s.activity == "tool"
+        in_tool = s.node is not None and (
+            s.activity == "tool" or (s.activity == "idle" and s.node not in healthy)
+        )  # an idle session on a dead node: listed to be released (stranded)
         if not pooled and not in_tool:
             continue
         pred = None if s.tool is None else predict_end(s.tool.view(), history, now)
@@ -283,6 +297,7 @@ def value_snapshot(
             if rules.payback_context
             else {}
         ),
+        unhealthy=frozenset(nv.id for nv in nodes if not nv.healthy),
     )
 
 
@@ -374,6 +389,8 @@ def decide(
     """Interrupts, then the policy on the room the pool actually has (DESIGN 3.2–3.3, and
     the rules of :mod:`shared.core.rules`; ``rules`` default to the policy's own).
 
+    0. *Evacuation*: every session admitted on an unhealthy (or unlisted) node and not in a
+       model call is released (:attr:`TickSnapshot.stranded`), whatever the policy's rules.
     1. *Pay-back*: on every over-committed node, tool-running sessions are released in
        ascending value order until the reservations fit (``payback``: whatever their
        readiness; else ``r = 1`` is protected); with ``payback_context`` instead only where
@@ -417,6 +434,9 @@ def decide(
         if node in free:
             free[node] += tokens - paid
 
+    # 0. Sessions admitted on a node that died: released, so their next request is placed
+    #    on a healthy node (an engine that is unreachable or frozen serves nobody).
+    take((c.id for c in snapshot.stranded), "evacuate")
     # 1. Over-committed nodes first: on reservations, or (``payback_context``) on contexts.
     owed = snapshot.pressure if rules.payback_context else debt
     for node, need in sorted(owed.items()):
@@ -517,6 +537,8 @@ def decide(
     ]
     if rules.stay:
         admits = _stay_home(admits, {c.id: c for c in pool}, free)
+    if rules.readmit and rules.need:
+        admits += _readmit_home(admits, snapshot, free)
     return Decision(
         tick=snapshot.tick,
         interrupts=tuple(interrupts),
@@ -560,6 +582,35 @@ def _clear_for(
         out.append(ic.id)
         need -= ic.weight
     return node, out
+
+
+def _readmit_home(
+    admits: Sequence[Move], snapshot: TickSnapshot, free: Mapping[str, int]
+) -> list[Move]:
+    """Released sessions still in their tool (pooled, not needing the GPU), admitted again on
+    their last node, most credit first, into the room the plan left there: never room a
+    session that needs the GPU was given this round, and only where the prefix may still be."""
+    room = dict(free)
+    for m in admits:
+        room[m.node] = room.get(m.node, 0) - m.weight
+    idle = sorted(
+        (
+            c
+            for c in snapshot.candidates
+            if not needs_gpu(c)
+            and c.home is not None
+            and c.home in c.eligible
+            and c.credit.get(c.home, 0) > 0
+        ),
+        key=lambda c: (-c.credit.get(c.home or "", 0), c.id),
+    )
+    out: list[Move] = []
+    for c in idle:
+        home = c.home or ""
+        if c.weight <= room.get(home, 0):
+            room[home] -= c.weight
+            out.append(Move(c.id, home, c.weight, snapshot.versions[c.id]))
+    return out
 
 
 def _stay_home(

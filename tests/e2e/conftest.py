@@ -272,11 +272,18 @@ async def agent_session(
     seed: int,
     after_turn: Callable[[int], None] | None = None,
     before_end: Callable[[], Awaitable[None]] | None = None,
+    retries: int = 0,
+    failures: list[tuple[float, float, str]] | None = None,
 ) -> list[Turn]:
     """A coding-agent session with the real ``openai`` client: every turn but the last asks
     (``tao_script``) for a tool call, which is reported on NATS as a hook would (ToolStart,
     the tool "runs" for 50-200 ms, ToolEnd), and its output extends the next prompt. The
-    session is ended with ``DELETE /v1/sessions/{id}`` (after ``before_end``, if given)."""
+    session is ended with ``DELETE /v1/sessions/{id}`` (after ``before_end``, if given).
+
+    ``retries``: a turn that fails (an error status, a connection error, a stream that ends
+    in an error event) is sent again, as a harness does, after 0.5 s, up to that many times;
+    each failure is appended to ``failures`` as (sent at, failed at, error) in
+    ``time.monotonic()`` seconds."""
     rng = random.Random(seed)
     messages: list[dict[str, Any]] = [
         {"role": "system", "content": f"You are agent {sid}. " + text(rng, 1200)},
@@ -294,10 +301,17 @@ async def agent_session(
             "extra_headers": {"X-Session-ID": sid},
             "extra_body": {"tao_script": script},
         }
-        if stream:
-            seen.append(await _streamed(client, common))
-        else:
-            seen.append(await _unary(client, common))
+        for attempt in range(retries + 1):
+            sent = time.monotonic()
+            try:
+                seen.append(await (_streamed if stream else _unary)(client, common))
+                break
+            except Exception as exc:  # openai's errors: status, connection, stream error event
+                if attempt == retries:
+                    raise
+                if failures is not None:
+                    failures.append((sent, time.monotonic(), f"{type(exc).__name__}: {exc}"))
+                await asyncio.sleep(0.5)  # the harness's back-off, not synchronisation
         if after_turn is not None:
             after_turn(turn)
         call_id = seen[-1].tool_call_id

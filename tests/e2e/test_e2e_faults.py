@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import time
 import uuid
 from typing import Any
@@ -192,3 +193,87 @@ class TestControlPlaneCrash:
         if report:
             with open(report, "a", encoding="utf-8") as fh:
                 fh.write(f"{service}\t{recovery_s:.2f}\n")
+
+
+class TestEngineFreeze:
+    """The simnode holding most of the sessions is frozen (SIGSTOP) mid-load: telemetry marks
+    it unhealthy (three failed scrapes), the gateway ends every request waiting on it at once
+    (502, or an error event in a stream) and turns new ones away (503), the planner releases
+    its sessions, and their retries are served by the other node. Checked: every session
+    completes every turn (each failed turn retried, as a harness does); no request waited
+    longer than the detection plus 5 s; while the node is down no session is admitted there
+    outside a model call; the node serves again after SIGCONT. The detection and the moves are
+    reported like the crashes' recovery (``TAO_FAULT_REPORT``)."""
+
+    async def test_frozen_engine_is_left_and_its_sessions_move(self, e2e: Any) -> None:
+        tag = uuid.uuid4().hex[:8]
+        tool = f"freeze-{tag}"
+        sids = [f"frz-{tag}-{i}" for i in range(6)]
+        first = {sid: asyncio.Event() for sid in sids}
+        failures: list[tuple[float, float, str]] = []
+        stranded: list[str] = []
+
+        def mark(sid: str) -> Any:
+            return lambda turn: first[sid].set() if turn == 0 else None
+
+        async with e2e.clients() as c:
+            tasks = [
+                asyncio.create_task(
+                    c.agent(sid, turns=5, stream=i % 2 == 0, tool=tool, seed=500 + i,
+                            after_turn=mark(sid), retries=10, failures=failures)
+                )
+                for i, sid in enumerate(sids)
+            ]  # fmt: skip
+            async with asyncio.timeout(DEADLINE_S):
+                await asyncio.gather(*(ev.wait() for ev in first.values()))
+            snap = await c.snapshot()
+            on = {n: [s for s in sids if (r := snap.sessions.get(s)) and r.node == n]
+                  for n in snap.nodes}  # fmt: skip
+            node = max(sorted(on), key=lambda n: len(on[n]))
+            assert on[node], f"no session admitted anywhere: {on}"
+            proc = e2e.proc(node)
+            proc.send_signal(signal.SIGSTOP)
+            frozen = time.monotonic()
+            try:
+                while True:  # until telemetry marks it down
+                    rec = (await c.snapshot()).nodes.get(node)
+                    if rec is not None and not rec.healthy:
+                        detected = time.monotonic()
+                        break
+                    assert time.monotonic() - frozen < DEADLINE_S, f"{node} never marked down"
+                    await asyncio.sleep(0.1)  # sampling the store, an external system
+
+                async def watch() -> None:
+                    while True:
+                        snap = await c.snapshot()
+                        stranded.extend(
+                            f"{s.id} {s.activity}" for s in snap.sessions.values()
+                            if s.node == node and s.activity != "running"
+                        )  # fmt: skip
+                        await asyncio.sleep(0.2)  # sampling the store
+
+                await asyncio.sleep(2.0)  # a tick to release what was there at detection
+                watcher = asyncio.create_task(watch())
+                async with asyncio.timeout(RUN_DEADLINE_S):
+                    results = await asyncio.gather(*tasks)
+                moved = time.monotonic()
+                watcher.cancel()
+            finally:
+                proc.send_signal(signal.SIGCONT)
+            for sid, turns in zip(sids, results, strict=True):
+                assert [t.finish_reason for t in turns] == ["tool_calls"] * 4 + ["stop"], sid
+            while True:  # the node serves again
+                rec = (await c.snapshot()).nodes.get(node)
+                if rec is not None and rec.healthy:
+                    break
+                assert time.monotonic() - moved < DEADLINE_S, f"{node} never healthy again"
+                await asyncio.sleep(0.1)  # sampling the store
+        detect_s = detected - frozen
+        waits = [(failed - sent, err) for sent, failed, err in failures]
+        assert failures, "no request was caught on the frozen node: the test proved nothing"
+        assert all(w <= detect_s + 5.0 for w, _ in waits), (detect_s, waits)
+        assert stranded == [], f"sessions left admitted on the down {node}: {stranded[:5]}"
+        report = os.environ.get("TAO_FAULT_REPORT")
+        if report:
+            with open(report, "a", encoding="utf-8") as fh:
+                fh.write(f"freeze-detect\t{detect_s:.2f}\nfreeze-failures\t{len(failures)}\n")

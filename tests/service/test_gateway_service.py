@@ -104,6 +104,8 @@ class StubNode:
         self.gate: asyncio.Event | None = None
         self.streaming = asyncio.Event()
         self.aborted = asyncio.Event()
+        self.arrived = asyncio.Event()
+        self.frozen: asyncio.Event | None = None  # set: answer nothing until it is set
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20)  # as vLLM, no 1 MiB cap on prompts
@@ -120,6 +122,9 @@ class StubNode:
         self.bodies.append(body)
         self.headers.append(dict(request.headers))
         self.paths.append(request.path)
+        self.arrived.set()
+        if self.frozen is not None:  # a SIGSTOPped engine: the socket is open, nothing comes
+            await self.frozen.wait()
         if self.fail_status is not None:
             error = {"object": "error", "message": "bad", "code": self.fail_status}
             return web.json_response(error, status=self.fail_status)

@@ -57,8 +57,9 @@ world = st.tuples(
 
 
 def _build(w: tuple) -> tuple[list[Session], list[Session], list[NodeView]]:  # type: ignore[type-arg]
-    """Sessions and nodes; with a slack, only n1 is healthy and its free capacity is the
-    pool's demand plus the slack (the deficit test's boundary)."""
+    """Sessions and nodes; with a slack, only n1 has room (n2 none: an unhealthy one would
+    make the interrupts matter anyway) and its free capacity is the pool's demand plus the
+    slack (the deficit test's boundary)."""
     pool = [_pooled(i, t, r) for i, (t, r) in enumerate(w[0])]
     tool = [_in_tool(i, n, wt, r) for i, (n, wt, r) in enumerate(w[1])]
     nodes = list(w[2])
@@ -67,7 +68,7 @@ def _build(w: tuple) -> tuple[list[Session], list[Session], list[NodeView]]:  # 
     if slack is not None:
         demand = sum(s.tokens + PARAMS.reserve for s in pool)
         reserved = nodes[0][1]
-        nodes = [(reserved + max(0, demand + slack), reserved, True), (nodes[1][0], 0, False)]
+        nodes = [(reserved + max(0, demand + slack), reserved, True), (0, 0, True)]
         target = 1.0
     views = [
         NodeView(id=f"n{j + 1}", capacity_tokens=cap, target_utilisation=target, reserved=res,
@@ -105,9 +106,13 @@ class TestReducedSnapshot:
         pool, _, views = _build(([], [], [(20_000, 19_000, True), (0, 0, True)]))
         assert interrupts_matter(value_snapshot(pool, views, {}, History(), NOW, params=PARAMS))
         pool, _, views = _build(([(3_000, False)], [("n1", 2_000, False)],
-                                    [(90_000, 2_000, True), (0, 0, False)]))  # fmt: skip
+                                    [(90_000, 2_000, True), (0, 0, True)]))  # fmt: skip
         snap = value_snapshot(pool, views, {}, History(), NOW, params=PARAMS)
         assert not interrupts_matter(snap)
+        pool, _, views = _build(([(3_000, False)], [("n1", 2_000, False)],
+                                    [(90_000, 2_000, True), (0, 0, False)]))  # fmt: skip
+        snap = value_snapshot(pool, views, {}, History(), NOW, params=PARAMS)
+        assert interrupts_matter(snap)  # n2 is down: its sessions are to be moved
 
 
 def _valuator(

@@ -393,6 +393,28 @@ class TestStay:
         assert run(s, DEFAULT_RULES)[1] == [("a", "n0")]
 
 
+class TestReadmit:
+    """``readmit``: a released session in its tool goes back home into the plan's leftovers."""
+
+    def test_leftover_room_at_home_takes_it_back(self) -> None:
+        rules = ABLATIONS["tao-readmit"]
+        back = cand("back", phase="acting", ready=0, home="n1", credit={"n1": 2 * Q})
+        s = snap({"n0": 8 * Q, "n1": 8 * Q}, [cand("w", eligible=("n0",)), back])
+        assert run(s, rules)[1] == [("w", "n0"), ("back", "n1")]
+        assert run(s, DEFAULT_RULES)[1] == [("w", "n0")]  # need: it waits for its tool
+
+    def test_never_room_a_needy_session_was_given(self) -> None:
+        rules = ABLATIONS["tao-readmit"]
+        back = cand("back", phase="acting", ready=0, home="n1", credit={"n1": 2 * Q})
+        s = snap({"n1": 6 * Q}, [cand("w", eligible=("n1",)), back])
+        assert run(s, rules)[1] == [("w", "n1")]  # 2 quanta left: not the 4 it needs
+
+    def test_no_credit_at_home_no_readmission(self) -> None:
+        back = cand("back", phase="acting", ready=0, home="n1")
+        s = snap({"n1": 16 * Q}, [back])
+        assert run(s, ABLATIONS["tao-readmit"])[1] == []
+
+
 class TestSignals:
     """The readiness ablation switches r off in the interrupt rule too."""
 

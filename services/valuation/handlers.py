@@ -193,7 +193,12 @@ class Valuator:
             fresh = self.pressure_at is not None and now - self.pressure_at < self.pressure_every_s
             if reason != "wake" or not fresh:
                 admitted = await read_admitted()
-                self.pressure = context_pressure(admitted, views, self.rules.payback_headroom)
+                self.pressure = context_pressure(
+                    admitted,
+                    views,
+                    self.rules.payback_headroom,
+                    full=self.rules.payback_capacity,
+                )
                 self.pressure_at = now
             snap = replace(snap, pressure=dict(self.pressure))
         stranded: list[Session] = []

@@ -120,6 +120,9 @@ class TaoRules:
     payback_context: bool = True
     payback_smallest: bool = False
     readmit: bool = False
+    payback_capacity: bool = False
+    """The ``payback_context`` trigger's threshold: the node's whole KV capacity
+    (ThunderAgent's, ``backend/state.py``) instead of capacity × target."""
     payback_headroom: int = 100
     """Tokens a context is counted above its length by the ``payback_context`` trigger: the
     +100 per program of ThunderAgent's own accounting (``backend/state.py``)."""
@@ -175,6 +178,7 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-payback-reserved": replace(DEFAULT_RULES, payback_context=False),
     "tao-prev": replace(DEFAULT_RULES, payback_context=False, demand=True),
     "tao-readmit": replace(DEFAULT_RULES, readmit=True),
+    "tao-payback-full": replace(DEFAULT_RULES, payback_capacity=True),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
 ``tao-paper``, which switches off every rule; ``tao-no-hold`` and ``tao-evict``, which turn the

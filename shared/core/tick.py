@@ -293,7 +293,9 @@ def value_snapshot(
         capacity={nv.id: nv.capacity_tokens for nv in nodes if nv.capacity_tokens > 0},
         running={nv.id: nv.running for nv in nodes if nv.running > 0},
         pressure=(
-            context_pressure(sessions, nodes, rules.payback_headroom)
+            context_pressure(
+                sessions, nodes, rules.payback_headroom, full=rules.payback_capacity
+            )
             if rules.payback_context
             else {}
         ),
@@ -302,18 +304,19 @@ def value_snapshot(
 
 
 def context_pressure(
-    sessions: Iterable[Session], nodes: Sequence[NodeView], headroom: int
+    sessions: Iterable[Session], nodes: Sequence[NodeView], headroom: int, *, full: bool = False
 ) -> dict[str, int]:
     """Per healthy node, how far the contexts of the sessions admitted there (each counted
-    ``headroom`` tokens above its length) exceed its usable capacity; only nodes where they do.
-    ``sessions`` must hold every admitted session (a pooled one counts nowhere)."""
+    ``headroom`` tokens above its length) exceed its usable capacity (``full``: its whole KV
+    capacity); only nodes where they do. ``sessions`` must hold every admitted session (a
+    pooled one counts nowhere)."""
     held: dict[str, int] = {}
     for s in sessions:
         if not s.ended and s.node is not None:
             held[s.node] = held.get(s.node, 0) + s.tokens + headroom
     out: dict[str, int] = {}
     for nv in nodes:
-        over = held.get(nv.id, 0) - usable_capacity(nv)
+        over = held.get(nv.id, 0) - (nv.capacity_tokens if full else usable_capacity(nv))
         if nv.healthy and over > 0:
             out[nv.id] = over
     return out

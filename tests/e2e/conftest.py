@@ -331,20 +331,17 @@ async def agent_session(
         ]
         messages.append(assistant)
         began = time.time()
-        await bus.publish_msg(
-            ToolStart(session_id=sid, call_id=call_id, tool=tool, started_at=began, harness="e2e")
+        await _publish(
+            bus,
+            ToolStart(session_id=sid, call_id=call_id, tool=tool, started_at=began, harness="e2e"),
+            retries,
         )
         duration = rng.uniform(0.05, 0.2)
         await asyncio.sleep(duration)  # the tool's run time (workload), not synchronisation
-        await bus.publish_msg(
-            ToolEnd(
-                session_id=sid,
-                call_id=call_id,
-                ended_at=time.time(),
-                tool=tool,
-                duration_s=duration,
-            )
+        end = ToolEnd(
+            session_id=sid, call_id=call_id, ended_at=time.time(), tool=tool, duration_s=duration
         )
+        await _publish(bus, end, retries)
         messages.append(
             {"role": "tool", "tool_call_id": call_id, "content": text(rng, rng.randint(300, 600))}
         )
@@ -353,6 +350,19 @@ async def agent_session(
     resp = await client.delete(f"/sessions/{sid}", cast_to=object)
     assert isinstance(resp, dict) and resp.get("deleted") is True, resp
     return seen
+
+
+async def _publish(bus: Bus, msg: Any, retries: int) -> None:
+    """Publish a hook's event; with ``retries``, again after 0.5 s while the bus is down (as
+    ``tao hook`` spools and sends it later)."""
+    for attempt in range(retries + 1):
+        try:
+            await bus.publish_msg(msg)
+            return
+        except Exception:
+            if attempt == retries:
+                raise
+            await asyncio.sleep(0.5)  # the hook's back-off, not synchronisation
 
 
 async def _unary(client: Any, common: dict[str, Any]) -> Turn:
@@ -431,6 +441,38 @@ async def _cleanup(nats_url: str, redis_url: str, namespace: str, domain: str) -
         await client.aclose()
 
 
+def start_stack(
+    nats_url: str,
+    redis_url: str,
+    started: list[E2E],
+    *,
+    sim_nodes: int,
+    kv_tokens: int,
+    extra_env: Mapping[str, str],
+    time_scale: float = 20.0,
+) -> E2E:
+    """A stack on ``nats_url`` and ``redis_url`` in a fresh namespace and domain, appended to
+    ``started`` before it starts (so a failed start is still stopped), ready to serve."""
+    tag = uuid.uuid4().hex[:12]
+    base = {**os.environ, "TAO_NATS_URL": nats_url, "TAO_REDIS_URL": redis_url}
+    config = StackConfig(
+        sim_nodes=sim_nodes,
+        time_scale=time_scale,
+        kv_tokens=kv_tokens,
+        namespace="t" + tag,
+        domain="d" + tag,
+        extra_env={"TAO_LOG_LEVEL": "info", **extra_env},
+        env=base,
+    )
+    stack = Stack(config)
+    e2e = E2E(stack, config.namespace, "d" + tag, {})
+    started.append(e2e)
+    stack.start()
+    e2e.env = dict(stack.env)
+    asyncio.run(_ready(stack, e2e.domain, sim_nodes))
+    return e2e
+
+
 @pytest.fixture(scope="session")
 def e2e_factory(nats_url: str, redis_url: str) -> Iterator[StartStack]:
     """Starts stacks on demand; stops every one and cleans its streams/keys at the end."""
@@ -439,24 +481,15 @@ def e2e_factory(nats_url: str, redis_url: str) -> Iterator[StartStack]:
     def start(
         *, sim_nodes: int, kv_tokens: int, extra_env: Mapping[str, str], time_scale: float = 20.0
     ) -> E2E:
-        tag = uuid.uuid4().hex[:12]
-        base = {**os.environ, "TAO_NATS_URL": nats_url, "TAO_REDIS_URL": redis_url}
-        config = StackConfig(
+        return start_stack(
+            nats_url,
+            redis_url,
+            started,
             sim_nodes=sim_nodes,
-            time_scale=time_scale,
             kv_tokens=kv_tokens,
-            namespace="t" + tag,
-            domain="d" + tag,
-            extra_env={"TAO_LOG_LEVEL": "info", **extra_env},
-            env=base,
+            extra_env=extra_env,
+            time_scale=time_scale,
         )
-        stack = Stack(config)
-        e2e = E2E(stack, config.namespace, "d" + tag, {})
-        started.append(e2e)
-        stack.start()
-        e2e.env = dict(stack.env)
-        asyncio.run(_ready(stack, e2e.domain, sim_nodes))
-        return e2e
 
     try:
         yield start

@@ -27,6 +27,7 @@ from shared.contracts import Message, encode, subjects
 from shared.contracts.subjects import Stream
 
 from .busapi import (
+    MSG_ID_HEADER,
     BatchHandler,
     Decoder,
     Deliver,
@@ -34,6 +35,7 @@ from .busapi import (
     Responder,
     check_namespace,
     dead_letter_for,
+    publish_id,
     stream_for_subject,
 )
 from .errors import BusError, RequestError
@@ -218,12 +220,15 @@ class Bus:
     async def publish(
         self, subject: str, data: bytes, headers: Mapping[str, str] | None = None
     ) -> None:
-        """Publish ``data``; JetStream (ack awaited) when a stream captures ``subject``."""
+        """Publish ``data``; JetStream (ack awaited) when a stream captures ``subject``, with
+        ``Nats-Msg-Id`` set (:func:`~shared.infra.busapi.publish_id`: a repeat is stored once)."""
         wire = self.wire_subject(subject)
         hdrs = dict(headers) if headers else None
         if stream_for_subject(subject) is None:
             await self._nc.publish(wire, data, headers=hdrs)
             return
+        hdrs = hdrs or {}
+        hdrs.setdefault(MSG_ID_HEADER, publish_id(subject, data, headers))  # stored once
         await self._js.publish(wire, data, headers=hdrs)
 
     async def publish_msg(self, msg: Message, headers: Mapping[str, str] | None = None) -> None:

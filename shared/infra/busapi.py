@@ -8,7 +8,11 @@ and :class:`shared.infra.fakes.FakeBus` (in memory, for service tests). The rule
 * a handler exception naks the message with exponential backoff; after ``max_deliver``
   deliveries it is dead-lettered with the handler's error as the reason;
 * a dead letter is a :class:`~shared.contracts.DeadLetter` on ``tao.v1.dlq.<service>``, one
-  warning is logged, and the original is acked; the subscriber goes on with the next message.
+  warning is logged, and the original is acked; the subscriber goes on with the next message;
+* a publish to a stream carries ``Nats-Msg-Id`` = :func:`publish_id` (unless the caller set
+  one), so the same message published again — a retry after an ack that was lost while NATS
+  was down, a hook's spooled payload sent twice — is stored once (JetStream's duplicate
+  window, 2 minutes by default; the fake bus remembers the last :data:`DEDUP_IDS` ids).
 
 Namespaces. A non-empty namespace ``ns`` prefixes every subject with ``ns.`` and every stream
 name with ``ns_``; callers always pass and receive the plain ``tao.v1…`` subjects. Tests use a
@@ -17,6 +21,7 @@ fresh namespace each, so they never collide on a shared server; two deployments 
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import time
@@ -28,6 +33,8 @@ from shared.contracts import DeadLetter, Message, subjects
 from shared.contracts.subjects import Stream
 
 __all__ = [
+    "DEDUP_IDS",
+    "MSG_ID_HEADER",
     "BatchHandler",
     "Decoder",
     "Deliver",
@@ -39,6 +46,7 @@ __all__ = [
     "backoff_delay",
     "check_namespace",
     "dead_letter_for",
+    "publish_id",
     "received_at",
     "stream_for_subject",
     "subject_matches",
@@ -195,6 +203,24 @@ class MessageBus(Protocol):
 
 
 # --- helpers shared by Bus and FakeBus ------------------------------------------------------
+
+
+MSG_ID_HEADER = "Nats-Msg-Id"
+DEDUP_IDS = 65_536
+
+
+def publish_id(subject: str, data: bytes, headers: Mapping[str, str] | None) -> str:
+    """The JetStream message id of a publish: a digest of its subject, bytes and headers, so
+    that publishing the very same message again is a duplicate and any other message is not
+    (every event carries its own times and ids; a hook payload its receive time)."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(subject.encode())
+    h.update(b"\0")
+    h.update(data)
+    for k, v in sorted((headers or {}).items()):
+        if k != MSG_ID_HEADER:
+            h.update(b"\0" + k.encode() + b"\0" + v.encode())
+    return h.hexdigest()
 
 
 def check_namespace(namespace: str) -> str:

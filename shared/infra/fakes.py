@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import heapq
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -27,6 +28,8 @@ from shared.contracts import Message, encode, subjects
 from shared.contracts.subjects import Stream
 
 from .busapi import (
+    DEDUP_IDS,
+    MSG_ID_HEADER,
     BatchHandler,
     Decoder,
     Deliver,
@@ -36,6 +39,7 @@ from .busapi import (
     backoff_delay,
     check_namespace,
     dead_letter_for,
+    publish_id,
     stream_for_subject,
     subject_matches,
 )
@@ -81,6 +85,9 @@ class FakeBus:
         self.max_backoff_s = 10.0
         self.published: list[tuple[str, bytes, dict[str, str]]] = []
         self._streams: dict[str, list[_Stored]] = {s.name: [] for s in subjects.ALL_STREAMS}
+        self._msg_ids: dict[str, OrderedDict[str, None]] = {}
+        self.duplicates = 0
+        """Publishes not stored because their ``Nats-Msg-Id`` was seen (JetStream's dedup)."""
         self._durables: dict[str, _ConsumerState] = {}
         self._receivers: list[_FakeReceiver[Any]] = []
         self._responders: list[_FakeResponder] = []
@@ -113,6 +120,15 @@ class FakeBus:
         self.published.append((subject, bytes(data), hdrs))
         stream = stream_for_subject(subject)
         if stream is not None:
+            msg_id = hdrs.setdefault(MSG_ID_HEADER, publish_id(subject, data, headers))
+            seen = self._msg_ids.setdefault(stream.name, OrderedDict())
+            if msg_id in seen:  # JetStream's duplicate window: stored once, acked again
+                self.duplicates += 1
+                await asyncio.sleep(0)
+                return
+            seen[msg_id] = None
+            while len(seen) > DEDUP_IDS:
+                seen.popitem(last=False)
             stored = self._streams[stream.name]
             stored.append(_Stored(len(stored) + 1, subject, bytes(data), hdrs))
         served_groups: set[str] = set()

@@ -17,6 +17,7 @@ from shared.contracts import (
     subjects,
 )
 from shared.infra import Delivery, MessageBus, Subscription
+from shared.infra.busapi import MSG_ID_HEADER
 from tests.integration.collect import Collector, dead_letter_reader
 
 TIMEOUT_S = 10.0
@@ -49,6 +50,22 @@ class TestRoundTrip:
         assert all(d.headers.get("x-trace") == "abc" for _, d in items)
         seqs = [d.stream_seq for _, d in items]
         assert seqs == sorted(seqs) and len(set(seqs)) == 3
+
+    async def test_the_same_message_published_twice_is_stored_once(self, bus: MessageBus) -> None:
+        """A publish retried after its ack was lost (NATS down) is a JetStream duplicate: the
+        consumer sees it once; a message that differs in any byte or header is not one."""
+        got = Collector()
+        await bus.consume(subjects.STREAM_TOOL, "tools", decode_tool_event, got)
+        msg = tool_start("s1")
+        await bus.publish_msg(msg)
+        await bus.publish_msg(msg)  # the retry
+        await bus.publish_msg(msg, headers={"x-trace": "other"})  # not the same publish
+        await bus.publish_msg(tool_start("s2"))
+        items = await got.wait(3)
+        await asyncio.sleep(0.3)  # nothing more comes (a bound, not synchronisation)
+        assert [v.session_id for v, _ in got.items] == ["s1", "s1", "s2"]
+        assert [d.headers.get("x-trace") for _, d in items] == [None, "other", None]
+        assert all(d.headers.get(MSG_ID_HEADER) for _, d in items)
 
     async def test_core_subscriber_receives_node_status(self, bus: MessageBus) -> None:
         """A core-NATS subscriber gets messages on subjects no stream captures."""

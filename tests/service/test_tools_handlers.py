@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -26,7 +27,7 @@ from shared.contracts.wake import Wake
 from shared.core.problem import ZERO, PlanResult
 from shared.core.session import INFERRED, Session
 from shared.core.tick import Decision, Move
-from shared.infra.busapi import Delivery
+from shared.infra.busapi import MSG_ID_HEADER, Delivery
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 
@@ -38,8 +39,11 @@ class Env:
     handlers: ToolsHandlers
 
     async def send(self, *msgs: object) -> None:
+        """Deliver each of ``msgs`` (one sent twice arrives twice: a JetStream redelivery,
+        which the bus's publish-side dedup does not stop)."""
         for m in msgs:
-            await self.bus.publish_msg(m)  # type: ignore[arg-type]
+            redelivery = {MSG_ID_HEADER: uuid.uuid4().hex}
+            await self.bus.publish_msg(m, headers=redelivery)  # type: ignore[arg-type]
         await self.bus.settle()
 
     def wakes(self) -> list[Wake]:

@@ -17,7 +17,8 @@ Rules (derivations in docs/evaluation.md, "TAO's rules"):
 ``payback_context`` (on in ``tao``; ``tao-payback-reserved`` switches it off)
     What "over-committed" means for the pay-back: the contexts of the sessions admitted on the
     node, each counted ``payback_headroom`` (100) tokens long — ThunderAgent's accounting —
-    exceed its usable capacity; off, the admitted *reservations* (each context plus its next
+    exceed its whole KV capacity (``payback_capacity``; ``tao-payback-usable``: capacity ×
+    target); off, the admitted *reservations* (each context plus its next
     turn's predicted growth) do. The reservations still gate admission, and any release's room
     pays the node's reservation over-commit back before it is free. Why: the growth reserved
     for every admitted session's next turn is not needed by all of them at once, so the
@@ -120,9 +121,13 @@ class TaoRules:
     payback_context: bool = True
     payback_smallest: bool = False
     readmit: bool = False
-    payback_capacity: bool = False
-    """The ``payback_context`` trigger's threshold: the node's whole KV capacity
-    (ThunderAgent's, ``backend/state.py``) instead of capacity × target."""
+    payback_capacity: bool = True
+    """The ``payback_context`` trigger's threshold: the node's whole KV capacity (as
+    ThunderAgent's accounting, ``backend/state.py``), not capacity × target — the target
+    leaves room for growth at *admission*; contexts inside the whole cache lose nothing, so
+    paying back above the target only released sessions for no cache the engine needed.
+    Off (``tao-payback-usable``): the trigger is capacity × ``TAO_TARGET_UTILISATION``. The
+    simulator's nodes run at target 1.0, where the two are the same (docs/evaluation.md (k))."""
     payback_headroom: int = 100
     """Tokens a context is counted above its length by the ``payback_context`` trigger: the
     +100 per program of ThunderAgent's own accounting (``backend/state.py``)."""
@@ -178,7 +183,7 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-payback-reserved": replace(DEFAULT_RULES, payback_context=False),
     "tao-prev": replace(DEFAULT_RULES, payback_context=False, demand=True),
     "tao-readmit": replace(DEFAULT_RULES, readmit=True),
-    "tao-payback-full": replace(DEFAULT_RULES, payback_capacity=True),
+    "tao-payback-usable": replace(DEFAULT_RULES, payback_capacity=False),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
 ``tao-paper``, which switches off every rule; ``tao-no-hold`` and ``tao-evict``, which turn the

@@ -10,6 +10,7 @@ import pytest
 
 from shared.core.interrupt import InterruptCandidate
 from shared.core.policies import get_policy
+from shared.core.predictor import History
 from shared.core.problem import Node
 from shared.core.rules import (
     ABLATIONS,
@@ -28,6 +29,7 @@ from shared.core.tick import (
     context_pressure,
     decide,
     policy_rules,
+    value_snapshot,
 )
 from shared.core.valuation import NodeView
 
@@ -198,6 +200,23 @@ class TestPaybackContext:
         ]  # fmt: skip
         assert context_pressure(sessions, nodes, 100) == {"n0": 100, "n1": 50}
         assert context_pressure(sessions, nodes, 0) == {}
+        # ``full`` (payback_capacity, tao's default): against the whole cache, not the target
+        assert context_pressure(sessions, nodes, 100, full=True) == {"n0": 100}
+
+    @pytest.mark.parametrize(
+        ("policy", "paid_back"), [("tao", False), ("tao-payback-usable", True)]
+    )
+    def test_contexts_between_target_and_capacity(self, policy: str, paid_back: bool) -> None:
+        """Contexts at 95 % of a node run at target 0.9: inside the cache, so ``tao`` keeps
+        every session; only the usable-capacity trigger releases one."""
+        nodes = [NodeView(id="n0", capacity_tokens=10_000, target_utilisation=0.9)]
+        a = replace(Session(id="a"), node="n0", tokens=4_650, weight=4_650, activity="tool")
+        b = replace(Session(id="b"), node="n0", tokens=4_650, weight=4_650, activity="tool")
+        rules = policy_rules(get_policy(policy))
+        snap_ = value_snapshot([a, b], nodes, {}, History(), 0.0, rules=rules)
+        assert bool(snap_.pressure) == paid_back
+        d = decide(snap_, get_policy(policy))
+        assert (len(d.interrupts) == 1) == paid_back
 
 
 class TestNeed:

@@ -1,16 +1,13 @@
-"""Valuation: weights, free capacity, eligibility and the per-tick Problem."""
+"""Valuation terms: weights, free capacity, eligibility and the planner's nodes."""
 
 from __future__ import annotations
 
 import pytest
 
-from shared.core.predictor import History, ToolCallView, record
-from shared.core.problem import Candidate, Node, ProblemError, densify
+from shared.core.problem import Node, ProblemError
 from shared.core.valuation import (
     NodeView,
-    SessionView,
-    ValuationParams,
-    build_problem,
+    build_nodes,
     eligible,
     free_capacity,
     ineligibility,
@@ -102,87 +99,18 @@ class TestEligibility:
         assert eligible(healthy, models, model, weight, free) is (why is None)
 
 
-class TestBuildProblem:
-    """The problem carries decayed credits on eligible nodes, readiness and diagnostics."""
+class TestBuildNodes:
+    """The planner's nodes: free capacity after the reservations, load = reserved."""
 
-    NODES = (
-        NodeView("n1", capacity_tokens=10_000, target_utilisation=0.9, reserved=4000),
-        NodeView("n2", capacity_tokens=10_000, reserved=0, models=frozenset({"other"})),
-        NodeView("n3", capacity_tokens=4000, healthy=False),
-    )
-    PARAMS = ValuationParams(credit_unit=1, quantum=512)
-
-    def test_nodes_and_candidates(self) -> None:
-        """Free capacity, credits, readiness and eligibility come out as documented."""
-        history = record(record(History(), "bash", 4.0), "bash", 4.0)
-        sessions = [
-            SessionView(
-                "s1",
-                tokens=3000,
-                shared_tokens=1000,
-                model="m",
-                residency={"n1": (2000, 90.0), "n2": (800, 100.0)},
-                tool=ToolCallView("bash", started_at=96.5),
-            ),
-            SessionView("s2", tokens=100, model="other"),
-        ]
-        val = build_problem(sessions, self.NODES, history, 100.0, self.PARAMS)
-        assert val.problem.quantum == 512
-        assert val.problem.nodes == (
-            Node("n1", free=5000, load=4000),
-            Node("n2", free=10_000, load=0),
-            Node("n3", free=4000, load=0),
+    def test_free_and_load(self) -> None:
+        nodes = (
+            NodeView("n1", capacity_tokens=10_000, target_utilisation=0.9, reserved=4000),
+            NodeView("n2", capacity_tokens=4000, reserved=5000),
         )
-        s1, s2 = val.problem.candidates
-        assert s1 == Candidate(
-            id="s1", weight=2512, tokens=3000, ready=1,
-            credit={"n1": 1000}, eligible=frozenset({"n1"}),
-        )  # fmt: skip
-        assert s2 == Candidate(
-            id="s2", weight=612, tokens=100, ready=1, eligible=frozenset({"n1", "n2"})
-        )
-        d1, d2 = val.diagnostics
-        assert (d1.rule, d1.evidence, d1.predicted_end) == ("horizon", "history:tool", 100.5)
-        assert d1.credits == {"n1": 1000, "n2": 800}
-        assert d1.ineligible == {"n2": "model", "n3": "unhealthy"}
-        assert (d2.rule, d2.evidence) == ("not-in-tool", None)
-        assert val.probe_marks == {"s1": None, "s2": None}
-        densify(val.problem)  # the planner can lay it out
+        assert build_nodes(nodes) == (Node("n1", 5000, 4000), Node("n2", 0, 5000))
 
-    def test_probe_mark_round_trip(self) -> None:
-        """A spent probe is returned as a mark; fed back, the next tick is not ready."""
-        call = ToolCallView("bash", started_at=0.0)
-        s = SessionView("s", tokens=10, tool=call)
-        first = build_problem([s], self.NODES[:1], History(), 6.0, self.PARAMS)
-        assert (first.problem.candidates[0].ready, first.diagnostics[0].rule) == (1, "probe")
-        again = SessionView("s", tokens=10, tool=call, probe_mark=first.probe_marks["s"])
-        second = build_problem([again], self.NODES[:1], History(), 7.0, self.PARAMS)
-        assert (second.problem.candidates[0].ready, second.diagnostics[0].rule) == (
-            0,
-            "probe-spent",
-        )
-
-    def test_too_large_everywhere(self) -> None:
-        """A session that fits nowhere has an empty eligible set and no credit."""
-        s = SessionView("big", tokens=50_000, residency={"n1": (40_000, 100.0)})
-        val = build_problem([s], self.NODES, History(), 100.0, self.PARAMS)
-        cand = val.problem.candidates[0]
-        assert (cand.eligible, dict(cand.credit)) == (frozenset(), {})
-        assert val.diagnostics[0].ineligible == {
-            "n1": "too-large", "n2": "too-large", "n3": "unhealthy"
-        }  # fmt: skip
-
-    @pytest.mark.parametrize(
-        ("sessions", "nodes", "field"),
-        [
-            ([SessionView("a", 1), SessionView("a", 2)], [NodeView("n", 10)], "candidates[1].id"),
-            ([], [NodeView("n", 10), NodeView("n", 20)], "nodes[1].id"),
-        ],
-    )
-    def test_duplicates_rejected(
-        self, sessions: list[SessionView], nodes: list[NodeView], field: str
-    ) -> None:
-        """Duplicate session or node ids name the offending field."""
+    def test_duplicate_node_ids_name_the_field(self) -> None:
+        nodes = (NodeView("n1", capacity_tokens=1), NodeView("n1", capacity_tokens=2))
         with pytest.raises(ProblemError) as err:
-            build_problem(sessions, nodes, History(), 0.0)
-        assert err.value.field_path == field
+            build_nodes(nodes)
+        assert err.value.field_path == "nodes[1].id"

@@ -7,6 +7,8 @@ bash scripts/setup.sh
 
 echo "== ruff check" >&2
 .venv/bin/ruff check .
+echo "== import graph (no loops, no import against the layers)" >&2
+.venv/bin/python scripts/import_graph.py
 echo "== mypy" >&2
 .venv/bin/mypy shared/core shared/contracts shared/cli shared/infra shared/examples shared/harness \
-    shared/trace shared/hookclient.py
+    shared/trace services

@@ -21,7 +21,7 @@ payload goes to a queue that one task publishes in arrival order. A bus failure,
 queue (:data:`QUEUE_LIMIT` payloads waiting), drops the payload with a warning and still
 answers 200: a hook must never block or fail its agent. An unknown harness is 404. At most
 ``MAX_HOOK_BYTES`` of the body are read; a longer body is forwarded as the same oversized
-marker the hook process sends (:func:`shared.hookclient.oversized_marker`), which the tools
+marker the hook process sends (:func:`shared.harness.hookclient.oversized_marker`), which the tools
 service dead-letters as oversized.
 
 ``install(app, bus, auth, metrics)`` adds the route and stops the queue on the app's cleanup.
@@ -39,8 +39,8 @@ from aiohttp import web
 
 from shared.contracts import subjects
 from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
+from shared.harness.hookclient import oversized_marker
 from shared.harness.registry import UnknownHarnessError, find
-from shared.hookclient import oversized_marker
 from shared.infra import MessageBus, get_logger
 from shared.infra.tenants import TENANT_HEADER
 

@@ -41,8 +41,8 @@ from shared.contracts.errors import ContractError, DecodeError
 from shared.contracts.session import SessionEnd
 from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from shared.harness.base import MAX_HOOK_BYTES, HookMapper
+from shared.harness.hookclient import OVERSIZED_MARKER
 from shared.harness.registry import UnknownHarnessError, mapper_for
-from shared.hookclient import OVERSIZED_MARKER
 from shared.infra.busapi import Delivery, MessageBus, dead_letter_for, received_at
 from shared.infra.tenants import TENANT_HEADER, qualify, valid_name
 

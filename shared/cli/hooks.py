@@ -549,7 +549,7 @@ _COMMAND_TOKENS: dict[str, str] = {"claude-code": "claude", "openhands": "openha
 
 
 def _cmd_hook(args: argparse.Namespace, out: TextIO) -> int:
-    from shared.hookclient import run_hook
+    from shared.harness.hookclient import run_hook
 
     return run_hook([args.harness])
 

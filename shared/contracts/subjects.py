@@ -91,8 +91,8 @@ RECEIVED_AT_HEADER: Final = "Tao-Received-At"
 """NATS header: when the forwarder (the hook process, the gateway's ``/hooks``, ``tao
 kv-bridge``) received the payload, as epoch seconds in decimal. Consumers read it with
 :func:`shared.infra.busapi.received_at`, which falls back to the delivery time for a missing or
-implausible value. ``shared/hookclient.py`` (stdlib only) repeats the literal; a test keeps it
-equal."""
+implausible value. ``shared/harness/hookclient.py`` (stdlib only) repeats the literal; a test
+keeps it equal."""
 KV_SEQ_HEADER: Final = "Tao-KV-Seq"
 """NATS header of a bridged KV-event payload on :func:`kv_events`: the engine's ``seq`` of the
 batch, in decimal (vLLM numbers a publisher's batches 0, 1, 2, …)."""

@@ -130,9 +130,7 @@ class TickSnapshot:
     def stranded(self) -> tuple[InterruptCandidate, ...]:
         """Interrupt candidates on a node that is unhealthy or no longer listed."""
         listed = {nd.id for nd in self.nodes}
-        return tuple(
-            c for c in self.interrupts if c.node in self.unhealthy or c.node not in listed
-        )
+        return tuple(c for c in self.interrupts if c.node in self.unhealthy or c.node not in listed)
 
 
 @dataclass(frozen=True, slots=True)
@@ -293,9 +291,7 @@ def value_snapshot(
         capacity={nv.id: nv.capacity_tokens for nv in nodes if nv.capacity_tokens > 0},
         running={nv.id: nv.running for nv in nodes if nv.running > 0},
         pressure=(
-            context_pressure(
-                sessions, nodes, rules.payback_headroom, full=rules.payback_capacity
-            )
+            context_pressure(sessions, nodes, rules.payback_headroom, full=rules.payback_capacity)
             if rules.payback_context
             else {}
         ),

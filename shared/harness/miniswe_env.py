@@ -25,7 +25,7 @@ Around each call the wrapper queues a ``start`` and an ``end`` payload (:mod:`.m
 background thread, then returns the inner result (or re-raises its exception) untouched: the
 agent never waits on TAO, and no fault of TAO's (gateway down, queue full, a bad sink) reaches
 it. The thread POSTs to ``$TAO_GATEWAY_URL/hooks/miniswe`` (``http://127.0.0.1:8000`` by
-default), or publishes on NATS with ``tao_transport: nats`` (:mod:`shared.hookclient`, the
+default), or publishes on NATS with ``tao_transport: nats`` (:mod:`shared.harness.hookclient`, the
 ``tao hook`` publisher). Everything else (``config``, ``get_template_vars``, ``serialize``,
 ``cleanup``, …) is the inner environment's.
 
@@ -116,7 +116,7 @@ def http_sink(gateway_url: str | None = None) -> Sink:
 
 def nats_sink() -> Sink:
     """Publish each payload on ``tao.v1.hook.miniswe`` as ``tao hook`` does (same URL rules)."""
-    from shared import hookclient
+    from shared.harness import hookclient
 
     env = os.environ
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any, Final, TypeVar
 
 import nats
@@ -410,11 +410,13 @@ class Bus:
         self._responders.append(responder)
         return responder
 
-    def _forget(self, receiver: Receiver[Any]) -> None:
+    def forget(self, receiver: Receiver[Any]) -> None:
+        """Drop a stopped receiver from the list :meth:`drain` stops."""
         if receiver in self._receivers:
             self._receivers.remove(receiver)
 
-    def _spawn(self, coro: Any) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task that :meth:`drain` waits for."""
         task: asyncio.Task[None] = asyncio.ensure_future(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

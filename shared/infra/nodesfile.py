@@ -24,12 +24,59 @@ from __future__ import annotations
 import re
 import tomllib
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from .settings import NodeSpec, url_root
+__all__ = [
+    "NodeSpec",
+    "NodesFileError",
+    "load_nodes_file",
+    "parse_nodes",
+    "render_nodes_file",
+    "url_root",
+]
 
-__all__ = ["NodesFileError", "load_nodes_file", "parse_nodes", "render_nodes_file"]
+
+@dataclass(frozen=True, slots=True)
+class NodeSpec:
+    """A configured inference node (one ``[[node]]`` of the nodes file, or ``TAO_NODES``).
+
+    ``url`` is the server root (an OpenAI base URL's trailing ``/v1`` is removed when read);
+    ``metrics_url`` defaults to ``url + "/metrics"``. ``kv_events`` is the engine's ZMQ PUB
+    endpoint (``tcp://host:5557``) and ``kv_replay`` its ROUTER replay endpoint; without
+    ``kv_events`` residency falls back to usage-based observations. ``model`` is the served
+    model name (scraped from ``/v1/models`` when absent); ``capacity_tokens`` overrides the
+    capacity read from ``vllm:cache_config_info``. ``return_token_ids = false`` stops the gateway
+    asking the node for token ids (vLLM older than 0.10.2, or a proxy that refuses the field).
+    """
+
+    id: str
+    url: str
+    metrics_url: str | None = None
+    kv_events: str | None = None
+    kv_replay: str | None = None
+    model: str | None = None
+    capacity_tokens: int | None = None
+    return_token_ids: bool = True
+
+    @property
+    def metrics(self) -> str:
+        """Where to scrape Prometheus metrics."""
+        return self.metrics_url or f"{self.url.rstrip('/')}/metrics"
+
+    @property
+    def root(self) -> str:
+        """The server root of :attr:`url` (an OpenAI base URL's ``…/v1`` taken off): where a
+        vLLM server answers ``/health`` and ``/reset_prefix_cache``."""
+        return url_root(self.url)
+
+
+def url_root(url: str) -> str:
+    """The server root of an OpenAI base URL (``…/v1`` → ``…``; a trailing ``/`` dropped)."""
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
 
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _HTTP: Final = ("http", "https")

@@ -19,18 +19,47 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from collections.abc import Coroutine, Mapping
+from typing import Any, Generic, Protocol, TypeVar
 
 from nats.aio.msg import Msg
 
 from .busapi import BatchHandler, Decoder, Delivery, Handler, backoff_delay
 from .logging import get_logger
 
-if TYPE_CHECKING:
-    from .bus import Bus
+__all__ = ["Receiver", "ReceiverHost", "ack_fields"]
 
-__all__ = ["Receiver", "ack_fields"]
+
+class ReceiverHost(Protocol):
+    """What a :class:`Receiver` needs of the bus it belongs to (:class:`shared.infra.bus.Bus`):
+    its delivery limits, subject names, dead letters, and a place to finish work after a
+    subscription stops."""
+
+    max_deliver: int
+    retry_backoff_s: float
+    max_backoff_s: float
+
+    def plain_subject(self, subject: str) -> str: ...
+
+    async def dead_letter(
+        self,
+        service: str,
+        subject: str,
+        data: bytes,
+        headers: Mapping[str, str] | None,
+        error: BaseException | str,
+        received_at: float,
+        error_type: str | None = None,
+    ) -> bool: ...
+
+    def forget(self, receiver: Receiver[Any]) -> None:
+        """Drop a stopped receiver from the bus's list."""
+        ...
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task the bus waits for when it drains."""
+        ...
+
 
 T = TypeVar("T")
 _log = get_logger("shared.infra.bus")
@@ -60,7 +89,7 @@ class Receiver(Generic[T]):
 
     def __init__(
         self,
-        bus: Bus,
+        bus: ReceiverHost,
         service: str,
         decode: Decoder[T],
         handler: Handler[T] | None,
@@ -95,9 +124,9 @@ class Receiver(Generic[T]):
         if self._stopping or self.sub is None:
             return
         self._stopping = True
-        self.bus._forget(self)
+        self.bus.forget(self)
         if asyncio.current_task() is self._cb_task:
-            self.bus._spawn(self._unsubscribe())  # our own handler: finish after it returns
+            self.bus.spawn(self._unsubscribe())  # our own handler: finish after it returns
             return
         await self._unsubscribe()
 

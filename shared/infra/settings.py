@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .errors import SettingsError
+from .nodesfile import NodesFileError, NodeSpec, load_nodes_file, url_root
 
 __all__ = ["LOG_FORMATS", "LOG_LEVELS", "VARIABLES", "NodeSpec", "Settings", "url_root"]
 
@@ -68,46 +69,6 @@ LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_-]{0,64}")
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSpec:
-    """A configured inference node (one ``[[node]]`` of the nodes file, or ``TAO_NODES``).
-
-    ``url`` is the server root (an OpenAI base URL's trailing ``/v1`` is removed when read);
-    ``metrics_url`` defaults to ``url + "/metrics"``. ``kv_events`` is the engine's ZMQ PUB
-    endpoint (``tcp://host:5557``) and ``kv_replay`` its ROUTER replay endpoint; without
-    ``kv_events`` residency falls back to usage-based observations. ``model`` is the served
-    model name (scraped from ``/v1/models`` when absent); ``capacity_tokens`` overrides the
-    capacity read from ``vllm:cache_config_info``. ``return_token_ids = false`` stops the gateway
-    asking the node for token ids (vLLM older than 0.10.2, or a proxy that refuses the field).
-    """
-
-    id: str
-    url: str
-    metrics_url: str | None = None
-    kv_events: str | None = None
-    kv_replay: str | None = None
-    model: str | None = None
-    capacity_tokens: int | None = None
-    return_token_ids: bool = True
-
-    @property
-    def metrics(self) -> str:
-        """Where to scrape Prometheus metrics."""
-        return self.metrics_url or f"{self.url.rstrip('/')}/metrics"
-
-    @property
-    def root(self) -> str:
-        """The server root of :attr:`url` (an OpenAI base URL's ``…/v1`` taken off): where a
-        vLLM server answers ``/health`` and ``/reset_prefix_cache``."""
-        return url_root(self.url)
-
-
-def url_root(url: str) -> str:
-    """The server root of an OpenAI base URL (``…/v1`` → ``…``; a trailing ``/`` dropped)."""
-    url = url.rstrip("/")
-    return url[: -len("/v1")] if url.endswith("/v1") else url
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,8 +234,6 @@ def _nodes(variable: str, raw: str) -> tuple[NodeSpec, ...]:
 
 
 def _nodes_file(path: str, also_inline: bool) -> tuple[NodeSpec, ...]:
-    from .nodesfile import NodesFileError, load_nodes_file  # it imports NodeSpec from here
-
     if also_inline:
         raise SettingsError("TAO_NODES_FILE", path, "set either TAO_NODES or TAO_NODES_FILE")
     try:

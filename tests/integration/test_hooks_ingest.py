@@ -27,7 +27,7 @@ from shared.contracts.session import SessionEnd
 from shared.contracts.wake import WAKE_END, WAKE_TOOL_END, Wake
 from shared.core.session import INFERRED, Session, ToolCall
 from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
-from shared.hookclient import OVERSIZED_MARKER, Spool, hook_subject, oversized_marker
+from shared.harness.hookclient import OVERSIZED_MARKER, Spool, hook_subject, oversized_marker
 from shared.infra import Bus, Delivery, FakeBus, MessageBus, Subscription
 from shared.infra.embedded import free_port
 from shared.infra.fake_store import FakeStore
@@ -478,7 +478,9 @@ class TestHookSpool:
                     break
                 await asyncio.sleep(0.05)
         finally:
-            subprocess.run(["pkill", "-f", f"shared.hookclient drain {tmp_path}"], check=False)
+            subprocess.run(
+                ["pkill", "-f", f"shared.harness.hookclient drain {tmp_path}"], check=False
+            )
         assert data == bodies
         stamps = [float(d.headers[RECEIVED_AT_HEADER]) for _, d in got.items]
         assert stamps == sorted(stamps) and stamps[0] < stamps[-1]
@@ -506,6 +508,8 @@ class TestHookSpool:
             assert proc.returncode == 0
             data = await got.values(2)
         finally:
-            subprocess.run(["pkill", "-f", f"shared.hookclient drain {tmp_path}"], check=False)
+            subprocess.run(
+                ["pkill", "-f", f"shared.harness.hookclient drain {tmp_path}"], check=False
+            )
         assert data == [first, second]
         assert float(got.items[0][1].headers[RECEIVED_AT_HEADER]) == 1_000.0

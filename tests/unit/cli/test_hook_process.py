@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from shared import hookclient
 from shared.contracts import subjects
-from shared.harness import base
-from shared.hookclient import (
+from shared.harness import base, hookclient
+from shared.harness.hookclient import (
     MAX_HOOK_BYTES,
     OVERSIZED_MARKER,
     RECEIVED_AT_HEADER,
@@ -45,7 +44,7 @@ def spool_here(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path
     monkeypatch.setenv("TAO_HOOK_SPOOL", str(spool))
     monkeypatch.setenv("TAO_HOOK_DRAIN_S", "1")
     yield spool
-    subprocess.run(["pkill", "-f", f"shared.hookclient drain {spool}"], check=False)
+    subprocess.run(["pkill", "-f", f"shared.harness.hookclient drain {spool}"], check=False)
 
 
 def hook_process(

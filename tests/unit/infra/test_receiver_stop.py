@@ -60,10 +60,10 @@ class StubBus:
     def __init__(self) -> None:
         self.spawned: list[Coroutine[Any, Any, None]] = []
 
-    def _forget(self, receiver: object) -> None:
+    def forget(self, receiver: object) -> None:
         pass
 
-    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self.spawned.append(coro)  # run by the test, when it chooses
 
     def plain_subject(self, subject: str) -> str:

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from shared.hookclient import TENANT_HEADER as HOOK_TENANT_HEADER
-from shared.hookclient import hook_headers
+from shared.harness.hookclient import TENANT_HEADER as HOOK_TENANT_HEADER
+from shared.harness.hookclient import hook_headers
 from shared.infra.tenants import (
     TENANT_HEADER,
     TenantsFileError,

@@ -25,20 +25,20 @@ library), else ``nats://127.0.0.1:4222``. ``TAO_NAMESPACE`` prefixes the subject
 does (``<ns>.tao.v1.hook.<token>``). ``user:password@`` or ``token@`` in the URL authenticate;
 TLS is not spoken (the hook gives up silently when the server requires it).
 
-Nothing is lost. A payload that cannot be published within the deadline (NATS down, or a CPU
-so busy that the deadline passes: seen dropping 32 of 240 events under load) is appended to a
-spool file, ``<spool dir>/<subject>.spool`` (``TAO_HOOK_SPOOL``, else ``hook-spool`` beside the
-run file), and a detached drainer process (``python -m shared.hookclient drain``) is started,
-so the hook still returns at once. The drainer (one per subject: it holds a lock) moves the spool
-aside, publishes its records in order with the receive time each had, records its progress
-after each (a drainer that dies goes on where it stopped), and retries with back-off for up to
-:data:`DRAIN_GIVE_UP_S` of failures in a row (``TAO_HOOK_DRAIN_S``); what is still undelivered
-then waits for the next hook, which starts a drainer again. While anything is spooled, new
-payloads are spooled behind it rather than sent ahead, so a subject's events reach NATS in the
-order the hooks ran. The spool holds at
-most :data:`SPOOL_MAX_BYTES`; past that a payload is dropped (the only loss, with NATS down
-for that long). A session whose end is never delivered is ended by the idle timeout
-(``TAO_IDLE_TIMEOUT_S``), which gives its reservation back.
+Nothing is lost. A payload that cannot be published within the deadline (NATS down, or a CPU so
+busy that the deadline passes: seen dropping 32 of 240 events under load) is appended to a spool
+file, ``<spool dir>/<subject>.spool`` (``TAO_HOOK_SPOOL``, else ``hook-spool`` beside the run
+file), and a detached drainer process (``python -m shared.harness.hookclient drain``) is
+started, so the hook still returns at once. The drainer (one per subject: it holds a lock) moves
+the spool aside, publishes its records in order with the receive time each had, records its
+progress after each (a drainer that dies goes on where it stopped), and retries with back-off
+for up to :data:`DRAIN_GIVE_UP_S` of failures in a row (``TAO_HOOK_DRAIN_S``); what is still
+undelivered then waits for the next hook, which starts a drainer again. While anything is
+spooled, new payloads are spooled behind it rather than sent ahead, so a subject's events reach
+NATS in the order the hooks ran. The spool holds at most :data:`SPOOL_MAX_BYTES`; past that a
+payload is dropped (the only loss, with NATS down for that long). A session whose end is never
+delivered is ended by the idle timeout (``TAO_IDLE_TIMEOUT_S``), which gives its reservation
+back.
 
 Oversized payloads. At most :data:`MAX_HOOK_BYTES` are forwarded. A larger payload — usually a
 ``PostToolUse`` whose ``tool_response`` holds a big output — is slimmed first (:func:`slim`:
@@ -501,12 +501,19 @@ def drain(spool: Spool, env: Mapping[str, str], give_up_s: float = DRAIN_GIVE_UP
 
 
 def _start_drainer(spool: Spool, env: Mapping[str, str]) -> None:
-    """A detached ``python -m shared.hookclient drain DIR SUBJECT`` (its own session, no
+    """A detached ``python -m shared.harness.hookclient drain DIR SUBJECT`` (its own session, no
     inherited descriptors): the hook does not wait for it."""
     import subprocess
 
     subprocess.Popen(
-        [sys.executable, "-m", "shared.hookclient", "drain", spool.directory, spool.subject],
+        [
+            sys.executable,
+            "-m",
+            "shared.harness.hookclient",
+            "drain",
+            spool.directory,
+            spool.subject,
+        ],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -587,7 +594,7 @@ def run_hook(
 
 
 def _main(argv: Sequence[str]) -> int:
-    """``python -m shared.hookclient drain DIR SUBJECT``: the drainer; silent, exit 0."""
+    """``python -m shared.harness.hookclient drain DIR SUBJECT``: the drainer; silent, exit 0."""
     try:
         if len(argv) == 3 and argv[0] == "drain":
             give_up = float(os.environ.get("TAO_HOOK_DRAIN_S") or DRAIN_GIVE_UP_S)

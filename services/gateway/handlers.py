@@ -32,7 +32,9 @@ Request headers read by the model endpoints:
                       TAO_NODE_API_KEY that key goes instead. ``anthropic-version`` and
                       ``anthropic-beta`` are forwarded
 
-Bus: placements for this gateway (JetStream), node statuses (core NATS; URL and models of each
+Bus: placements for this gateway (JetStream; with TAO_PLACEMENT_KEYS only those the planner
+signed, recently: :mod:`shared.infra.signing`, the others counted by reason in
+``tao_gateway_placements_total{result}``), node statuses (core NATS; URL and models of each
 node), session ends (core NATS; forget the session's admission).
 """
 
@@ -151,6 +153,19 @@ class BusHandlers:
 
     async def on_placement(self, placement: Placement, delivery: Delivery) -> None:
         relay = self.relay
+        if relay.verifier is not None:  # TAO_PLACEMENT_KEYS: only what the planner signed
+            verdict = relay.verifier.verdict(placement)
+            if verdict != "ok":
+                relay.metrics.placements.inc(kind=placement.kind, result=verdict)
+                _log.warning(
+                    "placement_rejected",
+                    session_id=placement.session_id,
+                    kind=placement.kind,
+                    node_id=placement.node_id,
+                    key_id=placement.key_id,
+                    reason=verdict,
+                )
+                return
         result = relay.placements.apply(placement)
         woken = 0
         if result == "admitted" and placement.node_id:

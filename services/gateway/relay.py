@@ -57,6 +57,7 @@ from shared.contracts.session import (
 )
 from shared.contracts.subjects import subject_for
 from shared.infra import MessageBus, Settings, get_logger, tracing
+from shared.infra.signing import KeyFileError, PlacementVerifier
 from shared.infra.store_types import StateStore
 
 from .apis import Api, openai_error
@@ -86,6 +87,10 @@ from .store_check import STORE_RECHECK_S, StoreCheck
 from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
+
+
+def _keys_invalid(exc: KeyFileError) -> None:
+    _log.error("placement_keys_invalid", path=exc.path, reason=exc.reason, kept="last good")
 
 
 def _maybe(f: Callable[[str], str], value: str | None) -> str | None:
@@ -129,6 +134,11 @@ class Relay:
         self.token_ids = token_ids or TokenIdNodes()
         self.calibration = PromptCalibration()
         self.auth = Auth.from_file(settings.tenants_file, settings.node_api_key, clock)
+        self.verifier = (
+            None
+            if settings.placement_keys is None
+            else PlacementVerifier(settings.placement_keys, clock=clock, on_error=_keys_invalid)
+        )
         self._held_by: dict[str, int] = {}  # tenant -> its requests held now
         self._ended_holds: set[str] = set()  # request ids whose cancel end_session reported
         self._reports: dict[str, asyncio.Task[bool]] = {}

@@ -24,6 +24,7 @@ from shared.infra.busapi import MessageBus
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
+from shared.infra.signing import load_signer
 from shared.infra.store_types import StateStore
 
 __all__ = ["NAME", "build", "main", "run"]
@@ -41,6 +42,7 @@ def build(settings: Settings, store: StateStore, bus: MessageBus, *, name: str =
         budget=settings.planner_budget,
         time_limit_ms=float(settings.planner_time_limit_ms),
         ta_interval_s=settings.ta_interval_s,
+        signer=None if settings.placement_key is None else load_signer(settings.placement_key),
     )
 
 

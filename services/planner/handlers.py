@@ -40,6 +40,7 @@ from shared.core.thunder import SCHEDULER_INTERVAL_S
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
 from shared.infra import tracing
 from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.signing import PlacementSigner
 from shared.infra.store_types import StateStore
 
 __all__ = ["Planner", "Snapshot", "decode_snapshot"]
@@ -125,6 +126,8 @@ class Planner:
     superseded: int = 0
     ta_interval_s: float = SCHEDULER_INTERVAL_S
     thunder: ThunderState | None = None
+    signer: PlacementSigner | None = None
+    """Signs every placement published (``TAO_PLACEMENT_KEY``, :mod:`shared.infra.signing`)."""
 
     def __post_init__(self) -> None:
         if self.thunder is None and is_thunderagent(self.policy.name):
@@ -254,6 +257,10 @@ class Planner:
         )
         return applied
 
+    async def _publish(self, p: Placement, now: float) -> None:
+        """Publish ``p``, signed when a signing key is configured."""
+        await self.bus.publish_msg(p if self.signer is None else self.signer.sign(p, now))
+
     async def resync(self) -> int:
         """Re-publish the admission of every admitted session (kind ``admit``, its current
         version), so placements a crashed planner applied but never published still reach
@@ -264,7 +271,7 @@ class Planner:
         for s in await self.store.sessions(None):
             if s.node is None or s.ended or s.gateway_id is None:
                 continue
-            await self.bus.publish_msg(
+            await self._publish(
                 Placement(
                     kind="admit",
                     session_id=s.id,
@@ -273,7 +280,8 @@ class Planner:
                     gateway_id=s.gateway_id,
                     node_id=s.node,
                     issued_at=now,
-                )
+                ),
+                now,
             )
             n += 1
         self.log.info("placements_resynced", placements=n)
@@ -290,7 +298,7 @@ class Planner:
             rec = applied.sessions.get(m.session)
             if rec is None or rec.gateway_id is None:
                 continue
-            await self.bus.publish_msg(
+            await self._publish(
                 Placement(
                     kind=kind,
                     session_id=m.session,
@@ -299,7 +307,8 @@ class Planner:
                     gateway_id=rec.gateway_id,
                     node_id=m.node,
                     issued_at=now,
-                )
+                ),
+                now,
             )
             n += 1
         return n

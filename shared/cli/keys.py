@@ -7,11 +7,17 @@
     tao keys add --tenant team-a --kind api --max-held 64
     tao keys list                                      # tenants, key counts, digest prefixes
     tao keys remove --tenant team-a --digest 9f86d0    # revoke one key by its digest's prefix
+    tao keys placement --id p2 --private planner-key.toml --public placement-keys.toml
+                                                       # a placement signing key pair
 
 The file (``--file``, else ``TAO_TENANTS_FILE``) holds only SHA-256 digests
 (:mod:`shared.infra.tenants`); a running gateway reads it again within a second of a change,
 so a key added or removed takes effect without a restart. Rotate by adding the new key,
 moving the clients to it, then removing the old one.
+
+``tao keys placement`` makes the planner's placement signing key (``TAO_PLACEMENT_KEY``, the
+private file, mode 0600) and adds its public half to the gateways' trusted keys
+(``TAO_PLACEMENT_KEYS``; :mod:`shared.infra.signing`, rotation there).
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 from typing import Any, TextIO
 
 from shared.cli.ops import OpsError
+from shared.infra.signing import KeyFileError, new_key_files
 from shared.infra.tenants import (
     TenantsFileError,
     add_secret,
@@ -95,6 +102,22 @@ def _cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_placement(args: argparse.Namespace, out: TextIO) -> int:
+    try:
+        new_key_files(args.id, args.private, args.public)
+    except KeyFileError as exc:
+        raise OpsError(str(exc)) from None
+    except FileExistsError:
+        raise OpsError(f"--private: {args.private} exists; keys are never overwritten") from None
+    except OSError as exc:
+        raise OpsError(f"cannot write: {exc.strerror or exc}") from None
+    out.write(
+        f"placement key {args.id!r}: private half in {args.private} (TAO_PLACEMENT_KEY of the "
+        f"planner), public half added to {args.public} (TAO_PLACEMENT_KEYS of the gateways)\n"
+    )
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -135,3 +158,9 @@ def add_keys_parser(sub: Any) -> None:
     rm.add_argument("--tenant", required=True, metavar="NAME")
     rm.add_argument("--digest", required=True, metavar="PREFIX", help="as `tao keys list` shows")
     rm.set_defaults(run=_cmd_remove)
+
+    pl = actions.add_parser("placement", help="make a placement signing key pair")
+    pl.add_argument("--id", required=True, metavar="ID", help="key id, [A-Za-z0-9_.-]{1,64}")
+    pl.add_argument("--private", required=True, metavar="PATH", help="the planner's key file")
+    pl.add_argument("--public", required=True, metavar="PATH", help="the gateways' trusted keys")
+    pl.set_defaults(run=_cmd_placement)

@@ -36,6 +36,7 @@ from typing import IO
 from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
 from shared.infra.nodesfile import render_nodes_file
 from shared.infra.settings import NodeSpec
+from shared.infra.signing import new_key_files
 
 __all__ = ["SERVICES", "Stack", "StackConfig", "StackError", "exit_reason", "simnode_launch"]
 
@@ -211,6 +212,17 @@ class Stack:
                 render_nodes_file(self.nodes, header="nodes of `tao up --sim-nodes` (generated)")
             )
 
+    def _placement_keys(self) -> dict[str, str]:
+        """A placement key pair of this stack's own (its log folder), so that the gateway
+        acts only on placements its planner signed (:mod:`shared.infra.signing`) unless the
+        environment names keys of its own."""
+        private = self.log_dir / "placement-key.toml"
+        public = self.log_dir / "placement-keys.toml"
+        if not private.exists():
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            new_key_files("tao-up", private, public)
+        return {"TAO_PLACEMENT_KEY": str(private), "TAO_PLACEMENT_KEYS": str(public)}
+
     def service_env(self) -> dict[str, str]:
         """The environment every service gets."""
         cfg = self.config
@@ -233,6 +245,8 @@ class Stack:
         if cfg.domain is not None:
             env["TAO_DOMAIN"] = cfg.domain
         env.update(cfg.extra_env)
+        if not env.get("TAO_PLACEMENT_KEY") and not env.get("TAO_PLACEMENT_KEYS"):
+            env.update(self._placement_keys())
         self.gateway_url = f"http://127.0.0.1:{env['TAO_GATEWAY_PORT']}"
         return env
 

@@ -75,6 +75,8 @@ class Placement(Message, tag="Placement", frozen=True, kw_only=True):
     admission on ``node_id`` is released; it rejoins the pool. ``revoke``: an earlier admit
     for this session is withdrawn (``node_id`` names it when known). ``version`` is the session
     record version after the change; a gateway ignores a placement older than one it applied.
+    ``key_id`` and ``signature`` (base64 Ed25519 over the encoding with ``signature`` empty)
+    are set when the planner signs placements (:mod:`shared.infra.signing`).
     """
 
     kind: PlacementKind
@@ -84,3 +86,5 @@ class Placement(Message, tag="Placement", frozen=True, kw_only=True):
     gateway_id: str
     node_id: str | None = None
     issued_at: float | None = None
+    key_id: str | None = None
+    signature: str | None = None

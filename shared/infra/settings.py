@@ -37,6 +37,9 @@ message names the variable, what is wrong and what was given
 | TAO_HOOK_BURST            | 200       | hook posts a session may send at once (429 beyond)      |
 | TAO_NODE_API_KEY          | (unset)   | sent to the nodes as `Authorization: Bearer` (vLLM      |
 |                           |           | `--api-key`); unset: the client's own, if auth is off   |
+| TAO_PLACEMENT_KEY         | (unset)   | planner: key file it signs placements with (signing.py) |
+| TAO_PLACEMENT_KEYS        | (unset)   | gateway: trusted placement keys; set, unsigned, forged  |
+|                           |           | or stale placements are rejected and counted            |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
@@ -103,6 +106,8 @@ class Settings:
     hook_rate: float = 20.0
     hook_burst: int = 200
     node_api_key: str | None = None
+    placement_key: str | None = None
+    placement_keys: str | None = None
     idle_timeout_s: float = 300.0
     service_name: str | None = None
     log_level: str = "info"
@@ -273,6 +278,8 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "hook_rate": ("TAO_HOOK_RATE", _POSITIVE),
     "hook_burst": ("TAO_HOOK_BURST", _integer(lo=1)),
     "node_api_key": ("TAO_NODE_API_KEY", _text),
+    "placement_key": ("TAO_PLACEMENT_KEY", _text),
+    "placement_keys": ("TAO_PLACEMENT_KEYS", _text),
     "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
     "service_name": ("TAO_SERVICE_NAME", _name),
     "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),

@@ -49,6 +49,8 @@ class Workload:
     status: dict[str, Any] = field(default_factory=dict)
     tool_count: int = -1
     exited: list[tuple[str, int | None]] = field(default_factory=list)
+    metrics: str = ""
+    """The gateway's /metrics page after the run."""
 
 
 async def _watch(c: Any, nodes: dict[str, str], out: Workload, done: asyncio.Event) -> None:
@@ -138,6 +140,8 @@ async def _run(e2e: Any) -> Workload:
             else:
                 out.turns[sid] = res
         out.tool_count = (await c.store().history()).of(out.tool).count
+    async with aiohttp.ClientSession() as http, http.get(f"{e2e.gateway}/metrics") as resp:
+        out.metrics = await resp.text()
     out.exited = e2e.exited()
     return out
 
@@ -195,6 +199,22 @@ class TestAgentSessions:
         assert planner["plans_applied"] > 0
         assert planner["sessions_admitted"] >= SESSIONS
         assert {n["id"] for n in status["nodes"]} == {"sim0", "sim1"}
+
+
+class TestSignedPlacements:
+    def test_the_gateway_acted_only_on_signed_placements(self, workload: Workload) -> None:
+        """The stack signs placements by default (``tao up``'s own key pair): the gateway
+        admitted sessions from placements and rejected none as unsigned, forged or stale."""
+        counts = {
+            m.group(1): float(m.group(2))
+            for m in re.finditer(
+                r'^tao_gateway_placements_total\{kind="admit",result="([a-z_]+)"\} (\S+)$',
+                workload.metrics,
+                re.M,
+            )
+        }
+        assert counts.get("admitted", 0) > 0, counts
+        assert not {"unsigned", "unknown_key", "forged", "stale"} & set(counts), counts
 
 
 class TestCapacity:

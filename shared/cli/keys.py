@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 from typing import Any, TextIO
 
 from shared.cli.ops import OpsError
@@ -103,6 +104,9 @@ def _cmd_remove(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _cmd_placement(args: argparse.Namespace, out: TextIO) -> int:
+    if args.if_missing and Path(args.private).expanduser().exists():
+        out.write(f"placement key: {args.private} exists; nothing to do\n")
+        return 0
     try:
         new_key_files(args.id, args.private, args.public)
     except KeyFileError as exc:
@@ -163,4 +167,9 @@ def add_keys_parser(sub: Any) -> None:
     pl.add_argument("--id", required=True, metavar="ID", help="key id, [A-Za-z0-9_.-]{1,64}")
     pl.add_argument("--private", required=True, metavar="PATH", help="the planner's key file")
     pl.add_argument("--public", required=True, metavar="PATH", help="the gateways' trusted keys")
+    pl.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing when the private file exists (compose's one-shot `keys` service)",
+    )
     pl.set_defaults(run=_cmd_placement)

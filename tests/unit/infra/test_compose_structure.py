@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from services.simnode.__main__ import parse_config
+from shared.cli.main import build_parser, main
 from shared.infra.nodesfile import parse_nodes
 from shared.infra.settings import NodeSpec, Settings
 
@@ -205,6 +206,48 @@ class TestBrokers:
         assert _service(name)["restart"] == "unless-stopped"
 
 
+class TestPlacementKeys:
+    """Signed placements by default: a one-shot `keys` service makes the key pair in a named
+    volume; the planner signs with the private half, the gateway trusts the public one."""
+
+    def test_keys_is_a_one_shot_tao_keys_placement(self) -> None:
+        keys = _service("keys")
+        assert keys["restart"] == "no" and keys["image"] == IMAGE
+        args = build_parser().parse_args(keys["command"])
+        assert (args.command, args.action, args.if_missing) == ("keys", "placement", True)
+        assert keys["volumes"] == ["tao-keys:/keys"]
+        assert "tao-keys" in _compose()["volumes"]
+        assert (args.private, args.public) == (
+            "/keys/placement-key.toml",
+            "/keys/placement-keys.toml",
+        )
+
+    @pytest.mark.parametrize(
+        ("name", "variable", "path"),
+        [
+            ("planner", "TAO_PLACEMENT_KEY", "/keys/placement-key.toml"),
+            ("gateway", "TAO_PLACEMENT_KEYS", "/keys/placement-keys.toml"),
+        ],
+    )
+    def test_planner_signs_and_gateway_verifies(self, name: str, variable: str, path: str) -> None:
+        service = _service(name)
+        assert _environment(name)[variable] == path
+        assert "tao-keys:/keys:ro" in service["volumes"]
+        assert service["depends_on"]["keys"] == {"condition": "service_completed_successfully"}
+
+    def test_the_image_lets_its_user_write_the_keys(self) -> None:
+        text = (ROOT / "docker" / "Dockerfile").read_text()
+        assert "mkdir -p /var/cache/tao/numba /keys" in text and "chown -R tao:tao" in text
+
+    def test_the_keys_command_is_idempotent(self, tmp_path: Path) -> None:
+        files = ["--private", str(tmp_path / "k.toml"), "--public", str(tmp_path / "t.toml")]
+        argv = ["keys", "placement", "--id", "compose", *files, "--if-missing"]
+        assert main(argv) == 0
+        first = (tmp_path / "t.toml").read_text()
+        assert main(argv) == 0  # the second `up`: nothing changes
+        assert (tmp_path / "t.toml").read_text() == first
+
+
 class TestTaoServices:
     """Every TAO container runs the one image, as `tao service <name>`, wired to the brokers."""
 
@@ -219,7 +262,7 @@ class TestTaoServices:
     def test_every_container_of_the_image_is_listed(self) -> None:
         """No service outside the known TAO set (and demo, kv-bridge) uses the TAO image."""
         users = {n for n, s in _compose()["services"].items() if s.get("image") == IMAGE}
-        assert users == {*TAO_SERVICES, "demo", "kv-bridge"}
+        assert users == {*TAO_SERVICES, "demo", "kv-bridge", "keys"}
 
     @pytest.mark.parametrize("name", TAO_SERVICES)
     def test_command_names_a_service_package(self, name: str) -> None:

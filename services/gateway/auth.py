@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import Final
 
 from shared.infra import get_logger
+from shared.infra.errors import ConfigFileError
 from shared.infra.tenants import (
     SecretKind,
     Tenant,
-    TenantsFileError,
     TenantsWatch,
     qualify,
     unqualify,
@@ -83,7 +83,7 @@ class Auth:
         if path is None:
             return cls(None, node_api_key)
 
-        def invalid(exc: TenantsFileError) -> None:
+        def invalid(exc: ConfigFileError) -> None:
             _log.error("tenants_file_invalid", path=exc.path, reason=exc.reason, kept="last good")
 
         return cls(TenantsWatch(path, clock=clock, on_error=invalid), node_api_key)

@@ -153,30 +153,23 @@ class BusHandlers:
 
     async def on_placement(self, placement: Placement, delivery: Delivery) -> None:
         relay = self.relay
-        if relay.verifier is not None:  # TAO_PLACEMENT_KEYS: only what the planner signed
-            verdict = relay.verifier.verdict(placement)
-            if verdict != "ok":
-                relay.metrics.placements.inc(kind=placement.kind, result=verdict)
-                _log.warning(
-                    "placement_rejected",
-                    session_id=placement.session_id,
-                    kind=placement.kind,
-                    node_id=placement.node_id,
-                    key_id=placement.key_id,
-                    reason=verdict,
-                )
-                return
-        result = relay.placements.apply(placement)
+        verifier = relay.verifier  # TAO_PLACEMENT_KEYS: act only on what the planner signed
+        verdict = "ok" if verifier is None else verifier.verdict(placement)
         woken = 0
-        if result == "admitted" and placement.node_id:
-            woken = relay.holds.admit(placement.session_id, placement.node_id)
+        if verdict != "ok":
+            result: str = verdict
+        else:
+            result = relay.placements.apply(placement)
+            if result == "admitted" and placement.node_id:
+                woken = relay.holds.admit(placement.session_id, placement.node_id)
         relay.metrics.placements.inc(kind=placement.kind, result=result)
-        _log.info(
+        (_log.info if verdict == "ok" else _log.warning)(
             "placement",
             session_id=placement.session_id,
             kind=placement.kind,
             node_id=placement.node_id,
             version=placement.version,
+            key_id=placement.key_id,
             result=result,
             woken=woken,
         )

@@ -57,7 +57,8 @@ from shared.contracts.session import (
 )
 from shared.contracts.subjects import subject_for
 from shared.infra import MessageBus, Settings, get_logger, tracing
-from shared.infra.signing import KeyFileError, PlacementVerifier
+from shared.infra.errors import ConfigFileError
+from shared.infra.signing import PlacementVerifier
 from shared.infra.store_types import StateStore
 
 from .apis import Api, openai_error
@@ -89,7 +90,7 @@ from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 
 
-def _keys_invalid(exc: KeyFileError) -> None:
+def _keys_invalid(exc: ConfigFileError) -> None:
     _log.error("placement_keys_invalid", path=exc.path, reason=exc.reason, kept="last good")
 
 

@@ -5,7 +5,10 @@
     ├── BusError                               NATS connection or stream set-up failed
     │   └── RequestError                       a request got no reply (no responder, timeout)
     ├── EmbeddedServerError                    a server binary is missing or did not answer
-    └── RunFileError                           the ``tao up`` run file cannot be read
+    ├── RunFileError                           the ``tao up`` run file cannot be read
+    └── ConfigFileError(InfraError, ValueError)  a TOML file is unreadable or invalid: the
+        nodes file (NodesFileError), the tenants file (TenantsFileError), a placement key
+        file (KeyFileError)
 
 Each error keeps its data as attributes and builds its message from them.
 """
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 __all__ = [
     "BusError",
+    "ConfigFileError",
     "EmbeddedServerError",
     "InfraError",
     "RequestError",
@@ -66,3 +70,13 @@ class RunFileError(InfraError):
         self.path = path
         self.reason = reason
         super().__init__(f"run file {path}: {reason}")
+
+
+class ConfigFileError(InfraError, ValueError):
+    """The file at ``path`` is unreadable or invalid, for ``reason`` (which names the table and
+    key where it can)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        self.path = path
+        self.reason = reason
+        super().__init__(f"{path}: {reason}")

@@ -22,11 +22,13 @@ the node and the key.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from .errors import ConfigFileError
+from .tomlfile import read_toml
 
 __all__ = [
     "NodeSpec",
@@ -93,13 +95,8 @@ _KEYS: Final = (
 )
 
 
-class NodesFileError(ValueError):
+class NodesFileError(ConfigFileError):
     """The nodes file at ``path`` is unreadable or invalid, for ``reason``."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
 
 
 def _url(value: object, where: str, key: str, schemes: tuple[str, ...]) -> str:
@@ -170,20 +167,11 @@ def parse_nodes(doc: Mapping[str, Any]) -> tuple[NodeSpec, ...]:
 
 def load_nodes_file(path: str | Path) -> tuple[NodeSpec, ...]:
     """Read and check the nodes file; :class:`NodesFileError` says what is wrong and where."""
-    name = str(path)
-    try:
-        with open(Path(path).expanduser(), "rb") as fh:
-            doc = tomllib.load(fh)
-    except OSError as exc:
-        raise NodesFileError(name, f"cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise NodesFileError(name, f"not valid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:  # tomllib decodes the bytes first
-        raise NodesFileError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    doc = read_toml(path, NodesFileError)
     try:
         return parse_nodes(doc)
     except ValueError as exc:
-        raise NodesFileError(name, str(exc)) from None
+        raise NodesFileError(str(path), str(exc)) from None
 
 
 def _toml_value(value: str | int) -> str:

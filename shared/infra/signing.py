@@ -33,7 +33,6 @@ import base64
 import binascii
 import os
 import re
-import tomllib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +44,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from shared.contracts import Placement, encode
+
+from .errors import ConfigFileError
+from .tomlfile import Reloading, read_toml
 
 __all__ = [
     "KeyFileError",
@@ -62,13 +64,8 @@ MAX_AGE_S: Final = 60.0
 MAX_SKEW_S: Final = 5.0
 
 
-class KeyFileError(ValueError):
+class KeyFileError(ConfigFileError):
     """A key file at ``path`` is unreadable or invalid, for ``reason``."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
 
 
 def _signed_bytes(p: Placement) -> bytes:
@@ -94,16 +91,7 @@ def _key_id(value: object, path: str) -> str:
 
 
 def _toml(path: str | Path) -> dict[str, Any]:
-    name = str(path)
-    try:
-        with open(Path(path).expanduser(), "rb") as fh:
-            return tomllib.load(fh)
-    except OSError as exc:
-        raise KeyFileError(name, f"cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise KeyFileError(name, f"not valid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise KeyFileError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    return read_toml(path, KeyFileError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +145,8 @@ def load_verify_keys(path: str | Path) -> dict[str, Ed25519PublicKey]:
 
 
 class PlacementVerifier:
-    """Checks placements against the trusted keys of a file, read again when it changes."""
+    """Checks placements against the trusted keys of a file, read again when it changes
+    (:class:`~.tomlfile.Reloading`: a broken file keeps the last good keys)."""
 
     def __init__(
         self,
@@ -166,45 +155,21 @@ class PlacementVerifier:
         clock: Callable[[], float],
         max_age_s: float = MAX_AGE_S,
         max_skew_s: float = MAX_SKEW_S,
-        on_error: Callable[[KeyFileError], None] | None = None,
+        on_error: Callable[[ConfigFileError], None] | None = None,
         every_s: float = 1.0,
     ) -> None:
-        self.path = Path(path).expanduser()
         self.clock = clock
         self.max_age_s = max_age_s
         self.max_skew_s = max_skew_s
-        self.on_error = on_error
-        self.every_s = every_s
-        self.keys = load_verify_keys(self.path)  # invalid at start: the caller's error
-        self._stamp = self._stat()
-        self._checked = clock()
-
-    def _stat(self) -> tuple[int, int] | None:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
-
-    def _current(self) -> dict[str, Ed25519PublicKey]:
-        now = self.clock()
-        if now - self._checked >= self.every_s:
-            self._checked = now
-            stamp = self._stat()
-            if stamp != self._stamp:
-                self._stamp = stamp
-                try:
-                    self.keys = load_verify_keys(self.path)
-                except KeyFileError as exc:  # keep the last good keys
-                    if self.on_error is not None:
-                        self.on_error(exc)
-        return self.keys
+        self.keys = Reloading(
+            path, load_verify_keys, clock=clock, every_s=every_s, on_error=on_error
+        )
 
     def verdict(self, p: Placement) -> Verdict:
         """``ok``, or why ``p`` must not be acted on."""
         if p.signature is None or p.key_id is None or p.issued_at is None:
             return "unsigned"
-        key = self._current().get(p.key_id)
+        key = self.keys.current().get(p.key_id)
         if key is None:
             return "unknown_key"
         try:

@@ -27,11 +27,13 @@ import hashlib
 import os
 import re
 import secrets
-import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Literal
+
+from .errors import ConfigFileError
+from .tomlfile import Reloading, read_toml
 
 __all__ = [
     "SEPARATOR",
@@ -66,13 +68,8 @@ _KEYS: Final = ("name", "api_keys", "hook_tokens", "max_held")
 _SECRET_BYTES: Final = 32
 
 
-class TenantsFileError(ValueError):
+class TenantsFileError(ConfigFileError):
     """The tenants file at ``path`` is unreadable or invalid, for ``reason``."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        self.path = path
-        self.reason = reason
-        super().__init__(f"{path}: {reason}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,20 +192,11 @@ def parse_tenants(doc: Mapping[str, Any]) -> Tenants:
 
 def load_tenants_file(path: str | Path) -> Tenants:
     """Read and check the tenants file; :class:`TenantsFileError` says what is wrong, where."""
-    name = str(path)
-    try:
-        with open(Path(path).expanduser(), "rb") as fh:
-            doc = tomllib.load(fh)
-    except OSError as exc:
-        raise TenantsFileError(name, f"cannot read: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise TenantsFileError(name, f"not valid TOML: {exc}") from None
-    except UnicodeDecodeError as exc:
-        raise TenantsFileError(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+    doc = read_toml(path, TenantsFileError)
     try:
         return parse_tenants(doc)
     except ValueError as exc:
-        raise TenantsFileError(name, str(exc)) from None
+        raise TenantsFileError(str(path), str(exc)) from None
 
 
 def _toml_list(values: Iterable[str]) -> str:
@@ -308,10 +296,9 @@ def parse_tenants_of(tenants: Iterable[Tenant]) -> Tenants:
     )
 
 
-class TenantsWatch:
-    """The tenants of a file, read again when its modification time or size changes (checked
-    at most every ``every_s`` seconds of ``clock``). A file that became invalid keeps the
-    last good tenants and reports the error once through ``on_error``."""
+class TenantsWatch(Reloading[Tenants]):
+    """The tenants of a file, read again when it changes (:class:`~.tomlfile.Reloading`: a
+    file that became invalid keeps the last good tenants and reports the error once)."""
 
     def __init__(
         self,
@@ -319,37 +306,10 @@ class TenantsWatch:
         *,
         clock: Callable[[], float],
         every_s: float = 1.0,
-        on_error: Callable[[TenantsFileError], None] | None = None,
+        on_error: Callable[[ConfigFileError], None] | None = None,
     ) -> None:
-        self.path = Path(path).expanduser()
-        self.clock = clock
-        self.every_s = every_s
-        self.on_error = on_error
-        self.tenants = load_tenants_file(self.path)  # invalid at start: the caller's error
-        self._stamp = self._stat()
-        self._checked = clock()
-        self.reloads = 0
+        super().__init__(path, load_tenants_file, clock=clock, every_s=every_s, on_error=on_error)
 
-    def _stat(self) -> tuple[int, int] | None:
-        try:
-            st = self.path.stat()
-        except OSError:
-            return None
-        return (st.st_mtime_ns, st.st_size)
-
-    def current(self) -> Tenants:
-        now = self.clock()
-        if now - self._checked < self.every_s:
-            return self.tenants
-        self._checked = now
-        stamp = self._stat()
-        if stamp == self._stamp:
-            return self.tenants
-        self._stamp = stamp
-        try:
-            self.tenants = load_tenants_file(self.path)
-            self.reloads += 1
-        except TenantsFileError as exc:
-            if self.on_error is not None:
-                self.on_error(exc)
-        return self.tenants
+    @property
+    def tenants(self) -> Tenants:
+        return self.value

@@ -24,6 +24,21 @@ DEADLINE_S = 30.0
 RUN_DEADLINE_S = 90.0
 
 
+class FirstTurns:
+    """One event per session, set when its first turn is answered (``after_turn``)."""
+
+    def __init__(self, sids: list[str]) -> None:
+        self.events = {sid: asyncio.Event() for sid in sids}
+
+    def mark(self, sid: str) -> Any:
+        event = self.events[sid]
+        return lambda turn: event.set() if turn == 0 else None
+
+    async def wait(self, timeout_s: float = DEADLINE_S) -> None:
+        async with asyncio.timeout(timeout_s):
+            await asyncio.gather(*(ev.wait() for ev in self.events.values()))
+
+
 class TestDeadLetter:
     async def test_malformed_tool_event_dead_lettered_and_stack_goes_on(self, e2e: Any) -> None:
         """Garbage on a tool subject lands on the tools DLQ with its bytes; the tools service
@@ -68,15 +83,12 @@ class TestToolsCrash:
         tool = f"outage-{tag}"
         running = [f"run-{tag}-{i}" for i in range(3)]
         late = [f"late-{tag}-{i}" for i in range(3)]
-        first_turn = {sid: asyncio.Event() for sid in running}
+        first = FirstTurns(running)
         requested: asyncio.Queue[str] = asyncio.Queue()
 
         async def on_event(ev: Any, d: Delivery) -> None:
             if isinstance(ev, SessionRequest) and ev.session_id in late:
                 await requested.put(ev.session_id)
-
-        def mark(sid: str) -> Any:
-            return lambda turn: first_turn[sid].set() if turn == 0 else None
 
         async with e2e.clients() as c:
             await c.bus.subscribe(
@@ -90,13 +102,12 @@ class TestToolsCrash:
                         stream=i % 2 == 0,
                         tool=tool,
                         seed=100 + i,
-                        after_turn=mark(sid),
+                        after_turn=first.mark(sid),
                     )
                 )
                 for i, sid in enumerate(running)
             ]
-            async with asyncio.timeout(DEADLINE_S):
-                await asyncio.gather(*(ev.wait() for ev in first_turn.values()))
+            await first.wait()
             e2e.kill("tools")  # mid-run: the sessions go on with their tools and next turns
             tasks += [
                 asyncio.create_task(
@@ -138,12 +149,8 @@ class TestControlPlaneCrash:
         tool = f"{service}-{tag}"
         running = [f"{service[:3]}-run-{tag}-{i}" for i in range(3)]
         late = [f"{service[:3]}-late-{tag}-{i}" for i in range(3)]
-        first_turn = {sid: asyncio.Event() for sid in running}
-        late_first = {sid: asyncio.Event() for sid in late}
+        first, late_first = FirstTurns(running), FirstTurns(late)
         over: list[str] = []
-
-        def mark(events: dict[str, asyncio.Event], sid: str) -> Any:
-            return lambda turn: events[sid].set() if turn == 0 else None
 
         async with e2e.clients() as c:
 
@@ -160,17 +167,16 @@ class TestControlPlaneCrash:
             tasks = [
                 asyncio.create_task(
                     c.agent(sid, turns=3, stream=i % 2 == 0, tool=tool, seed=300 + i,
-                            after_turn=mark(first_turn, sid))
+                            after_turn=first.mark(sid))
                 )
                 for i, sid in enumerate(running)
             ]  # fmt: skip
-            async with asyncio.timeout(DEADLINE_S):
-                await asyncio.gather(*(ev.wait() for ev in first_turn.values()))
+            await first.wait()
             e2e.kill(service)
             tasks += [
                 asyncio.create_task(
                     c.agent(sid, turns=2, stream=i % 2 == 1, tool=tool, seed=400 + i,
-                            after_turn=mark(late_first, sid))
+                            after_turn=late_first.mark(sid))
                 )
                 for i, sid in enumerate(late)
             ]  # fmt: skip
@@ -178,7 +184,7 @@ class TestControlPlaneCrash:
             e2e.respawn(service)
             restarted = time.monotonic()
             async with asyncio.timeout(RUN_DEADLINE_S):
-                await asyncio.gather(*(ev.wait() for ev in late_first.values()))
+                await late_first.wait(RUN_DEADLINE_S)
                 recovery_s = time.monotonic() - restarted
                 results = await asyncio.gather(*tasks)
             watcher.cancel()
@@ -209,23 +215,19 @@ class TestEngineFreeze:
         tag = uuid.uuid4().hex[:8]
         tool = f"freeze-{tag}"
         sids = [f"frz-{tag}-{i}" for i in range(6)]
-        first = {sid: asyncio.Event() for sid in sids}
+        first = FirstTurns(sids)
         failures: list[tuple[float, float, str]] = []
         stranded: list[str] = []
-
-        def mark(sid: str) -> Any:
-            return lambda turn: first[sid].set() if turn == 0 else None
 
         async with e2e.clients() as c:
             tasks = [
                 asyncio.create_task(
                     c.agent(sid, turns=5, stream=i % 2 == 0, tool=tool, seed=500 + i,
-                            after_turn=mark(sid), retries=10, failures=failures)
+                            after_turn=first.mark(sid), retries=10, failures=failures)
                 )
                 for i, sid in enumerate(sids)
             ]  # fmt: skip
-            async with asyncio.timeout(DEADLINE_S):
-                await asyncio.gather(*(ev.wait() for ev in first.values()))
+            await first.wait()
             snap = await c.snapshot()
             on = {n: [s for s in sids if (r := snap.sessions.get(s)) and r.node == n]
                   for n in snap.nodes}  # fmt: skip
@@ -293,21 +295,17 @@ class TestStoreLost:
         tag = uuid.uuid4().hex[:8]
         tool = f"flush-{tag}"
         sids = [f"fl-{tag}-{i}" for i in range(6)]
-        first = {sid: asyncio.Event() for sid in sids}
-
-        def mark(sid: str) -> Any:
-            return lambda turn: first[sid].set() if turn == 0 else None
+        first = FirstTurns(sids)
 
         async with e2e.clients() as c:
             tasks = [
                 asyncio.create_task(
                     c.agent(sid, turns=4, stream=i % 2 == 1, tool=tool, seed=800 + i,
-                            after_turn=mark(sid), retries=10)
+                            after_turn=first.mark(sid), retries=10)
                 )
                 for i, sid in enumerate(sids)
             ]  # fmt: skip
-            async with asyncio.timeout(DEADLINE_S):
-                await asyncio.gather(*(ev.wait() for ev in first.values()))
+            await first.wait()
             deleted = await c.store().clear()
             flushed = time.monotonic()
             assert deleted > 0

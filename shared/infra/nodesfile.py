@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from .errors import ConfigFileError
-from .tomlfile import read_toml
+from .tomlfile import read_toml, tables
 
 __all__ = [
     "NodeSpec",
@@ -149,15 +149,8 @@ def _node(raw: object, index: int) -> NodeSpec:
 
 def parse_nodes(doc: Mapping[str, Any]) -> tuple[NodeSpec, ...]:
     """The nodes of a parsed TOML document; :class:`ValueError` names the node and key."""
-    extra = sorted(set(doc) - {"node"})
-    if extra:
-        keys = ", ".join(repr(k) for k in extra)
-        raise ValueError(f"unknown top-level key(s) {keys}; expected [[node]] tables")
-    tables = doc.get("node", [])
-    if not isinstance(tables, list):
-        raise ValueError("node must be an array of tables ([[node]])")
     nodes: list[NodeSpec] = []
-    for index, raw in enumerate(tables):
+    for index, raw in enumerate(tables(doc, "node")):
         spec = _node(raw, index)
         if any(n.id == spec.id for n in nodes):
             raise ValueError(f"node id {spec.id!r} appears twice")

@@ -46,7 +46,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from shared.contracts import Placement, encode
 
 from .errors import ConfigFileError
-from .tomlfile import Reloading, read_toml
+from .tomlfile import Reloading, read_toml, tables
 
 __all__ = [
     "KeyFileError",
@@ -124,14 +124,12 @@ def load_verify_keys(path: str | Path) -> dict[str, Ed25519PublicKey]:
     """Key id → public key, from the trusted-keys file at ``path``."""
     name = str(path)
     doc = _toml(path)
-    extra = sorted(set(doc) - {"key"})
-    if extra:
-        raise KeyFileError(name, f"unknown top-level key(s) {', '.join(extra)}; expected [[key]]")
-    tables = doc.get("key", [])
-    if not isinstance(tables, list):
-        raise KeyFileError(name, "key must be an array of tables ([[key]])")
+    try:
+        found = tables(doc, "key")
+    except ValueError as exc:
+        raise KeyFileError(name, str(exc)) from None
     out: dict[str, Ed25519PublicKey] = {}
-    for i, t in enumerate(tables):
+    for i, t in enumerate(found):
         if not isinstance(t, Mapping):
             raise KeyFileError(name, f"key {i + 1}: must be a table")
         unknown = sorted(set(t) - {"id", "public"})

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from .errors import ConfigFileError
-from .tomlfile import Reloading, read_toml
+from .tomlfile import Reloading, read_toml, tables
 
 __all__ = [
     "SEPARATOR",
@@ -167,16 +167,9 @@ def _tenant(raw: object, index: int) -> Tenant:
 
 def parse_tenants(doc: Mapping[str, Any]) -> Tenants:
     """The tenants of a parsed TOML document; :class:`ValueError` names the tenant and key."""
-    extra = sorted(set(doc) - {"tenant"})
-    if extra:
-        keys = ", ".join(repr(k) for k in extra)
-        raise ValueError(f"unknown top-level key(s) {keys}; expected [[tenant]] tables")
-    tables = doc.get("tenant", [])
-    if not isinstance(tables, list):
-        raise ValueError("tenant must be an array of tables ([[tenant]])")
     out: list[Tenant] = []
     owner: dict[str, str] = {}
-    for index, raw in enumerate(tables):
+    for index, raw in enumerate(tables(doc, "tenant")):
         t = _tenant(raw, index)
         if any(o.name == t.name for o in out):
             raise ValueError(f"tenant name {t.name!r} appears twice")

@@ -11,13 +11,13 @@ error once through ``on_error`` — so a key rotation is a file edit, never a re
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Generic, TypeVar
 
 from .errors import ConfigFileError
 
-__all__ = ["Reloading", "read_toml"]
+__all__ = ["Reloading", "read_toml", "tables"]
 
 T = TypeVar("T")
 E = TypeVar("E", bound=ConfigFileError)
@@ -35,6 +35,19 @@ def read_toml(path: str | Path, error: type[ConfigFileError]) -> dict[str, Any]:
         raise error(name, f"not valid TOML: {exc}") from None
     except UnicodeDecodeError as exc:  # tomllib decodes the bytes first
         raise error(name, f"not UTF-8 text: {exc.reason} at byte {exc.start}") from None
+
+
+def tables(doc: Mapping[str, Any], name: str) -> list[Any]:
+    """The ``[[name]]`` tables of a document that holds nothing else; :class:`ValueError`
+    names an unknown top-level key, or a ``name`` that is no array of tables."""
+    extra = sorted(set(doc) - {name})
+    if extra:
+        keys = ", ".join(repr(k) for k in extra)
+        raise ValueError(f"unknown top-level key(s) {keys}; expected [[{name}]] tables")
+    found = doc.get(name, [])
+    if not isinstance(found, list):
+        raise ValueError(f"{name} must be an array of tables ([[{name}]])")
+    return found
 
 
 class Reloading(Generic[T]):

@@ -138,6 +138,9 @@ class Session:
     growth_n: int = 0
     growth_mean: float = 0.0
     growth_m2: float = 0.0
+    ended_calls: tuple[str, ...] = ()
+    """The last :data:`ENDED_CALLS_KEPT` call ids whose end was recorded (:func:`on_tool_end`),
+    so that the same end delivered again after the session moved on records nothing twice."""
 
     @property
     def admitted(self) -> bool:
@@ -313,17 +316,30 @@ def on_tool_end(
 ) -> tuple[Session, float | None]:
     """A tool call ended (or went to the background). Returns the new record and the duration
     to record in the statistics: the reported duration, else ``at - started_at`` when this call
-    was being tracked; ``None`` for background moves and unknown calls. Censoring (a call cut by
-    its timeout) is the caller's to decide from the event."""
+    was being tracked; ``None`` for background moves, unknown calls without a duration, and a
+    call whose end was recorded already (``ended_calls``: a redelivery after the session moved
+    on). Censoring (a call cut by its timeout) is the caller's to decide from the event."""
     cur = s.tool
+    if call_id in s.ended_calls:  # its end was recorded already: a repeat
+        return s, None
     if cur is None or cur.call_id != call_id:
-        return s, duration_s if duration_s is not None and duration_s >= 0 else None
+        if duration_s is None or duration_s < 0:
+            return s, None
+        return _touch(s, at, ended_calls=_kept(s, call_id)), duration_s  # a late end
     if source == INFERRED and cur.source != INFERRED:
         return s, None
     if background:
         return _touch(s, at, tool=replace(cur, background=True)), None
     duration = duration_s if duration_s is not None else max(0.0, at - cur.started_at)
-    return _touch(s, at, tool=replace(cur, completed_at=at)), duration
+    done = replace(cur, completed_at=at)
+    return _touch(s, at, tool=done, ended_calls=_kept(s, call_id)), duration
+
+
+ENDED_CALLS_KEPT: Final = 8
+
+
+def _kept(s: Session, call_id: str) -> tuple[str, ...]:
+    return (*s.ended_calls, call_id)[-ENDED_CALLS_KEPT:]
 
 
 def on_tool_progress(

@@ -228,6 +228,26 @@ class TestToolEvents:
         assert (h.of("Bash").count, h.of("Bash").mean) == (1, 3.5)
         assert [w.reason for w in env.wakes()] == ["arrival", "tool_end"]
 
+    async def test_redelivered_after_the_session_moved_on_is_recorded_once(self, env: Env) -> None:
+        """The ToolEnd's ack is lost (NATS down); by its redelivery the next request has
+        replaced the call (or the end arrived late the first time): recorded once all the
+        same (the record keeps the ids of the ends it recorded). Found by the NATS-restart
+        e2e test (a duration recorded twice)."""
+        await env.send(
+            request(), ToolStart(session_id="s1", call_id="h1", tool="Bash", started_at=11)
+        )
+        await env.send(response(at=12.0))
+        end = ToolEnd(session_id="s1", call_id="h1", ended_at=15.0, tool="Bash", duration_s=3.5)
+        await env.send(end)
+        await env.send(request(rid="r2", at=16.0))  # the next turn: the call is gone
+        await env.send(end)  # the redelivery
+        late = ToolEnd(session_id="s1", call_id="h0", ended_at=9.0, tool="Bash", duration_s=1.5)
+        await env.send(late, late)  # a late end of an earlier call, then its redelivery
+        h = await env.store.history()
+        assert (h.of("Bash").count, h.of("Bash").mean) == (2, 2.5)
+        s = await env.store.get_session("s1")
+        assert s is not None and s.ended_calls == ("h1", "h0")
+
     async def test_kill_after_any_first_write_loses_no_duration(self, env: Env) -> None:
         """The process dies right after the batch's first store write (SIGKILL between two
         writes); the redelivered ToolEnd then finds its call ended, so the duration must have

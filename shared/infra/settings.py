@@ -39,7 +39,7 @@ message names the variable, what is wrong and what was given
 |                           |           | `--api-key`); unset: the client's own, if auth is off   |
 | TAO_PLACEMENT_KEY         | (unset)   | planner: key file it signs placements with (signing.py) |
 | TAO_PLACEMENT_KEYS        | (unset)   | gateway: trusted placement keys; set, unsigned, forged  |
-|                           |           | or stale placements are rejected and counted            |
+|                           |           | or expired placements are rejected and counted          |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |

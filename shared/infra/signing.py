@@ -11,9 +11,9 @@ any node, past every capacity check. With keys configured:
 * the gateway (``TAO_PLACEMENT_KEYS``: a file of trusted public keys) rejects and counts a
   placement that is unsigned, signed by a key it does not know, whose signature does not
   verify (forged or altered), or whose ``issued_at`` is more than ``max_age_s`` old or more
-  than ``max_skew_s`` ahead of its clock (a replay from a capture). Within that window a
-  replay changes nothing: a gateway ignores a placement older than one it applied (the
-  version check).
+  than ``max_skew_s`` ahead of its clock (``expired``: a replay from a capture). Within that
+  window a replay changes nothing: a gateway ignores a placement older than one it applied
+  (the version check).
 
 Key files (TOML; ``tao keys placement`` writes both)::
 
@@ -58,7 +58,7 @@ __all__ = [
     "new_key_files",
 ]
 
-Verdict = Literal["ok", "unsigned", "unknown_key", "forged", "stale"]
+Verdict = Literal["ok", "unsigned", "unknown_key", "forged", "expired"]
 _ID_RE: Final = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 MAX_AGE_S: Final = 60.0
 MAX_SKEW_S: Final = 5.0
@@ -176,7 +176,7 @@ class PlacementVerifier:
             return "forged"
         age = self.clock() - p.issued_at
         if age > self.max_age_s or age < -self.max_skew_s:
-            return "stale"
+            return "expired"
         return "ok"
 
 

@@ -204,7 +204,7 @@ class TestAgentSessions:
 class TestSignedPlacements:
     def test_the_gateway_acted_only_on_signed_placements(self, workload: Workload) -> None:
         """The stack signs placements by default (``tao up``'s own key pair): the gateway
-        admitted sessions from placements and rejected none as unsigned, forged or stale."""
+        admitted sessions from placements and rejected none as unsigned, forged or expired."""
         counts = {
             m.group(1): float(m.group(2))
             for m in re.finditer(
@@ -214,7 +214,7 @@ class TestSignedPlacements:
             )
         }
         assert counts.get("admitted", 0) > 0, counts
-        assert not {"unsigned", "unknown_key", "forged", "stale"} & set(counts), counts
+        assert not {"unsigned", "unknown_key", "forged", "expired"} & set(counts), counts
 
 
 class TestCapacity:

@@ -72,7 +72,7 @@ class TestGatewayVerifies:
             "unsigned": admit(5),
             "unknown_key": intruder.sign(admit(5), now),
             "forged": msgspec.structs.replace(good, node_id="evil"),
-            "stale": signer.sign(admit(5), now - 3600),
+            "expired": signer.sign(admit(5), now - 3600),
         }
         for p in attempts.values():
             await g.bus.publish_msg(p)

@@ -76,9 +76,9 @@ class TestVerdicts:
         garbage = msgspec.structs.replace(load_signer(private).sign(P, NOW), signature="!!")
         assert v.verdict(garbage) == "forged"
 
-    @pytest.mark.parametrize(("age", "verdict"), [(59.0, "ok"), (61.0, "stale"), (-4.0, "ok"),
-                                                  (-6.0, "stale")])  # fmt: skip
-    def test_old_or_future_placements_are_stale(
+    @pytest.mark.parametrize(("age", "verdict"), [(59.0, "ok"), (61.0, "expired"), (-4.0, "ok"),
+                                                  (-6.0, "expired")])  # fmt: skip
+    def test_old_or_future_placements_are_expired(
         self, keys: tuple[Path, Path], age: float, verdict: str
     ) -> None:
         private, trusted = keys

@@ -100,9 +100,14 @@ class TestUpdateSessions:
         """update_sessions_with returns each transition's value (on_tool_end's duration)."""
         s = on_response(_waiting("t", at=1.0), 2.0, total_tokens=10, tool_calls=[("c", "bash")])
         await store.update_session("t", _create(s))
+
+        def late_end(x: Session) -> tuple[Session | None, float | None]:
+            """A late end of an earlier call: its reported duration."""
+            return on_tool_end(x, "c0", 6.0, source="hook", duration_s=4.0)
+
         steps: list[tuple[str, Step]] = [
             ("t", lambda x: on_tool_end(x, "c", 5.5, source="gateway") if x else (None, None)),
-            ("t", lambda x: on_tool_end(x, "c", 6.0, source="gateway") if x else (None, None)),
+            ("t", lambda x: late_end(x) if x else (None, None)),
             ("u", lambda x: (x, "absent")),
         ]
         (first, d1), (second, d2), (absent, v3) = await store.update_sessions_with(steps)

@@ -463,7 +463,25 @@ class Spool:
 def drain(spool: Spool, env: Mapping[str, str], give_up_s: float = DRAIN_GIVE_UP_S) -> int:
     """Deliver ``spool`` in order (the drainer process's work); the records published, or
     -1 when another drainer holds the lock. Gives up after ``give_up_s`` of failures in a row,
-    leaving what is left for the next drainer."""
+    leaving what is left for the next drainer.
+
+    A hook that appends while a drainer holds the lock starts a drainer that finds the lock
+    held and leaves; if that append came after the holder's last look at the spool, nobody
+    would send it until the next hook (a session's last events: Stop, SessionEnd, seen 28 s
+    late under load). So after releasing the lock the drainer looks again and, while
+    something is pending, drains again."""
+    total = -1
+    while True:
+        sent, gave_up = _drain_once(spool, env, give_up_s)
+        if sent < 0:  # another drainer holds the lock: its own look after release covers it
+            return total
+        total = max(total, 0) + sent
+        if gave_up or not spool.pending():
+            return total
+
+
+def _drain_once(spool: Spool, env: Mapping[str, str], give_up_s: float) -> tuple[int, bool]:
+    """One locked pass of :func:`drain`: (records published or -1, whether it gave up)."""
     import fcntl
 
     os.makedirs(spool.directory, mode=0o700, exist_ok=True)
@@ -472,7 +490,7 @@ def drain(spool: Spool, env: Mapping[str, str], give_up_s: float = DRAIN_GIVE_UP
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            return -1
+            return -1, False
         sent = 0
         backoff = _DRAIN_BACKOFF_S[0]
         failing_since: float | None = None
@@ -488,14 +506,14 @@ def drain(spool: Spool, env: Mapping[str, str], give_up_s: float = DRAIN_GIVE_UP
                         now = time.monotonic()
                         failing_since = now if failing_since is None else failing_since
                         if now - failing_since >= give_up_s:
-                            return sent
+                            return sent, True
                         time.sleep(backoff)
                         backoff = min(backoff * 2, _DRAIN_BACKOFF_S[1])
                 failing_since, backoff = None, _DRAIN_BACKOFF_S[0]
                 spool.delivered(end)
                 sent += 1
             spool.finished()
-        return sent
+        return sent, False
     finally:
         os.close(lock)
 

@@ -275,6 +275,32 @@ class TestSpool:
             os.close(fd)
         assert spool.pending()
 
+    def test_an_append_after_the_drainers_last_look_is_still_sent(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """A hook appends just after the drainer found the spool empty (its own drainer found
+        the lock held and left): the drainer looks again after releasing the lock and sends
+        it, in order, instead of leaving it for the next hook."""
+        sent: list[bytes] = []
+        monkeypatch.setattr(
+            hookclient, "publish", lambda url, subj, data, hdrs, dl: sent.append(data)
+        )
+        spool = Spool(str(tmp_path), "s")
+        assert spool.append(b"first", 1.0)
+        take = Spool.take
+        raced: list[bool] = []
+
+        def racing_take(self: Spool) -> bool:
+            got = take(self)
+            if not got and not raced:  # the late hook, between the last look and the unlock
+                raced.append(True)
+                assert self.append(b"late", 2.0)
+            return got
+
+        monkeypatch.setattr(Spool, "take", racing_take)
+        assert drain(spool, {"TAO_NATS_URL": "nats://127.0.0.1:1"}, 0.1) == 2
+        assert sent == [b"first", b"late"] and not spool.pending()
+
     def test_unreachable_nats_spools_the_payload(self, tmp_path: Path) -> None:
         """The hook returns at once, silently, and the payload waits in the spool."""
         env = {"TAO_NATS_URL": f"nats://127.0.0.1:{free_port()}"}

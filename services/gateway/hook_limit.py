@@ -25,7 +25,7 @@ from typing import Any, Final
 
 import orjson
 
-__all__ = ["DEFAULT_BURST", "DEFAULT_RATE", "HookLimiter", "session_of"]
+__all__ = ["DEFAULT_BURST", "DEFAULT_RATE", "HookLimiter", "retry_after", "session_of"]
 
 DEFAULT_RATE: Final = 20.0
 DEFAULT_BURST: Final = 200
@@ -54,6 +54,11 @@ def session_of(body: bytes) -> str:
     return ""
 
 
+def retry_after(seconds: float) -> str:
+    """A ``Retry-After`` value for ``seconds``: whole seconds, at least 1 (RFC 9110 §10.2.3)."""
+    return str(max(1, math.ceil(seconds)))
+
+
 class HookLimiter:
     """Token buckets of ``burst`` events refilled at ``rate`` per second, per key."""
 
@@ -80,8 +85,8 @@ class HookLimiter:
 
     @staticmethod
     def retry_after(wait_s: float) -> str:
-        """``Retry-After`` for ``wait_s``: whole seconds, at least 1 (RFC 9110 §10.2.3)."""
-        return str(max(1, math.ceil(wait_s)))
+        """``Retry-After`` for ``wait_s`` (:func:`retry_after`)."""
+        return retry_after(wait_s)
 
     def __len__(self) -> int:
         return len(self._buckets)

@@ -31,7 +31,6 @@ format, token ids, response readers); the life of a request is this one.
 from __future__ import annotations
 
 import asyncio
-import math
 import uuid
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
@@ -65,6 +64,7 @@ from .apis import Api, openai_error
 from .auth import Auth, Caller
 from .calibration import PromptCalibration
 from .holds import HoldEnded, Holds, HoldTimeout
+from .hook_limit import retry_after
 from .metrics import GatewayMetrics
 from .nodes import NodeDirectory
 from .placements import PlacementMap
@@ -274,12 +274,11 @@ class Relay:
         session_id = caller.session(named_id)
         if self._tenant_full(caller, session_id):
             self.metrics.requests.inc(endpoint=endpoint, outcome="tenant_limit")
-            retry = str(max(1, math.ceil(self.settings.retry_after_s)))
             return api.error(
                 429,
                 "too many requests of this tenant are waiting for admission; retry later",
                 "rate_limit_error",
-                headers={"Retry-After": retry},
+                headers={"Retry-After": retry_after(self.settings.retry_after_s)},
             )
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
@@ -343,7 +342,7 @@ class Relay:
             )
 
     def _unavailable(self, api: Api, message: str) -> web.Response:
-        retry = str(max(1, math.ceil(self.settings.retry_after_s)))  # RFC 9110 §10.2.3: integer
+        retry = retry_after(self.settings.retry_after_s)
         return api.error(503, message, "service_unavailable", headers={"Retry-After": retry})
 
     def _cancel(self, session_id: str, request_id: str, reason: str, one_turn: bool) -> None:

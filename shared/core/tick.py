@@ -583,15 +583,21 @@ def _clear_for(
     return node, out
 
 
+def _room_after(free: Mapping[str, int], admits: Iterable[Move]) -> dict[str, int]:
+    """Each node's free room once ``admits`` took theirs."""
+    room = dict(free)
+    for m in admits:
+        room[m.node] = room.get(m.node, 0) - m.weight
+    return room
+
+
 def _readmit_home(
     admits: Sequence[Move], snapshot: TickSnapshot, free: Mapping[str, int]
 ) -> list[Move]:
     """Released sessions still in their tool (pooled, not needing the GPU), admitted again on
     their last node, most credit first, into the room the plan left there: never room a
     session that needs the GPU was given this round, and only where the prefix may still be."""
-    room = dict(free)
-    for m in admits:
-        room[m.node] = room.get(m.node, 0) - m.weight
+    room = _room_after(free, admits)
     idle = sorted(
         (
             c
@@ -617,9 +623,7 @@ def _stay_home(
 ) -> list[Move]:
     """Move each admit to its session's last node when that node is of equal value (same
     credit) and its room left after the plan allows; the plan's value is unchanged."""
-    room = dict(free)
-    for m in admits:
-        room[m.node] = room.get(m.node, 0) - m.weight
+    room = _room_after(free, admits)
     out: list[Move] = []
     for m in admits:
         c = cands.get(m.session)

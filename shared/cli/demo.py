@@ -69,6 +69,7 @@ from shared.cli.ops import OpsError
 from shared.cli.stack import Stack, StackConfig, StackError
 from shared.contracts import ToolEnd, ToolStart
 from shared.core.policies import POLICY_NAMES
+from shared.infra.access import Access, write_access_dir
 from shared.infra.embedded import EmbeddedServers
 from shared.tables import render, signed
 
@@ -635,14 +636,18 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
     results: list[DemoResult] = []
     real = _real_nodes(args.nodes_file)
     logs = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="tao-demo-"))
-    servers = EmbeddedServers().start() if need_servers else None
+    runs = list(itertools.product(range(args.repeat), enumerate(policies)))
+    spaces = [f"demo{run_id}r{rep}p{i}" for rep, (i, _) in runs]
+    access = logs / "access" if need_servers else None
+    if access is not None:  # one user per role, as `tao up` runs them
+        write_access_dir(Access.new(namespaces=spaces), access)
+    servers = EmbeddedServers(access_dir=access).start() if need_servers else None
     ok = False
     base_seed = args.seed
     try:
         # repeats interleave the policies, so a drift of the machine's load hits them all alike
-        for rep, (i, policy) in itertools.product(range(args.repeat), enumerate(policies)):
+        for ns, (rep, (i, policy)) in zip(spaces, runs, strict=True):
             args.seed = base_seed + rep  # each repeat is another workload draw, the same for all
-            ns = f"demo{run_id}r{rep}p{i}"
             domain = f"demo-{run_id}-{rep}-{i}"
             config = StackConfig(
                 sim_nodes=0 if real else args.sim_nodes,
@@ -657,14 +662,16 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
             for node in real:
                 _reset_prefix_cache(node)
             try:
-                with Stack(config, servers=servers) as stack:
+                with Stack(config, servers=servers, access_dir=access) as stack:
                     if not args.json:
                         which = "" if args.repeat == 1 else f" (run {rep + 1}/{args.repeat})"
                         out.write(
                             f"tao demo: {policy}{which}: {_shape(args)} via {stack.gateway_url}\n"
                         )
                         out.flush()
-                    target = Target(stack.gateway_url, stack.nats_url, stack.redis_url, ns, domain)
+                    target = Target(
+                        stack.gateway_url, stack.nats_for("ops"), stack.redis_for("ops"), ns, domain
+                    )
                     result = asyncio.run(_drive(target, args, policy))
                     result.repeat = rep
                     results.append(result)

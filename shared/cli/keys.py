@@ -9,11 +9,17 @@
     tao keys remove --tenant team-a --digest 9f86d0    # revoke one key by its digest's prefix
     tao keys placement --id p2 --private planner-key.toml --public placement-keys.toml
                                                        # a placement signing key pair
+    tao keys access --dir /keys/access --nats-url nats://nats:4222 --redis-url redis://redis:6379/0
+                                                       # NATS and Redis users per service
 
 The file (``--file``, else ``TAO_TENANTS_FILE``) holds only SHA-256 digests
 (:mod:`shared.infra.tenants`); a running gateway reads it again within a second of a change,
 so a key added or removed takes effect without a restart. Rotate by adding the new key,
 moving the clients to it, then removing the old one.
+
+``tao keys access --dir DIR`` writes the NATS users and Redis ACL users, one per role, with the
+URL files each service connects with (:mod:`shared.infra.access`; ``--rotate ROLE`` gives one
+role a new password; ``--if-missing`` keeps a folder that exists).
 
 ``tao keys placement`` makes the planner's placement signing key (``TAO_PLACEMENT_KEY``, the
 private file, mode 0600) and adds its public half to the gateways' trusted keys
@@ -29,6 +35,16 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from shared.cli.ops import OpsError
+from shared.infra.access import (
+    ACCESS_FILE,
+    NATS_CONF,
+    REDIS_ACL,
+    ROLES,
+    Access,
+    AccessFileError,
+    read_access_dir,
+    write_access_dir,
+)
 from shared.infra.signing import KeyFileError, new_key_files
 from shared.infra.tenants import (
     TenantsFileError,
@@ -122,6 +138,37 @@ def _cmd_placement(args: argparse.Namespace, out: TextIO) -> int:
     return 0
 
 
+def _cmd_access(args: argparse.Namespace, out: TextIO) -> int:
+    folder = Path(args.dir).expanduser()
+    exists = (folder / ACCESS_FILE).exists()
+    try:
+        if exists and args.rotate:
+            access = read_access_dir(folder)
+            for role in args.rotate:
+                access = access.rotated(role)
+        elif exists and args.if_missing:
+            out.write(f"access: {folder} exists; nothing to do\n")
+            return 0
+        elif exists:
+            raise OpsError(f"--dir: {folder} holds an access file; pass --rotate or --if-missing")
+        elif args.rotate:
+            raise OpsError(f"--rotate: {folder} holds no access file yet")
+        else:
+            access = Access.new(args.nats_url, args.redis_url, args.namespace or [""])
+        write_access_dir(access, folder)
+    except (AccessFileError, ValueError) as exc:
+        raise OpsError(str(exc)) from None
+    except OSError as exc:
+        raise OpsError(f"--dir: cannot write {folder}: {exc.strerror or exc}") from None
+    done = f"rotated {', '.join(args.rotate)}" if args.rotate else "wrote"
+    out.write(
+        f"access: {done} {folder}: nats-server -c {folder / NATS_CONF}, valkey-server --aclfile "
+        f"{folder / REDIS_ACL}; each service: TAO_NATS_URL_FILE={folder}/<role>.nats-url, "
+        f"TAO_REDIS_URL_FILE={folder}/<role>.redis-url (roles: {', '.join(ROLES)})\n"
+    )
+    return 0
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -173,3 +220,20 @@ def add_keys_parser(sub: Any) -> None:
         help="do nothing when the private file exists (compose's one-shot `keys` service)",
     )
     pl.set_defaults(run=_cmd_placement)
+
+    ac = actions.add_parser("access", help="NATS users and Redis ACL users, one per role")
+    ac.add_argument("--dir", required=True, metavar="DIR", help="the access folder to write")
+    ac.add_argument("--nats-url", default="nats://127.0.0.1:4222", metavar="URL",
+                    help="the NATS server the URL files name (default: %(default)s)")  # fmt: skip
+    ac.add_argument("--redis-url", default="redis://127.0.0.1:6379/0", metavar="URL",
+                    help="the Redis server the URL files name (default: %(default)s)")  # fmt: skip
+    ac.add_argument("--namespace", action="append", metavar="NS",
+                    help="a TAO_NAMESPACE the permissions cover (repeat)")  # fmt: skip
+    ac.add_argument("--rotate", action="append", choices=ROLES, metavar="ROLE",
+                    help="give ROLE a new password in every file (repeat)")  # fmt: skip
+    ac.add_argument(
+        "--if-missing",
+        action="store_true",
+        help="do nothing when the folder holds an access file (compose's one-shot `keys`)",
+    )
+    ac.set_defaults(run=_cmd_access)

@@ -31,6 +31,7 @@ import orjson
 
 from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
+from shared.infra.access import redact
 from shared.infra.errors import SettingsError
 from shared.infra.runfile import RunInfo, find_running, remove_run_file, write_run_file
 from shared.infra.settings import Settings
@@ -156,8 +157,9 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         write_run_file(
             RunInfo(
                 pid=os.getpid(),
-                nats_url=stack.nats_url,
-                redis_url=stack.redis_url,
+                nats_url=stack.nats_for("ops"),
+                redis_url=stack.redis_for("ops"),
+                hook_nats_url=stack.nats_for("hook"),
                 gateway_url=stack.gateway_url,
                 started_at=time.time(),
                 namespace=config.namespace,
@@ -166,9 +168,12 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
             )
         )
         kind = "embedded" if stack.embedded else "configured"
+        if stack.access_dir is not None:
+            kind += f", one user per service: {stack.access_dir}"
         out.write(
             f"tao up: gateway {stack.gateway_url}/v1\n"
-            f"  nats  {stack.nats_url} ({kind})\n  redis {stack.redis_url} ({kind})\n"
+            f"  nats  {redact(stack.nats_for('ops'))} ({kind})\n"
+            f"  redis {redact(stack.redis_for('ops'))} ({kind})\n"
             + "".join(f"  node  {k} {v}\n" for k, v in stack.node_urls.items())
             + (f"  nodes file {nodes_file}\n" if nodes_file else "")
             + f"  logs  {stack.log_dir}\nCtrl-C stops everything.\n"

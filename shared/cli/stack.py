@@ -29,13 +29,14 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO
 
+from shared.infra.access import ADMIN, SERVICE_ROLES, Access, read_access_dir, write_access_dir
 from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
 from shared.infra.nodesfile import render_nodes_file
-from shared.infra.settings import NodeSpec
+from shared.infra.settings import NodeSpec, with_url_files
 from shared.infra.signing import new_key_files
 
 __all__ = ["SERVICES", "Stack", "StackConfig", "StackError", "exit_reason", "simnode_launch"]
@@ -117,12 +118,24 @@ class StackConfig:
     log_dir: str | None = None
     extra_env: Mapping[str, str] = field(default_factory=dict)
     env: Mapping[str, str] | None = None
+    access: bool = True
+    """Embedded servers with one user per role (:mod:`shared.infra.access`): each service
+    connects as its own, with only its permissions. Servers named by the environment are
+    the operator's, used with the URLs given."""
 
 
 class Stack:
     """A running stack; use as a context manager or call :meth:`start` / :meth:`stop`."""
 
-    def __init__(self, config: StackConfig, *, servers: EmbeddedServers | None = None) -> None:
+    def __init__(
+        self,
+        config: StackConfig,
+        *,
+        servers: EmbeddedServers | None = None,
+        access_dir: Path | None = None,
+    ) -> None:
+        """``servers``: embedded servers shared with other stacks (``tao demo``), started with
+        the access folder ``access_dir`` (covering this stack's namespace), if any."""
         self.config = config
         self._base = dict(os.environ if config.env is None else config.env)
         self._servers = servers
@@ -138,6 +151,9 @@ class Stack:
         """The environment the services were started with (after :meth:`start`)."""
         self.nodes_file: Path | None = None
         self.embedded = False
+        self.access: Access | None = None
+        """The roles' credentials when the stack's servers check them, else None."""
+        self.access_dir: Path | None = access_dir
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -146,9 +162,9 @@ class Stack:
         try:
             self._start_servers()
             self._start_simnodes()
-            env = self.env = self.service_env()
+            self.env = self.service_env()
             for name in SERVICES:
-                self._spawn(name, [sys.executable, "-m", f"services.{name}"], env)
+                self._spawn(name, [sys.executable, "-m", f"services.{name}"], self.env_for(name))
             for node_id, url in self.node_urls.items():
                 self._wait_http(node_id, f"{url}/healthz")
             self._wait_http("gateway", f"{self.gateway_url}/healthz")
@@ -188,16 +204,50 @@ class Stack:
     # -- parts ------------------------------------------------------------------------------
 
     def _start_servers(self) -> None:
-        nats = self._base.get("TAO_NATS_URL") or None
-        redis = self._base.get("TAO_REDIS_URL") or None
+        given = with_url_files(self._base)  # SettingsError naming a bad *_FILE
+        nats = given.get("TAO_NATS_URL") or None
+        redis = given.get("TAO_REDIS_URL") or None
         if (nats is None or redis is None) and self._servers is None:
-            self._servers = EmbeddedServers(nats=nats is None, redis=redis is None).start()
+            folder = None
+            if self.config.access and nats is None and redis is None:
+                folder = self.access_dir = self.log_dir / "access"
+                write_access_dir(Access.new(namespaces=(self.config.namespace,)), folder)
+            self._servers = EmbeddedServers(
+                nats=nats is None, redis=redis is None, access_dir=folder
+            ).start()
             self._own_servers = True
         if nats is None or redis is None:
             self.embedded = True
         srv = self._servers
         self.nats_url = nats or (srv.nats_url if srv is not None else None) or ""
         self.redis_url = redis or (srv.redis_url if srv is not None else None) or ""
+        if self.access_dir is not None:
+            access = read_access_dir(self.access_dir)
+            if access.nats_url != self.nats_url or access.redis_url != self.redis_url:
+                access = replace(access, nats_url=self.nats_url, redis_url=self.redis_url)
+                write_access_dir(access, self.access_dir)  # the URLs name the real ports
+            self.access = access
+            self.nats_url, self.redis_url = access.nats(ADMIN), access.redis(ADMIN)
+
+    def nats_for(self, role: str) -> str:
+        """The NATS URL ``role`` connects with (the plain URL when access is off)."""
+        return self.access.nats(role) if self.access is not None else self.nats_url
+
+    def redis_for(self, role: str) -> str:
+        """The Redis URL ``role`` connects with (the plain URL when access is off)."""
+        return self.access.redis(role) if self.access is not None else self.redis_url
+
+    def env_for(self, service: str) -> dict[str, str]:
+        """The environment of ``service``: :meth:`service_env`'s, with its own credentials
+        (URL files of its role) when access is on."""
+        env = dict(self.env)
+        if self.access_dir is not None:
+            role = service if service in SERVICE_ROLES else "ops"
+            env.pop("TAO_NATS_URL", None)
+            env.pop("TAO_REDIS_URL", None)
+            env["TAO_NATS_URL_FILE"] = str(self.access_dir / f"{role}.nats-url")
+            env["TAO_REDIS_URL_FILE"] = str(self.access_dir / f"{role}.redis-url")
+        return env
 
     def _start_simnodes(self) -> None:
         cfg = self.config

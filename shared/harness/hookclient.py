@@ -61,6 +61,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from typing import BinaryIO
+from urllib.parse import unquote
 
 __all__ = [
     "DEFAULT_NATS_URL",
@@ -159,16 +160,26 @@ def run_file_path(env: Mapping[str, str]) -> str:
 
 
 def nats_url(env: Mapping[str, str]) -> str:
-    """``TAO_NATS_URL``, else the running ``tao up``'s NATS URL, else the local default."""
+    """``TAO_NATS_URL``, else the URL in the file ``TAO_NATS_URL_FILE`` names (a ``hook``
+    role's, from ``tao keys access``), else the running ``tao up``'s hook URL, else the local
+    default."""
     configured = env.get("TAO_NATS_URL", "").split(",")[0].strip()
     if configured:
         return configured
+    url_file = env.get("TAO_NATS_URL_FILE", "").strip()
+    if url_file:
+        try:
+            with open(url_file, encoding="utf-8") as fh:
+                return fh.read(4096).strip().split(",")[0].strip() or DEFAULT_NATS_URL
+        except (OSError, UnicodeDecodeError):
+            raise HookClientError(f"TAO_NATS_URL_FILE: cannot read {url_file}") from None
     try:
         with open(run_file_path(env), "rb") as fh:
             info = json.loads(fh.read(65536))
-        url = info.get("nats_url") if isinstance(info, dict) else None
-        if isinstance(url, str) and url:
-            return url
+        for key in ("hook_nats_url", "nats_url"):
+            url = info.get(key) if isinstance(info, dict) else None
+            if isinstance(url, str) and url:
+                return url
     except (OSError, ValueError):
         pass
     return DEFAULT_NATS_URL
@@ -185,7 +196,7 @@ def _address(url: str) -> tuple[str, int, dict[str, str]]:
     auth: dict[str, str] = {}
     if "@" in rest:
         userinfo, rest = rest.rsplit("@", 1)
-        user, colon, password = userinfo.partition(":")
+        user, colon, password = (unquote(part) for part in userinfo.partition(":"))
         auth = {"user": user, "pass": password} if colon else {"auth_token": user}
     if rest.startswith("["):  # [v6]:port
         host, _, port = rest[1:].partition("]")

@@ -16,6 +16,7 @@ import asyncio
 import contextlib
 from collections.abc import Coroutine, Mapping
 from typing import Any, Final, TypeVar
+from urllib.parse import unquote, urlsplit
 
 import nats
 import nats.errors
@@ -26,6 +27,7 @@ from nats.js import api
 from shared.contracts import Message, encode, subjects
 from shared.contracts.subjects import Stream
 
+from .access import inbox_prefix, redact
 from .busapi import (
     MSG_ID_HEADER,
     BatchHandler,
@@ -114,11 +116,14 @@ class Bus:
         refused port (``nats://127.0.0.1:1``) and never returns, whatever its
         ``connect_timeout`` (which bounds one attempt) and ``allow_reconnect`` say."""
         nc = Client()
+        user = urlsplit(url.split(",")[0].strip()).username
         try:
             async with asyncio.timeout(connect_timeout_s):
                 await nc.connect(
                     url,
                     name=name,
+                    # a role's replies and deliveries come on an inbox only it may read
+                    inbox_prefix=inbox_prefix(unquote(user)) if user else "_INBOX",
                     connect_timeout=max(
                         1, round(min(connect_timeout_s, _ATTEMPT_S))
                     ),  # nats-py: int s
@@ -134,7 +139,7 @@ class Bus:
                 if isinstance(exc, TimeoutError)
                 else str(exc) or type(exc).__name__
             )
-            raise BusError(f"cannot connect to NATS at {url}: {why}") from exc
+            raise BusError(f"cannot connect to NATS at {redact(url)}: {why}") from exc
         return cls(
             nc,
             namespace=namespace,

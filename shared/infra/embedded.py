@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 
 import anyio
 
+from .access import NATS_CONF, REDIS_ACL
 from .errors import EmbeddedServerError
 
 __all__ = [
@@ -173,10 +174,19 @@ def redis_answers(url: str, timeout: float = 1.0) -> bool:
 class EmbeddedServers:
     """Start nats-server and/or Valkey; ``with`` / ``async with`` or :meth:`start`/:meth:`stop`."""
 
-    def __init__(self, *, nats: bool = True, redis: bool = True, data_dir: str | None = None):
+    def __init__(
+        self,
+        *,
+        nats: bool = True,
+        redis: bool = True,
+        data_dir: str | None = None,
+        access_dir: str | Path | None = None,
+    ):
         self._want_nats = nats
         self._want_redis = redis
         self._data_dir = data_dir
+        self._access_dir = Path(access_dir) if access_dir is not None else None
+        """An access folder (:mod:`.access`): its users and permissions are the servers'."""
         self._tmp: str | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []
@@ -193,6 +203,8 @@ class EmbeddedServers:
                 store = Path(root) / "nats"
                 store.mkdir(parents=True, exist_ok=True)
                 cmd = [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port)]
+                if self._access_dir is not None:
+                    cmd += ["-c", str(self._access_dir / NATS_CONF)]
                 self._spawn("nats-server", [*cmd, "-sd", str(store)], root)
                 self.nats_url = f"nats://127.0.0.1:{port}"
                 self._wait("nats-server", lambda: nats_answers(self.nats_url or ""))
@@ -200,6 +212,8 @@ class EmbeddedServers:
                 port = free_port()
                 cmd = [find_valkey_server(), "--port", str(port), "--bind", "127.0.0.1"]
                 opts = ["--save", "", "--appendonly", "no", "--dir", root]
+                if self._access_dir is not None:
+                    opts += ["--aclfile", str(self._access_dir / REDIS_ACL)]
                 self._spawn("valkey-server", [*cmd, *opts], root)
                 self.redis_url = f"redis://127.0.0.1:{port}/0"
                 self._wait("valkey-server", lambda: redis_answers(self.redis_url or ""))

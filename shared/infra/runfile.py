@@ -38,6 +38,8 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     namespace: str = ""
     services: tuple[str, ...] = ()
     nodes_file: str | None = None
+    hook_nats_url: str | None = None
+    """The URL ``tao hook`` publishes with (the ``hook`` role's, when access is on)."""
 
 
 def run_file_path(env: Mapping[str, str] | None = None) -> Path:
@@ -58,7 +60,9 @@ def write_run_file(info: RunInfo, path: Path | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     info = info if info.started_at else msgspec.structs.replace(info, started_at=time.time())
-    tmp.write_bytes(msgspec.json.encode(info))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # it holds credentials
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(msgspec.json.encode(info))
     tmp.replace(path)
     return path
 

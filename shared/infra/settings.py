@@ -8,6 +8,9 @@ message names the variable, what is wrong and what was given
 |---------------------------|-----------|---------------------------------------------------------|
 | TAO_NATS_URL              | (unset)   | NATS URL (JetStream on); unset: `tao up` starts one     |
 | TAO_REDIS_URL             | (unset)   | Redis/Valkey URL; unset: `tao up` starts Valkey         |
+| TAO_NATS_URL_FILE         | (unset)   | file holding TAO_NATS_URL (with the role's credentials, |
+|                           |           | `tao keys access`); instead of TAO_NATS_URL             |
+| TAO_REDIS_URL_FILE        | (unset)   | file holding TAO_REDIS_URL, the same way                |
 | TAO_NAMESPACE             | ""        | prefix of every subject (`ns.`) and stream (`ns_`)      |
 | TAO_DOMAIN                | default   | scheduling domain; the Redis hash tag `{domain}`        |
 | TAO_TICK_S                | 1.0       | scheduling tick period, s (> 0)                         |
@@ -63,10 +66,20 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from .access import redact
 from .errors import SettingsError
 from .nodesfile import NodesFileError, NodeSpec, load_nodes_file, url_root
 
-__all__ = ["LOG_FORMATS", "LOG_LEVELS", "VARIABLES", "NodeSpec", "Settings", "url_root"]
+__all__ = [
+    "LOG_FORMATS",
+    "LOG_LEVELS",
+    "URL_FILES",
+    "VARIABLES",
+    "NodeSpec",
+    "Settings",
+    "url_root",
+    "with_url_files",
+]
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
@@ -123,6 +136,7 @@ class Settings:
     def from_env(cls, env: Mapping[str, str] = os.environ) -> Settings:
         """Parse every ``TAO_*`` variable in ``env``; SettingsError names the first bad one."""
         values: dict[str, Any] = {}
+        env = with_url_files(env)
         for attr, (variable, parse) in _PARSERS.items():
             raw = env.get(variable, "").strip()
             if raw:
@@ -210,10 +224,37 @@ def _url(*schemes: str) -> Parser:
     def parse(variable: str, raw: str) -> str:
         scheme, sep, rest = raw.partition("://")
         if not sep or scheme.lower() not in schemes or not rest:
-            raise SettingsError(variable, raw, f"must be a URL with scheme {' or '.join(schemes)}")
+            raise SettingsError(
+                variable, redact(raw), f"must be a URL with scheme {' or '.join(schemes)}"
+            )
         return raw
 
     return parse
+
+
+URL_FILES: Final = ("TAO_NATS_URL", "TAO_REDIS_URL")
+"""Variables that may instead be read from the file ``<variable>_FILE`` names (the Docker
+secrets convention): a URL with a role's password stays out of the environment."""
+
+
+def with_url_files(env: Mapping[str, str]) -> Mapping[str, str]:
+    """``env`` with each ``<variable>_FILE`` of :data:`URL_FILES` read into ``<variable>``."""
+    out: dict[str, str] | None = None
+    for variable in URL_FILES:
+        path = env.get(f"{variable}_FILE", "").strip()
+        if not path:
+            continue
+        if env.get(variable, "").strip():
+            raise SettingsError(f"{variable}_FILE", path, f"set either {variable} or this")
+        try:
+            value = open(path, encoding="utf-8").read().strip()  # noqa: SIM115 - one read
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SettingsError(f"{variable}_FILE", path, f"cannot read: {exc}") from None
+        if not value:
+            raise SettingsError(f"{variable}_FILE", path, "the file is empty")
+        out = dict(env) if out is None else out
+        out[variable] = value
+    return env if out is None else out
 
 
 def _text(variable: str, raw: str) -> str:
@@ -293,4 +334,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
 }
 """Settings attribute -> (environment variable, parser). Unset or empty: the field default."""
 
-VARIABLES: Final[tuple[str, ...]] = tuple(variable for variable, _ in _PARSERS.values())
+VARIABLES: Final[tuple[str, ...]] = (
+    *(variable for variable, _ in _PARSERS.values()),
+    *(f"{variable}_FILE" for variable in URL_FILES),
+)

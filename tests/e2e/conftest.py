@@ -100,7 +100,7 @@ class E2E:
         log = open(self.log_dir / f"{name}.restarted.log", "ab")  # noqa: SIM115 - closed in close()
         proc = subprocess.Popen(
             [sys.executable, "-m", f"services.{name}"],
-            env=self.env,
+            env=self.stack.env_for(name),
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
@@ -122,16 +122,17 @@ class E2E:
         self.stack.stop()
 
     @contextlib.asynccontextmanager
-    async def clients(self) -> AsyncIterator[Clients]:
+    async def clients(self, role: str = "admin") -> AsyncIterator[Clients]:
         """An ``openai.AsyncOpenAI`` on the gateway (no retries), a bus in the stack's
-        namespace and a Redis client; all closed afterwards."""
+        namespace and a Redis client, as ``role`` where the stack checks access; all closed
+        afterwards."""
         import openai
 
         api = openai.AsyncOpenAI(
             base_url=f"{self.gateway}/v1", api_key="e2e", max_retries=0, timeout=120.0
         )
-        bus = await Bus.connect(self.stack.nats_url, name="e2e", namespace=self.namespace)
-        redis = aioredis.Redis.from_url(self.stack.redis_url)
+        bus = await Bus.connect(self.stack.nats_for(role), name="e2e", namespace=self.namespace)
+        redis = aioredis.Redis.from_url(self.stack.redis_for(role))
         try:
             models = await api.models.list()
             yield Clients(api, bus, redis, models.data[0].id, self.domain)

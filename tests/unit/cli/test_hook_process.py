@@ -218,6 +218,24 @@ class TestAgreement:
         assert nats_url({**env, "TAO_NATS_URL": "nats://a:1,nats://b:2"}) == "nats://a:1"
         assert nats_url({"TAO_RUN_FILE": str(tmp_path / "none")}) == "nats://127.0.0.1:4222"
 
+    def test_url_of_the_hook_role(self, tmp_path: Path) -> None:
+        """A `tao up` that checks access records the hook role's URL, which a hook prefers to
+        the operator's; ``TAO_NATS_URL_FILE`` (a URL file of `tao keys access`) comes before
+        the run file, and one that cannot be read is an error, not a silent default."""
+        run = tmp_path / "run.json"
+        run.write_text(
+            '{"pid": 1, "nats_url": "nats://ops:p@h:1", "redis_url": "r",'
+            ' "hook_nats_url": "nats://hook:q@h:1"}'
+        )
+        env = {"TAO_RUN_FILE": str(run)}
+        assert nats_url(env) == "nats://hook:q@h:1"
+        (tmp_path / "hook.nats-url").write_text("nats://hook:z@h:2\n")
+        assert nats_url({**env, "TAO_NATS_URL_FILE": str(tmp_path / "hook.nats-url")}) == (
+            "nats://hook:z@h:2"
+        )
+        with pytest.raises(HookClientError, match="TAO_NATS_URL_FILE"):
+            nats_url({**env, "TAO_NATS_URL_FILE": str(tmp_path / "missing")})
+
     def test_read_payload_caps(self) -> None:
         """At most limit + 1 bytes are read; a larger payload becomes the marker."""
         data = read_payload(io.BytesIO(b"x" * 100), 10, deadline=float("inf"))

@@ -6,6 +6,7 @@ import fnmatch
 import json
 import re
 import shlex
+import subprocess
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -32,7 +33,8 @@ TAO_SERVICES = CONTROL_PLANE + SIMNODES
 KNOWN_SERVICE_PACKAGES = frozenset(
     {"telemetry", "tools", "valuation", "planner", "gateway", "simnode"}
 )
-REQUIRED_ENV = ("TAO_NATS_URL", "TAO_REDIS_URL", "TAO_NODES_FILE", "TAO_POLICY")
+REQUIRED_ENV = ("TAO_NATS_URL_FILE", "TAO_REDIS_URL_FILE", "TAO_NODES_FILE", "TAO_POLICY")
+ACCESS_DIR = "/keys/access"
 NODES_TARGET = "/etc/tao/nodes.toml"
 HEALTHY = {"condition": "service_healthy"}
 
@@ -85,6 +87,8 @@ def _settings(name: str) -> Settings:
     exists only in the container; :func:`_nodes` reads the config it comes from)."""
     env = _environment(name)
     assert env.pop("TAO_NODES_FILE", NODES_TARGET) == NODES_TARGET
+    for variable in ("TAO_NATS_URL_FILE", "TAO_REDIS_URL_FILE"):  # in the volume; see TestAccess
+        env.pop(variable, None)
     return Settings.from_env(env)
 
 
@@ -248,6 +252,89 @@ class TestPlacementKeys:
         assert (tmp_path / "t.toml").read_text() == first
 
 
+class TestAccess:
+    """NATS and Redis check every client by default: the one-shot `access` service writes one
+    user per role into the `tao-keys` volume, the servers load them, and each service reads
+    its own URL (credentials included) from a file there."""
+
+    def _access_args(self) -> Any:
+        service = _service("access")
+        assert service["restart"] == "no" and service["image"] == IMAGE
+        assert service["volumes"] == ["tao-keys:/keys"]
+        args = build_parser().parse_args(service["command"])
+        assert (args.command, args.action, args.dir, args.if_missing) == (
+            "keys",
+            "access",
+            ACCESS_DIR,
+            True,
+        )
+        return args
+
+    def test_access_names_the_compose_servers_and_namespace(self) -> None:
+        args = self._access_args()
+        assert (args.nats_url, args.redis_url) == ("nats://nats:4222", "redis://redis:6379/0")
+        command = _service("access")["command"]
+        assert command[command.index("--namespace") + 1] == "${TAO_NAMESPACE:-}"
+        assert str(_service("telemetry")["environment"]["TAO_NAMESPACE"]) == "${TAO_NAMESPACE:-}"
+
+    @pytest.mark.parametrize(
+        ("name", "flag", "path"),
+        [
+            ("nats", "-c", f"{ACCESS_DIR}/nats.conf"),
+            ("redis", "--aclfile", f"{ACCESS_DIR}/users.acl"),
+        ],
+    )
+    def test_servers_load_the_users(self, name: str, flag: str, path: str) -> None:
+        service = _service(name)
+        assert _option(service["command"], flag) == path
+        assert "tao-keys:/keys:ro" in service["volumes"]
+        assert service["depends_on"]["access"] == {"condition": "service_completed_successfully"}
+
+    @pytest.mark.parametrize(
+        ("name", "role"),
+        [*((n, n) for n in CONTROL_PLANE), ("kv-bridge", "ops"), ("demo", "ops")],
+    )
+    def test_each_client_connects_as_its_role(self, name: str, role: str) -> None:
+        env = _environment(name)
+        assert env["TAO_NATS_URL_FILE"] == f"{ACCESS_DIR}/{role}.nats-url"
+        assert env["TAO_REDIS_URL_FILE"] == f"{ACCESS_DIR}/{role}.redis-url"
+        assert "tao-keys:/keys:ro" in _service(name)["volumes"]
+
+    def test_the_access_command_writes_what_the_containers_read(self, tmp_path: Path) -> None:
+        """Run the service's own command (into a temporary folder): every file a container
+        names exists, each URL file names the compose server as its role, nats-server accepts
+        the config (`-t`), and a second run changes nothing."""
+        from shared.infra.embedded import find_nats_server
+
+        command = list(_service("access")["command"])
+        command[command.index("--dir") + 1] = str(tmp_path)
+        command[command.index("--namespace") + 1] = ""
+        assert main(command) == 0
+        for name, role in [*((n, n) for n in CONTROL_PLANE), ("demo", "ops")]:
+            env = _environment(name)
+            nats = (tmp_path / Path(env["TAO_NATS_URL_FILE"]).name).read_text().strip()
+            redis = (tmp_path / Path(env["TAO_REDIS_URL_FILE"]).name).read_text().strip()
+            assert (urlsplit(nats).hostname, urlsplit(nats).port) == ("nats", 4222)
+            assert (urlsplit(redis).hostname, urlsplit(redis).port) == ("redis", 6379)
+            assert urlsplit(nats).username == urlsplit(redis).username == role
+            assert (
+                Settings.from_env(
+                    {"TAO_NATS_URL_FILE": str(tmp_path / Path(env["TAO_NATS_URL_FILE"]).name)}
+                ).nats_url
+                == nats
+            )
+        checked = subprocess.run(
+            [find_nats_server(), "-t", "-c", str(tmp_path / "nats.conf")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+        assert main(command) == 0
+        assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
+
+
 class TestTaoServices:
     """Every TAO container runs the one image, as `tao service <name>`, wired to the brokers."""
 
@@ -262,7 +349,7 @@ class TestTaoServices:
     def test_every_container_of_the_image_is_listed(self) -> None:
         """No service outside the known TAO set (and demo, kv-bridge) uses the TAO image."""
         users = {n for n, s in _compose()["services"].items() if s.get("image") == IMAGE}
-        assert users == {*TAO_SERVICES, "demo", "kv-bridge", "keys"}
+        assert users == {*TAO_SERVICES, "demo", "kv-bridge", "keys", "access"}
 
     @pytest.mark.parametrize("name", TAO_SERVICES)
     def test_command_names_a_service_package(self, name: str) -> None:
@@ -292,8 +379,9 @@ class TestTaoServices:
         """Broker URLs point at the compose services, nodes are listed, the policy is settable."""
         env = _environment(name)
         assert set(REQUIRED_ENV) <= env.keys()
-        assert env["TAO_NATS_URL"] == "nats://nats:4222"
-        assert env["TAO_REDIS_URL"] == "redis://redis:6379/0"
+        assert "TAO_NATS_URL" not in env and "TAO_REDIS_URL" not in env  # no shared credentials
+        assert env["TAO_NATS_URL_FILE"] == f"{ACCESS_DIR}/{name}.nats-url"
+        assert env["TAO_REDIS_URL_FILE"] == f"{ACCESS_DIR}/{name}.redis-url"
         raw_policy = str(_service(name)["environment"]["TAO_POLICY"])
         assert raw_policy == "${TAO_POLICY:-tao}"
 
@@ -343,7 +431,7 @@ class TestTaoServices:
     @pytest.mark.parametrize("name", CONTROL_PLANE)
     def test_control_plane_agrees_on_nodes_and_policy(self, name: str) -> None:
         """Every control-plane service sees the same brokers, nodes and policy."""
-        keys = (*REQUIRED_ENV, "TAO_NAMESPACE")
+        keys = ("TAO_NODES_FILE", "TAO_POLICY", "TAO_NAMESPACE")  # URL files: per role, above
         reference = _environment("planner")
         env = _environment(name)
         assert {k: env.get(k) for k in keys} == {k: reference.get(k) for k in keys}

@@ -1,0 +1,400 @@
+"""Who may publish, subscribe and touch which keys: one NATS user and one Redis user per role.
+
+Without it, anyone who reaches NATS can publish hook payloads for any tenant or placements for
+any gateway, and anyone who reaches Redis can write an admission the gateway then serves. With
+it (the default of ``tao up`` and compose), each service connects as its own user and may do
+only what its code does:
+
+======== ================================================ ======================================
+role     NATS: publishes (and consumes)                   Redis
+======== ================================================ ======================================
+telemetry node status, dead letters; consumes session      writes nodes and residency, reads the
+         events and KV events; answers ``inspect``        rest
+tools    wake-ups, session ends, dead letters; consumes   writes sessions, their index sets and
+         session, tool and hook events                    tool statistics, reads nodes
+valuation snapshots, idle sessions' ends, dead letters;   writes probe marks and idle ends on
+         core subscription to wake-ups                    sessions, reads the rest
+planner  **placements** (the only role that may), plans,  writes sessions, nodes' reservations,
+         dead letters; subscribes to snapshots             the planner's counters
+gateway  session and tool events, hook payloads (its      **read only**: it cannot admit a
+         ``POST /hooks``), dead letters; placements,      session by writing the store
+         node status, session ends
+hook     **hook payloads only** (``tao hook``,            none
+         mini-swe-agent's environment)
+ops      the operator's CLIs (``tao inspect``, ``demo``,  reads everything
+         ``kv-bridge``, ``status``): everything but
+         placements and stream management
+admin    everything (tests, an operator's repair)          everything
+======== ================================================ ======================================
+
+Every role but ``admin`` gets its replies on an inbox of its own (``_INBOX_<role>.>``, set by
+:class:`~shared.infra.bus.Bus` from the URL's user name), so no role can read another's
+JetStream deliveries or replies. The ``default`` Redis user is left able to ``PING`` only (health
+checks); NATS refuses a client without a user.
+
+Files (:func:`write_access_dir`, ``tao keys access``), in one folder (mode 0700):
+
+* ``nats.conf``: the ``authorization`` block, for ``nats-server -c`` (plain passwords, mode
+  0600: the server compares them; an operator's own config may ``include`` it);
+* ``users.acl``: Valkey/Redis ACL file (``--aclfile``), passwords as SHA-256 digests (0644);
+* ``<role>.nats-url`` and ``<role>.redis-url``: the URL each role connects with, credentials
+  included (0600), read by ``TAO_NATS_URL_FILE`` / ``TAO_REDIS_URL_FILE``;
+* ``access.toml``: the roles' passwords, the namespace and the servers' addresses the URLs name
+  (0600), so that ``--if-missing`` keeps them and a new namespace can be added.
+
+Rotation: run ``tao keys access --rotate ROLE`` (a new password in every file), reload the
+servers (``nats-server --signal reload``, ``ACL LOAD``) and restart that role's services.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import tomllib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Final
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from shared.contracts import subjects
+from shared.contracts.subjects import Stream
+
+from .errors import ConfigFileError
+
+__all__ = [
+    "ACCESS_FILE",
+    "ADMIN",
+    "NATS_CONF",
+    "REDIS_ACL",
+    "ROLES",
+    "SERVICE_ROLES",
+    "Access",
+    "AccessFileError",
+    "NatsGrant",
+    "RedisGrant",
+    "inbox_prefix",
+    "nats_authorization",
+    "read_access_dir",
+    "redact",
+    "redis_acl",
+    "role_url",
+    "write_access_dir",
+]
+
+ACCESS_FILE: Final = "access.toml"
+NATS_CONF: Final = "nats.conf"
+REDIS_ACL: Final = "users.acl"
+ADMIN: Final = "admin"
+
+
+class AccessFileError(ConfigFileError):
+    """An access folder that cannot be read or written; names the file and what is wrong."""
+
+
+@dataclass(frozen=True, slots=True)
+class NatsGrant:
+    """What one role may do on NATS, in plain (namespace-less) subjects."""
+
+    publish: tuple[str, ...] = ()
+    subscribe: tuple[str, ...] = ()
+    consumes: tuple[Stream, ...] = ()
+    """Streams it runs JetStream consumers on (consumer API, acks)."""
+    streams: bool = True
+    """May create and update TAO's streams (every service does at start-up)."""
+    responds: bool = False
+    """Answers requests (``inspect``): may publish on the requester's reply subject."""
+    everything: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RedisGrant:
+    """What one role may do on Redis: key patterns it may write, and whether it may read all."""
+
+    writes: tuple[str, ...] = ()
+    """Key kinds (after ``tao:{<domain>}:``) it may write; ``*`` is every key."""
+    reads: bool = True
+
+
+_DLQ = subjects.dead_letters()
+_S = subjects
+
+NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
+    "telemetry": NatsGrant(
+        publish=(_S.node_statuses(), _DLQ),
+        subscribe=(f"{_S.PREFIX}.inspect.*",),
+        consumes=(_S.STREAM_SESSION, _S.STREAM_KV),
+        responds=True,
+    ),
+    "tools": NatsGrant(
+        publish=(_S.wake(), _S.session_events("end"), _DLQ),
+        consumes=(_S.STREAM_SESSION, _S.STREAM_TOOL, _S.STREAM_HOOK),
+    ),
+    "valuation": NatsGrant(
+        publish=(_S.valuation_snapshot(), _S.session_events("end"), _DLQ),
+        subscribe=(_S.wake(),),
+    ),
+    "planner": NatsGrant(
+        publish=(_S.placements(), _S.plan(), _DLQ),
+        subscribe=(_S.valuation_snapshot(),),
+    ),
+    "gateway": NatsGrant(
+        publish=(_S.session_events(), _S.tool_events(), _S.hook_events_all(), _S.wake(), _DLQ),
+        subscribe=(_S.node_statuses(), _S.session_events("end")),
+        consumes=(_S.STREAM_PLACEMENT,),
+    ),
+    "hook": NatsGrant(publish=(_S.hook_events_all(),), streams=False),
+    "ops": NatsGrant(
+        publish=(
+            _S.tool_events(),
+            _S.session_events(),
+            _S.hook_events_all(),
+            _S.kv_events_all(),
+            f"{_S.PREFIX}.inspect.*",
+            _S.wake(),
+            _DLQ,
+        ),
+        subscribe=(f"{_S.PREFIX}.>",),
+        consumes=subjects.ALL_STREAMS,
+        streams=False,
+    ),
+    ADMIN: NatsGrant(everything=True),
+}
+
+_SESSION_KEYS: Final = ("s:*", "sessions", "pool", "admitted_tool", "res:*", "nres:*", "chain:*")
+"""A session's record, its index sets and what its end deletes (residency, block chain)."""
+
+REDIS_GRANTS: Final[Mapping[str, RedisGrant]] = {
+    "telemetry": RedisGrant(writes=("n:*", "nodes", "res:*", "nres:*", "chain:*", "chains")),
+    "tools": RedisGrant(writes=(*_SESSION_KEYS, "chains", "toolstats", "n:*")),
+    "valuation": RedisGrant(writes=(*_SESSION_KEYS, "chains", "n:*")),
+    "planner": RedisGrant(writes=("s:*", "pool", "admitted_tool", "n:*", "planner", "solve_ms")),
+    "gateway": RedisGrant(),
+    "hook": RedisGrant(reads=False),
+    "ops": RedisGrant(),
+    ADMIN: RedisGrant(writes=("*",)),
+}
+
+ROLES: Final = tuple(NATS_GRANTS)
+SERVICE_ROLES: Final = ("telemetry", "tools", "valuation", "planner", "gateway")
+"""The roles ``tao up`` and compose start a service as (the service's own name)."""
+
+
+def inbox_prefix(user: str) -> str:
+    """The reply inbox of a role's clients (``_INBOX_<user>``; its permissions allow only it)."""
+    return f"_INBOX_{user}"
+
+
+def _ns_subject(namespace: str, subject: str) -> str:
+    return f"{namespace}.{subject}" if namespace else subject
+
+
+def _ns_stream(namespace: str, stream: Stream) -> str:
+    return f"{namespace}_{stream.name}" if namespace else stream.name
+
+
+def _nats_permissions(role: str, namespaces: Iterable[str]) -> dict[str, object]:
+    grant = NATS_GRANTS[role]
+    if grant.everything:
+        return {"publish": {"allow": [">"]}, "subscribe": {"allow": [">"]}}
+    pub: list[str] = []
+    sub: list[str] = [f"{inbox_prefix(role)}.>"]
+    for ns in namespaces:
+        pub += [_ns_subject(ns, s) for s in grant.publish]
+        sub += [_ns_subject(ns, s) for s in grant.subscribe]
+        if grant.streams or grant.consumes:
+            pub += ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
+            pub += [f"$JS.API.STREAM.INFO.{_ns_stream(ns, s)}" for s in subjects.ALL_STREAMS]
+        if grant.streams:
+            for verb in ("CREATE", "UPDATE"):
+                pub += [f"$JS.API.STREAM.{verb}.{_ns_stream(ns, s)}" for s in subjects.ALL_STREAMS]
+        for stream in grant.consumes:
+            name = _ns_stream(ns, stream)
+            pub += [f"$JS.API.CONSUMER.*.{name}", f"$JS.API.CONSUMER.*.{name}.>"]
+            pub += [f"$JS.API.CONSUMER.DURABLE.CREATE.{name}.*", f"$JS.ACK.{name}.>"]
+    perms: dict[str, object] = {
+        "publish": {"allow": sorted(set(pub))},
+        "subscribe": {"allow": sorted(set(sub))},
+    }
+    if grant.responds:
+        perms["allow_responses"] = True
+    return perms
+
+
+def _nats_quote(value: str) -> str:
+    """A NATS config string literal (the format takes JSON strings)."""
+    import json
+
+    return json.dumps(value)
+
+
+def nats_authorization(passwords: Mapping[str, str], namespaces: Iterable[str]) -> str:
+    """The ``authorization { users = [...] }`` block of ``nats-server``'s config for these
+    roles' passwords, their permissions covering each of ``namespaces`` ("" for none)."""
+    import json
+
+    spaces = tuple(dict.fromkeys(namespaces)) or ("",)
+    lines = [
+        "# TAO's NATS users, one per role (shared/infra/access.py; `tao keys access` writes it)",
+        "authorization {",
+        "  users = [",
+    ]
+    for role in ROLES:
+        if role not in passwords:
+            continue
+        perms = json.dumps(_nats_permissions(role, spaces), separators=(", ", ": "))
+        lines.append(
+            f"    {{user: {_nats_quote(role)}, password: {_nats_quote(passwords[role])}, "
+            f"permissions: {perms}}}"
+        )
+    lines += ["  ]", "}", ""]
+    return "\n".join(lines)
+
+
+def redis_acl(passwords: Mapping[str, str]) -> str:
+    """A Valkey/Redis ACL file for these roles (SHA-256 digests, never the passwords); the
+    ``default`` user may only ``PING`` (health checks), with no key."""
+    lines = [
+        "user default on nopass resetkeys resetchannels -@all +ping",
+    ]
+    for role in ROLES:
+        if role not in passwords:
+            continue
+        grant = REDIS_GRANTS[role]
+        digest = hashlib.sha256(passwords[role].encode()).hexdigest()
+        rule = [f"user {role} on #{digest} resetkeys resetchannels"]
+        if "*" in grant.writes:
+            rule += ["~*", "&*", "+@all"]
+        elif not grant.reads:
+            rule += ["-@all"]
+        else:
+            rule += ["%R~tao:*"]
+            rule += [f"%RW~tao:{{*}}:{kind}" for kind in grant.writes]
+            rule += ["-@all", "+@read", "+@connection", "+@scripting", "+@transaction"]
+            if grant.writes:
+                rule += ["+@write"]
+            rule += ["-@dangerous", "+info", "+script|load", "+script|exists", "+client|setinfo"]
+            rule += ["+client|setname", "+ping"]
+        lines.append(" ".join(rule))
+    return "\n".join(lines) + "\n"
+
+
+def redact(url: str) -> str:
+    """``url`` without its password (for logs and error messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if ":" in host:
+        host = f"[{host}]"
+    netloc = f"{parts.username or ''}:***@{host}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def role_url(url: str, role: str, password: str) -> str:
+    """``url`` (no credentials) with ``role`` and ``password`` as its user information."""
+    parts = urlsplit(url)
+    host = parts.hostname or "127.0.0.1"
+    if ":" in host:
+        host = f"[{host}]"
+    port = f":{parts.port}" if parts.port else ""
+    netloc = f"{quote(role, safe='')}:{quote(password, safe='')}@{host}{port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """The roles' passwords and where the servers are, as an access folder records them."""
+
+    passwords: Mapping[str, str]
+    nats_url: str = "nats://127.0.0.1:4222"
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    namespaces: tuple[str, ...] = ("",)
+
+    @classmethod
+    def new(
+        cls,
+        nats_url: str = "nats://127.0.0.1:4222",
+        redis_url: str = "redis://127.0.0.1:6379/0",
+        namespaces: Iterable[str] = ("",),
+    ) -> Access:
+        """Fresh 256-bit random passwords for every role."""
+        return cls(
+            {role: secrets.token_urlsafe(32) for role in ROLES},
+            nats_url,
+            redis_url,
+            tuple(dict.fromkeys(namespaces)) or ("",),
+        )
+
+    def rotated(self, role: str) -> Access:
+        """A new password for ``role``; every other stays."""
+        if role not in ROLES:
+            raise ValueError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
+        return replace(self, passwords={**self.passwords, role: secrets.token_urlsafe(32)})
+
+    def nats(self, role: str) -> str:
+        """The NATS URL ``role`` connects with."""
+        return role_url(self.nats_url, role, self.passwords[role])
+
+    def redis(self, role: str) -> str:
+        """The Redis URL ``role`` connects with."""
+        return role_url(self.redis_url, role, self.passwords[role])
+
+
+def _write(path: Path, text: str, mode: int) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(text)
+    os.chmod(tmp, mode)
+    tmp.replace(path)
+
+
+def write_access_dir(access: Access, folder: str | Path) -> Path:
+    """Write every file of the access folder (see the module docstring); returns it."""
+    root = Path(folder).expanduser()
+    root.mkdir(parents=True, exist_ok=True)
+    os.chmod(root, 0o755)  # the servers' containers read nats.conf / users.acl from it
+    record = ["# TAO access: the roles' passwords (tao keys access; keep secret)"]
+    record.append(f"nats_url = {_nats_quote(access.nats_url)}")
+    record.append(f"redis_url = {_nats_quote(access.redis_url)}")
+    record.append(f"namespaces = [{', '.join(_nats_quote(ns) for ns in access.namespaces)}]")
+    record.append("[passwords]")
+    record += [f"{role} = {_nats_quote(pw)}" for role, pw in access.passwords.items()]
+    _write(root / ACCESS_FILE, "\n".join(record) + "\n", 0o600)
+    _write(root / NATS_CONF, nats_authorization(access.passwords, access.namespaces), 0o600)
+    _write(root / REDIS_ACL, redis_acl(access.passwords), 0o644)
+    for role in access.passwords:
+        _write(root / f"{role}.nats-url", access.nats(role) + "\n", 0o600)
+        _write(root / f"{role}.redis-url", access.redis(role) + "\n", 0o600)
+    return root
+
+
+def read_access_dir(folder: str | Path) -> Access:
+    """The access folder's record; :class:`AccessFileError` naming what is wrong."""
+    path = Path(folder).expanduser() / ACCESS_FILE
+    try:
+        doc = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AccessFileError(str(path), "not found (run `tao keys access`)") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise AccessFileError(str(path), f"cannot read: {exc}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise AccessFileError(str(path), f"not TOML: {exc}") from None
+    pw = doc.get("passwords")
+    if not isinstance(pw, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and v for k, v in pw.items()
+    ):
+        raise AccessFileError(str(path), "[passwords] must map roles to non-empty strings")
+    unknown = sorted(set(pw) - set(ROLES))
+    if unknown:
+        raise AccessFileError(str(path), f"unknown role {unknown[0]!r} in [passwords]")
+    spaces = doc.get("namespaces", [""])
+    if not isinstance(spaces, list) or not all(isinstance(s, str) for s in spaces):
+        raise AccessFileError(str(path), "namespaces must be a list of strings")
+    urls = {k: doc.get(k) for k in ("nats_url", "redis_url")}
+    for key, value in urls.items():
+        if not isinstance(value, str) or "://" not in value:
+            raise AccessFileError(str(path), f"{key} must be a URL")
+    return Access(dict(pw), str(urls["nats_url"]), str(urls["redis_url"]), tuple(spaces) or ("",))

@@ -80,8 +80,17 @@ def _residency(flat: Sequence[Any]) -> dict[str, tuple[int, float]]:
 def is_idle(
     node: str | None, activity: str, ended: bool, updated_at: float, now: float, timeout_s: float
 ) -> bool:
-    """The idle rule: admitted, not ended, idle, untouched for longer than ``timeout_s``."""
-    return not ended and node is not None and activity == "idle" and now - updated_at > timeout_s
+    """The idle rule: not ended, idle or in a tool, untouched for longer than ``timeout_s``,
+    admitted or not. A harness that died after an answer leaves its session ``idle``; one that
+    died during or after a tool call (whose next request never came) leaves it in ``tool``,
+    which no later event changes: both are abandoned, their reservations held and their
+    records kept for ever unless collected. A tool that reports nothing (no ``ToolProgress``)
+    for longer than the timeout counts as abandoned too: set ``TAO_IDLE_TIMEOUT_S`` above the
+    longest silent tool (its next request then starts a new record, without its cache
+    credit). ``waiting`` and ``running`` sessions are the gateway's to end (hold timeout,
+    client gone)."""
+    del node  # admitted or not: a pooled record is abandoned the same way
+    return not ended and activity in ("idle", "tool") and now - updated_at > timeout_s
 
 
 @dataclass(slots=True)

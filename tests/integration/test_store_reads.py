@@ -98,8 +98,8 @@ class TestSessionReader:
 
 class TestIdleCandidates:
     async def test_same_as_rule_on_full_records(self, store: StateStore) -> None:
-        """The four-field read selects exactly the admitted, idle, not-ended sessions whose
-        last update is older than the timeout."""
+        """The four-field read selects exactly the idle or in-a-tool, not-ended sessions
+        (admitted or not) whose last update is older than the timeout."""
         await _seed(store)
         call = ToolCall(call_id="c", tool="bash", started_at=1.0)
         idle = Session("idle-old", version=3, node="n1", weight=10, updated_at=5.0, tool=None)
@@ -109,6 +109,8 @@ class TestIdleCandidates:
         )
         await store.update_session("tool-old", _put(in_tool))
         await store.update_session("free-old", _put(Session("free-old", version=1, updated_at=5.0)))
-        assert await idle_candidates(store, 100.0, 90.0, chunk=3) == ["idle-old"]
-        assert await idle_candidates(store, 100.0, 86.0, chunk=3) == ["idle-old", "idle0"]
+        old = ["free-old", "idle-old", "tool-old"]
+        assert await idle_candidates(store, 100.0, 90.0, chunk=3) == old
+        older = sorted([*old, "idle0", "p1", "t0", "t1"])  # p0, "weird…" wait; "gone" ended
+        assert await idle_candidates(store, 100.0, 86.0, chunk=3) == older
         assert await idle_candidates(store, 100.0, 95.0) == []

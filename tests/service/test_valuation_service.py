@@ -160,6 +160,41 @@ class TestIdleSweep:
             ("a", "idle_timeout", "gw1")
         ]
 
+    async def test_a_session_whose_harness_died_after_a_tool_is_ended(
+        self, store: FakeStore
+    ) -> None:
+        """The soak's leak: an agent that stops after a tool's end (or during it) leaves its
+        session in ``tool``, which no event changes again; admitted, it held its reservation
+        for ever. Past the timeout it is ended like an idle one, and a pooled record that was
+        abandoned (never admitted) is collected too; a waiting one is the gateway's."""
+        from shared.core.session import on_tool_end, on_tool_start
+
+        bus = FakeBus()
+        a, _ = on_request(Session("a"), "r1", 100.0, model="m", gateway_id="gw1")
+        await put(store, a)
+        await admit_on(store, "a", "n1", 2000, 101.0)
+        a2 = await store.get_session("a")
+        assert a2 is not None
+        a3 = on_response(a2, 102.0, total_tokens=1500, tool_calls=[("c1", "bash")])
+        a4, _ = on_tool_end(on_tool_start(a3, "c1", "bash", 102.5, source="hook"), "c1", 103.0,
+                            source="hook")  # fmt: skip
+        await put(store, a4)
+        pooled = on_response(on_request(Session("p"), "r1", 100.0, model="m")[0], 103.0,
+                             total_tokens=900)  # fmt: skip
+        await put(store, pooled)
+        waiting, _ = on_request(Session("w"), "r1", 100.0, model="m")
+        await put(store, waiting)
+        assert await valuator(store, bus, now=103.0 + 299.0).sweep_idle() == []
+        assert await valuator(store, bus, now=103.0 + 301.0).sweep_idle() == ["a", "p"]
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 0
+        ends = [decode(d, SessionEnd) for s, d, _ in bus.published if "session.end" in s]
+        assert sorted((e.session_id, e.reason) for e in ends) == [
+            ("a", "idle_timeout"),
+            ("p", "idle_timeout"),
+        ]
+        assert await store.get_session("w") is not None
+
     async def test_recently_active_session_is_kept(self, store: FakeStore) -> None:
         """An admitted idle session within the timeout keeps its reservation."""
         bus = FakeBus()

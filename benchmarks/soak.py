@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import heapq
 import os
 import random
@@ -258,10 +259,8 @@ async def sample(stack: Stack, run: Run, domain: str, stop: asyncio.Event) -> No
                 f"soak: {t:6.0f} s  published {run.published:,}  stored {run.stored[-1][1]:,}",
                 file=sys.stderr,
             )
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), SAMPLE_S)
-            except TimeoutError:
-                pass
     finally:
         await redis.aclose()
 
@@ -391,7 +390,7 @@ def report(
         shown = f"{slope:+.2f}" if slope is not None else "–"
         lines.append(f"| {name} | {pts[0][1]:.1f} | {pts[-1][1]:.1f} | {shown} |")
     if run.stored:
-        marks = run.stored[:: max(1, len(run.stored) // 8)] + [run.stored[-1]]
+        marks = [*run.stored[:: max(1, len(run.stored) // 8)], run.stored[-1]]
         lines += [
             "",
             "Stored sessions over time: " + ", ".join(f"{t:.0f} s: {n:,}" for t, n in marks),

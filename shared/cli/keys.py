@@ -40,6 +40,7 @@ from shared.infra.access import (
     NATS_CONF,
     REDIS_ACL,
     ROLES,
+    TLS_SERVERS,
     Access,
     AccessFileError,
     read_access_dir,
@@ -154,7 +155,9 @@ def _cmd_access(args: argparse.Namespace, out: TextIO) -> int:
         elif args.rotate:
             raise OpsError(f"--rotate: {folder} holds no access file yet")
         else:
-            access = Access.new(args.nats_url, args.redis_url, args.namespace or [""])
+            access = Access.new(
+                args.nats_url, args.redis_url, args.namespace or [""], args.tls or ()
+            )
         write_access_dir(access, folder)
     except (AccessFileError, ValueError) as exc:
         raise OpsError(str(exc)) from None
@@ -229,6 +232,8 @@ def add_keys_parser(sub: Any) -> None:
                     help="the Redis server the URL files name (default: %(default)s)")  # fmt: skip
     ac.add_argument("--namespace", action="append", metavar="NS",
                     help="a TAO_NAMESPACE the permissions cover (repeat)")  # fmt: skip
+    ac.add_argument("--tls", action="append", choices=TLS_SERVERS, metavar="SERVER",
+                    help="nats or redis: TLS only (a CA and certificate made here)")  # fmt: skip
     ac.add_argument("--rotate", action="append", choices=ROLES, metavar="ROLE",
                     help="give ROLE a new password in every file (repeat)")  # fmt: skip
     ac.add_argument(

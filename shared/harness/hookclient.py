@@ -185,13 +185,19 @@ def nats_url(env: Mapping[str, str]) -> str:
     return DEFAULT_NATS_URL
 
 
-def _address(url: str) -> tuple[str, int, dict[str, str]]:
-    """(host, port, credentials for CONNECT) of a ``nats://`` URL."""
+def _address(url: str) -> tuple[str, int, dict[str, str], str | None]:
+    """(host, port, credentials for CONNECT, the CA file when TLS) of a ``nats://`` or
+    ``tls://`` URL (``?ca=FILE``: the CA that signed the server's certificate, as the URL
+    files of ``tao keys access --tls`` name it; "" for the system's)."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "nats", url
-    if scheme != "nats":
+    if scheme not in ("nats", "tls"):
         raise HookClientError(f"unsupported URL scheme {scheme!r}")
+    rest, _, query = rest.partition("?")
+    ca = next((unquote(v) for k, _, v in (q.partition("=") for q in query.split("&"))
+               if k == "ca"), None)  # fmt: skip
+    tls_ca = ca if ca is not None else ("" if scheme == "tls" else None)
     rest = rest.split("/", 1)[0]
     auth: dict[str, str] = {}
     if "@" in rest:
@@ -204,7 +210,7 @@ def _address(url: str) -> tuple[str, int, dict[str, str]]:
     else:
         host, _, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
     try:
-        return host or "127.0.0.1", int(port or 4222), auth
+        return host or "127.0.0.1", int(port or 4222), auth, tls_ca
     except ValueError:
         raise HookClientError(f"bad port in {url!r}") from None
 
@@ -306,7 +312,7 @@ def publish(
 ) -> None:
     """Publish ``payload`` with ``headers`` on ``subject`` and wait for the server's PONG,
     all before ``deadline`` (monotonic); :class:`HookClientError` or ``OSError`` otherwise."""
-    host, port, auth = _address(url)
+    host, port, auth, tls_ca = _address(url)
     left = deadline - time.monotonic()
     if left <= 0:
         raise HookClientError("deadline passed")
@@ -320,8 +326,17 @@ def publish(
         info = json.loads(first[5:])
         if not isinstance(info, dict):
             raise HookClientError("INFO is not an object")
-        if info.get("tls_required"):
-            raise HookClientError("the server requires TLS")
+        if info.get("tls_required") or tls_ca is not None:
+            if tls_ca is None:
+                raise HookClientError("the server requires TLS (a tls:// URL with ?ca=FILE)")
+            import ssl  # only a TLS hook pays for it
+
+            try:
+                context = ssl.create_default_context(cafile=tls_ca or None)
+                sock = context.wrap_socket(sock, server_hostname=host)
+            except (OSError, ssl.SSLError) as exc:
+                raise HookClientError(f"TLS: {exc}") from None
+            conn = _Conn(sock, deadline)
         max_payload = int(info.get("max_payload") or MAX_HOOK_BYTES)
         with_headers = bool(info.get("headers"))
         options = {"verbose": False, "pedantic": False, "headers": with_headers, **auth}

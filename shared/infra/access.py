@@ -66,10 +66,12 @@ from .errors import ConfigFileError
 __all__ = [
     "ACCESS_FILE",
     "ADMIN",
+    "CA_FILE",
     "NATS_CONF",
     "REDIS_ACL",
     "ROLES",
     "SERVICE_ROLES",
+    "TLS_SERVERS",
     "Access",
     "AccessFileError",
     "NatsGrant",
@@ -87,6 +89,12 @@ ACCESS_FILE: Final = "access.toml"
 NATS_CONF: Final = "nats.conf"
 REDIS_ACL: Final = "users.acl"
 ADMIN: Final = "admin"
+CA_FILE: Final = "ca.pem"
+CA_KEY: Final = "ca-key.pem"
+SERVER_CERT: Final = "server.pem"
+SERVER_KEY: Final = "server-key.pem"
+CERT_DAYS: Final = 825
+TLS_SERVERS: Final = ("nats", "redis")
 
 
 class AccessFileError(ConfigFileError):
@@ -274,7 +282,7 @@ def redis_acl(passwords: Mapping[str, str]) -> str:
             rule += ["-@all", "+@read", "+@connection", "+@scripting", "+@transaction"]
             if grant.writes:
                 rule += ["+@write"]
-            rule += ["-@dangerous", "+info", "+script|load", "+script|exists", "+client|setinfo"]
+            rule += ["-@dangerous", "+info", "+script|load", "+script|exists"]
             rule += ["+client|setname", "+ping"]
         lines.append(" ".join(rule))
     return "\n".join(lines) + "\n"
@@ -311,6 +319,11 @@ class Access:
     nats_url: str = "nats://127.0.0.1:4222"
     redis_url: str = "redis://127.0.0.1:6379/0"
     namespaces: tuple[str, ...] = ("",)
+    tls: tuple[str, ...] = ()
+    """The servers that take TLS only (``nats``, ``redis``): their URLs say so (``tls://``,
+    ``rediss://``) and name the folder's CA; the folder holds the CA and a server certificate."""
+    folder: str = ""
+    """Where the folder is (the URLs name its ``ca.pem``); set by :func:`write_access_dir`."""
 
     @classmethod
     def new(
@@ -318,13 +331,19 @@ class Access:
         nats_url: str = "nats://127.0.0.1:4222",
         redis_url: str = "redis://127.0.0.1:6379/0",
         namespaces: Iterable[str] = ("",),
+        tls: Iterable[str] = (),
     ) -> Access:
         """Fresh 256-bit random passwords for every role."""
+        wanted = tuple(dict.fromkeys(tls))
+        unknown = [t for t in wanted if t not in TLS_SERVERS]
+        if unknown:
+            raise ValueError(f"unknown TLS server {unknown[0]!r} (one of {', '.join(TLS_SERVERS)})")
         return cls(
             {role: secrets.token_urlsafe(32) for role in ROLES},
             nats_url,
             redis_url,
             tuple(dict.fromkeys(namespaces)) or ("",),
+            wanted,
         )
 
     def rotated(self, role: str) -> Access:
@@ -333,13 +352,25 @@ class Access:
             raise ValueError(f"unknown role {role!r} (roles: {', '.join(ROLES)})")
         return replace(self, passwords={**self.passwords, role: secrets.token_urlsafe(32)})
 
+    @property
+    def ca(self) -> str:
+        """The CA file the TLS URLs name."""
+        return str(Path(self.folder) / CA_FILE)
+
     def nats(self, role: str) -> str:
         """The NATS URL ``role`` connects with."""
-        return role_url(self.nats_url, role, self.passwords[role])
+        url = role_url(self.nats_url, role, self.passwords[role])
+        if "nats" not in self.tls:
+            return url
+        return urlunsplit(urlsplit(url)._replace(scheme="tls", query=f"ca={quote(self.ca)}"))
 
     def redis(self, role: str) -> str:
         """The Redis URL ``role`` connects with."""
-        return role_url(self.redis_url, role, self.passwords[role])
+        url = role_url(self.redis_url, role, self.passwords[role])
+        if "redis" not in self.tls:
+            return url
+        query = f"ssl_ca_certs={quote(self.ca)}"
+        return urlunsplit(urlsplit(url)._replace(scheme="rediss", query=query))
 
 
 def _write(path: Path, text: str, mode: int) -> None:
@@ -353,17 +384,25 @@ def _write(path: Path, text: str, mode: int) -> None:
 
 def write_access_dir(access: Access, folder: str | Path) -> Path:
     """Write every file of the access folder (see the module docstring); returns it."""
-    root = Path(folder).expanduser()
+    root = Path(folder).expanduser().resolve()
     root.mkdir(parents=True, exist_ok=True)
     os.chmod(root, 0o755)  # the servers' containers read nats.conf / users.acl from it
+    access = replace(access, folder=str(root))
     record = ["# TAO access: the roles' passwords (tao keys access; keep secret)"]
     record.append(f"nats_url = {_nats_quote(access.nats_url)}")
     record.append(f"redis_url = {_nats_quote(access.redis_url)}")
     record.append(f"namespaces = [{', '.join(_nats_quote(ns) for ns in access.namespaces)}]")
+    record.append(f"tls = [{', '.join(_nats_quote(t) for t in access.tls)}]")
     record.append("[passwords]")
     record += [f"{role} = {_nats_quote(pw)}" for role, pw in access.passwords.items()]
     _write(root / ACCESS_FILE, "\n".join(record) + "\n", 0o600)
-    _write(root / NATS_CONF, nats_authorization(access.passwords, access.namespaces), 0o600)
+    conf = nats_authorization(access.passwords, access.namespaces)
+    if access.tls:
+        hosts = (urlsplit(access.nats_url).hostname, urlsplit(access.redis_url).hostname)
+        _certificates(root, hosts)
+    if "nats" in access.tls:
+        conf += _nats_tls(root)
+    _write(root / NATS_CONF, conf, 0o600)
     _write(root / REDIS_ACL, redis_acl(access.passwords), 0o644)
     for role in access.passwords:
         _write(root / f"{role}.nats-url", access.nats(role) + "\n", 0o600)
@@ -397,4 +436,76 @@ def read_access_dir(folder: str | Path) -> Access:
     for key, value in urls.items():
         if not isinstance(value, str) or "://" not in value:
             raise AccessFileError(str(path), f"{key} must be a URL")
-    return Access(dict(pw), str(urls["nats_url"]), str(urls["redis_url"]), tuple(spaces) or ("",))
+    tls = doc.get("tls", [])
+    if not isinstance(tls, list) or not all(t in TLS_SERVERS for t in tls):
+        raise AccessFileError(str(path), f"tls must list servers of {', '.join(TLS_SERVERS)}")
+    return Access(
+        dict(pw),
+        str(urls["nats_url"]),
+        str(urls["redis_url"]),
+        tuple(spaces) or ("",),
+        tuple(tls),
+        str(path.parent.resolve()),
+    )
+
+
+def _nats_tls(root: Path) -> str:
+    """The ``tls {}`` block: the server certificate; clients verify it with the CA."""
+    files = {"cert_file": SERVER_CERT, "key_file": SERVER_KEY, "ca_file": CA_FILE}
+    body = ", ".join(f"{k}: {_nats_quote(str(root / v))}" for k, v in files.items())
+    return f"tls {{{body}, timeout: 2}}\n"
+
+
+def _certificates(root: Path, hosts: Iterable[str | None]) -> None:
+    """A CA and a server certificate signed by it, for ``hosts`` and loopback, unless the
+    folder has them (a rotation keeps them; delete them to make new ones)."""
+    if (root / CA_FILE).exists() and (root / SERVER_CERT).exists():
+        return
+    import datetime
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "TAO access CA")])
+    ca = (
+        x509.CertificateBuilder()
+        .subject_name(ca_name)
+        .issuer_name(ca_name)
+        .public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    names: list[x509.GeneralName] = [x509.DNSName("localhost")]
+    names += [x509.IPAddress(ipaddress.ip_address(a)) for a in ("127.0.0.1", "::1")]
+    for host in dict.fromkeys(h for h in hosts if h):
+        try:
+            names.append(x509.IPAddress(ipaddress.ip_address(host)))
+        except ValueError:
+            names.append(x509.DNSName(host))
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "TAO servers")]))
+        .issuer_name(ca_name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
+        .add_extension(x509.SubjectAlternativeName(list(dict.fromkeys(names))), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    pem = serialization.Encoding.PEM
+    raw = serialization.PrivateFormat.PKCS8
+    none = serialization.NoEncryption()
+    _write(root / CA_KEY, ca_key.private_bytes(pem, raw, none).decode(), 0o600)
+    _write(root / SERVER_KEY, key.private_bytes(pem, raw, none).decode(), 0o600)
+    _write(root / CA_FILE, ca.public_bytes(pem).decode(), 0o644)
+    _write(root / SERVER_CERT, cert.public_bytes(pem).decode(), 0o644)

@@ -14,9 +14,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ssl
 from collections.abc import Coroutine, Mapping
 from typing import Any, Final, TypeVar
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
 import nats
 import nats.errors
@@ -116,12 +117,14 @@ class Bus:
         refused port (``nats://127.0.0.1:1``) and never returns, whatever its
         ``connect_timeout`` (which bounds one attempt) and ``allow_reconnect`` say."""
         nc = Client()
-        user = urlsplit(url.split(",")[0].strip()).username
+        servers, tls = _tls_servers(url)
+        user = urlsplit(servers[0]).username
         try:
             async with asyncio.timeout(connect_timeout_s):
                 await nc.connect(
-                    url,
+                    servers,
                     name=name,
+                    tls=tls,
                     # a role's replies and deliveries come on an inbox only it may read
                     inbox_prefix=inbox_prefix(unquote(user)) if user else "_INBOX",
                     connect_timeout=max(
@@ -133,7 +136,8 @@ class Bus:
                 )
         except Exception as exc:  # nats raises several unrelated types for "cannot connect"
             with contextlib.suppress(Exception):
-                await nc.close()
+                async with asyncio.timeout(_ATTEMPT_S):  # close() of a half-open TLS one hangs
+                    await nc.close()
             why = (
                 f"no connection within {connect_timeout_s:g} s"
                 if isinstance(exc, TimeoutError)
@@ -169,6 +173,11 @@ class Bus:
     def namespace(self) -> str:
         """The subject/stream prefix ('' for none)."""
         return self._namespace
+
+    @property
+    def max_payload(self) -> int:
+        """The server's ``max_payload`` (from its INFO), in bytes."""
+        return int(self._nc.max_payload)
 
     @property
     def nc(self) -> Client:
@@ -229,12 +238,17 @@ class Bus:
         ``Nats-Msg-Id`` set (:func:`~shared.infra.busapi.publish_id`: a repeat is stored once)."""
         wire = self.wire_subject(subject)
         hdrs = dict(headers) if headers else None
-        if stream_for_subject(subject) is None:
-            await self._nc.publish(wire, data, headers=hdrs)
-            return
-        hdrs = hdrs or {}
-        hdrs.setdefault(MSG_ID_HEADER, publish_id(subject, data, headers))  # stored once
-        await self._js.publish(wire, data, headers=hdrs)
+        try:
+            if stream_for_subject(subject) is None:
+                await self._nc.publish(wire, data, headers=hdrs)
+                return
+            hdrs = hdrs or {}
+            hdrs.setdefault(MSG_ID_HEADER, publish_id(subject, data, headers))  # stored once
+            await self._js.publish(wire, data, headers=hdrs)
+        except nats.errors.MaxPayloadError:
+            raise BusError(
+                f"maximum payload exceeded: {len(data)} > {self.max_payload} bytes"
+            ) from None
 
     async def publish_msg(self, msg: Message, headers: Mapping[str, str] | None = None) -> None:
         """Encode ``msg`` and publish it on ``subjects.subject_for(msg)``."""
@@ -475,6 +489,27 @@ class _Responder:
             sub, self.sub = self.sub, None
             with contextlib.suppress(nats.errors.Error):
                 await sub.unsubscribe()
+
+
+def _tls_servers(url: str) -> tuple[list[str], ssl.SSLContext | None]:
+    """The server URLs of a comma-separated ``url`` without their query, and the TLS context
+    they ask for: a ``tls://`` URL, or one whose query names a CA (``?ca=FILE``, as the URL
+    files of :mod:`.access` do), verifies the server with that CA (the system's without one)."""
+    servers: list[str] = []
+    ca: str | None = None
+    wants_tls = False
+    for part in (p.strip() for p in url.split(",") if p.strip()):
+        parts = urlsplit(part)
+        found = parse_qs(parts.query).get("ca")
+        ca = found[0] if found else ca
+        wants_tls = wants_tls or parts.scheme == "tls" or bool(found)
+        servers.append(urlunsplit(parts._replace(query="")))
+    if not wants_tls:
+        return servers, None
+    try:
+        return servers, ssl.create_default_context(cafile=ca)
+    except (OSError, ssl.SSLError) as exc:
+        raise BusError(f"cannot read the CA {ca} of the NATS URL: {exc}") from None
 
 
 async def _on_error(exc: Exception) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from shared.contracts import subjects
 from shared.infra.access import (
     ACCESS_FILE,
     ADMIN,
+    CA_FILE,
     NATS_CONF,
     REDIS_ACL,
     ROLES,
@@ -133,12 +135,35 @@ class TestFolder:
     def test_round_trip_and_modes(self, tmp_path: Path) -> None:
         access = Access.new("nats://n:4222", "redis://r:6379/0", ["", "ns"])
         write_access_dir(access, tmp_path)
-        assert read_access_dir(tmp_path) == access
+        assert read_access_dir(tmp_path) == replace(access, folder=str(tmp_path.resolve()))
         for name in (ACCESS_FILE, NATS_CONF, "planner.nats-url", "planner.redis-url"):
             assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
         assert stat.S_IMODE((tmp_path / REDIS_ACL).stat().st_mode) == 0o644
         url = (tmp_path / "gateway.nats-url").read_text().strip()
         assert url == f"nats://gateway:{access.passwords['gateway']}@n:4222"
+
+    def test_tls_urls_name_the_ca_and_the_certificate_covers_the_hosts(
+        self, tmp_path: Path
+    ) -> None:
+        from cryptography import x509
+
+        access = Access.new("nats://nats:4222", "redis://redis:6379/0", tls=("nats", "redis"))
+        write_access_dir(access, tmp_path)
+        got = read_access_dir(tmp_path)
+        ca = str(tmp_path.resolve() / CA_FILE)
+        assert got.nats("tools") == f"tls://tools:{got.passwords['tools']}@nats:4222?ca={ca}"
+        assert got.redis("tools").startswith(f"rediss://tools:{got.passwords['tools']}@redis:")
+        assert got.redis("tools").endswith(f"?ssl_ca_certs={ca}")
+        cert = x509.load_pem_x509_certificate((tmp_path / "server.pem").read_bytes())
+        sans = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+        assert {"nats", "redis", "localhost"} <= set(sans.get_values_for_type(x509.DNSName))
+        assert f'ca_file: "{ca}"' in (tmp_path / NATS_CONF).read_text()
+        assert stat.S_IMODE((tmp_path / "server-key.pem").stat().st_mode) == 0o600
+        before = (tmp_path / "server.pem").read_bytes()
+        write_access_dir(got.rotated("hook"), tmp_path)  # a rotation keeps the certificate
+        assert (tmp_path / "server.pem").read_bytes() == before
+        with pytest.raises(ValueError, match="unknown TLS server 'kafka'"):
+            Access.new(tls=("kafka",))
 
     def test_rotation_changes_one_role(self) -> None:
         access = Access.new()

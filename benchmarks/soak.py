@@ -35,6 +35,7 @@ import contextlib
 import heapq
 import os
 import random
+import signal
 import sys
 import time
 import uuid
@@ -411,7 +412,9 @@ def main() -> None:
     p.add_argument("--drain-s", type=float, default=60.0, help="wait for outstanding requests")
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--log-dir", default=None, help="the stack's logs (default: a temp folder)")
-    print(asyncio.run(main_async(p.parse_args())))
+    args = p.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # stop the stack on the way out
+    print(asyncio.run(main_async(args)))
 
 
 if __name__ == "__main__":

@@ -46,8 +46,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import anyio
+import msgspec
 from structlog.typing import FilteringBoundLogger
 
 from services.planner.mapping import to_wire
@@ -55,6 +57,7 @@ from services.planner.thunder import Held, held_sessions
 from shared.contracts import subjects
 from shared.contracts.codec import encode
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
+from shared.contracts.valuation import ValuationSnapshot
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
 from shared.core.tick import Residency, TickSnapshot, context_pressure, value_snapshot
@@ -65,9 +68,11 @@ from shared.infra.store_reads import SessionReader, idle_candidates, is_idle
 from shared.infra.store_types import SessionFnWith, StateStore
 
 __all__ = [
+    "PAYLOAD_MARGIN",
     "SWEEP_BATCH",
     "SWEEP_PUBLISHES",
     "Valuator",
+    "fit_payload",
     "interrupts_matter",
     "params_from",
     "with_interrupts",
@@ -116,6 +121,48 @@ def with_interrupts(pool: TickSnapshot, tool: TickSnapshot) -> TickSnapshot:
         versions={**pool.versions, **tool.versions},
         probe_marks={**pool.probe_marks, **tool.probe_marks},
     )
+
+
+PAYLOAD_MARGIN = 4096
+"""Bytes kept free under the server's ``max_payload`` for the message's headers."""
+
+
+def fit_payload(msg: ValuationSnapshot, max_payload: int) -> tuple[bytes, int]:
+    """``msg`` encoded, and how many of its sessions had to be left for a later tick so that it
+    fits the bus's ``max_payload``: a pool of thousands (10,000 arrivals at once in the soak)
+    encodes past nats-server's default 1 MiB, and a snapshot that cannot be published stops
+    every admission. Kept: the same share of each list (candidates, interrupt candidates and
+    ThunderAgent's admitted sessions), the ready candidates first, each list otherwise in its
+    order; the planner sees a smaller pool this tick and the rest at the next."""
+    data = encode(msg)
+    limit = max_payload - PAYLOAD_MARGIN
+    if len(data) <= limit:
+        return data, 0
+    cands = sorted(msg.candidates, key=lambda c: not c.ready)  # stable: ready ones first
+    total = len(msg.candidates) + len(msg.interrupt_candidates) + len(msg.admitted or ())
+
+    def share(keep: float) -> ValuationSnapshot:
+        def cut(xs: list[Any]) -> list[Any]:
+            return xs[: int(len(xs) * keep)]
+
+        admitted = None if msg.admitted is None else cut(msg.admitted)
+        return msgspec.structs.replace(
+            msg,
+            candidates=cut(cands),
+            interrupt_candidates=cut(msg.interrupt_candidates),
+            admitted=admitted,
+        )
+
+    lo, hi = 0.0, 1.0  # the largest share that fits, to 1/1024
+    for _ in range(10):
+        mid = (lo + hi) / 2
+        if len(encode(share(mid))) <= limit:
+            lo = mid
+        else:
+            hi = mid
+    fitted = share(lo)
+    kept = len(fitted.candidates) + len(fitted.interrupt_candidates) + len(fitted.admitted or ())
+    return encode(fitted), total - kept
 
 
 def _idle_too_long(s: Session | None, now: float, timeout_s: float) -> bool:
@@ -230,9 +277,10 @@ class Valuator:
             or self.last_nonempty
             or self.thunderagent
         )
+        deferred = 0
         if publish:
-            msg = to_wire(snap, views, held)
-            await self.bus.publish(subjects.valuation_snapshot(), encode(msg))
+            data, deferred = fit_payload(to_wire(snap, views, held), self.bus.max_payload)
+            await self.bus.publish(subjects.valuation_snapshot(), data)
             self.published += 1
         self.last_nonempty = bool(
             snap.candidates or snap.overflow or snap.pressure or snap.stranded
@@ -249,6 +297,7 @@ class Valuator:
             free=sum(nd.free for nd in snap.nodes),
             marks_written=written,
             published=publish,
+            deferred=deferred or None,
         )
         return snap
 

@@ -27,13 +27,14 @@ import re
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeVar
+from typing import Final, Literal, Protocol, TypeVar
 
 from shared.contracts import DeadLetter, Message, subjects
 from shared.contracts.subjects import Stream
 
 __all__ = [
     "DEDUP_IDS",
+    "DEFAULT_MAX_PAYLOAD",
     "MSG_ID_HEADER",
     "BatchHandler",
     "Decoder",
@@ -117,12 +118,21 @@ class Subscription(Protocol):
         ...
 
 
+DEFAULT_MAX_PAYLOAD: Final = 1024 * 1024
+"""nats-server's default ``max_payload`` (1 MiB): the largest message a client may publish."""
+
+
 class MessageBus(Protocol):
     """What services need from the bus; :class:`Bus` and :class:`FakeBus` both provide it."""
 
     @property
     def namespace(self) -> str:
         """The subject/stream prefix ('' for none)."""
+        ...
+
+    @property
+    def max_payload(self) -> int:
+        """The largest message body (with its headers) the server takes, in bytes."""
         ...
 
     async def ensure_streams(self) -> None:

@@ -29,6 +29,7 @@ from shared.contracts.subjects import Stream
 
 from .busapi import (
     DEDUP_IDS,
+    DEFAULT_MAX_PAYLOAD,
     MSG_ID_HEADER,
     BatchHandler,
     Decoder,
@@ -43,7 +44,7 @@ from .busapi import (
     stream_for_subject,
     subject_matches,
 )
-from .errors import RequestError
+from .errors import BusError, RequestError
 from .logging import get_logger
 
 __all__ = ["FakeBus"]
@@ -92,6 +93,9 @@ class FakeBus:
         self._receivers: list[_FakeReceiver[Any]] = []
         self._responders: list[_FakeResponder] = []
         self._closed = False
+        self.max_payload = DEFAULT_MAX_PAYLOAD
+        """As a server's: a larger publish raises :class:`BusError` (nats-py raises
+        ``MaxPayloadError``)."""
 
     @property
     def namespace(self) -> str:
@@ -116,6 +120,8 @@ class FakeBus:
         """Store in the capturing stream (waking its consumers) or deliver to core subscribers."""
         if self._closed:
             raise RuntimeError("FakeBus is closed")
+        if len(data) > self.max_payload:
+            raise BusError(f"maximum payload exceeded: {len(data)} > {self.max_payload} bytes")
         hdrs = dict(headers or {})
         self.published.append((subject, bytes(data), hdrs))
         stream = stream_for_subject(subject)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+
+import pytest
 from typing import Any
 
 from shared.contracts import (
@@ -18,6 +20,7 @@ from shared.contracts import (
 )
 from shared.infra import Delivery, MessageBus, Subscription
 from shared.infra.busapi import MSG_ID_HEADER
+from shared.infra.errors import BusError
 from tests.integration.collect import Collector, dead_letter_reader
 
 TIMEOUT_S = 10.0
@@ -66,6 +69,18 @@ class TestRoundTrip:
         assert [v.session_id for v, _ in got.items] == ["s1", "s1", "s2"]
         assert [d.headers.get("x-trace") for _, d in items] == [None, "other", None]
         assert all(d.headers.get(MSG_ID_HEADER) for _, d in items)
+
+    async def test_a_message_over_the_max_payload_is_refused_with_bus_error(
+        self, bus: MessageBus
+    ) -> None:
+        """Both buses know the server's limit (1 MiB by default) and refuse a larger publish
+        with BusError, on a stream subject and on a core one; one at the limit goes."""
+        assert bus.max_payload >= 1024 * 1024
+        big = b"x" * (bus.max_payload + 1)
+        for subject in (subjects.tool_event("s1"), subjects.valuation_snapshot()):
+            with pytest.raises(BusError, match="maximum payload exceeded"):
+                await bus.publish(subject, big)
+        await bus.publish(subjects.valuation_snapshot(), b"x" * (bus.max_payload - 1024))
 
     async def test_core_subscriber_receives_node_status(self, bus: MessageBus) -> None:
         """A core-NATS subscriber gets messages on subjects no stream captures."""

@@ -221,3 +221,33 @@ class TestTicker:
     async def test_no_wake_is_a_period_tick(self) -> None:
         """Without a wake-up the wait ends at the period."""
         assert await Ticker().wait(0.0, 0.0) == "period"
+
+
+class TestSnapshotFitsThePayload:
+    """A pool of thousands encodes past nats-server's 1 MiB ``max_payload``; the soak's 10,000
+    arrivals at once made every tick fail to publish, and nothing was ever admitted. The
+    snapshot now keeps the share of its sessions that fits (ready ones first); the rest wait
+    for a later tick."""
+
+    async def test_a_pool_too_large_for_one_message_is_published_in_part(
+        self, store: FakeStore
+    ) -> None:
+        from services.valuation.handlers import PAYLOAD_MARGIN, fit_payload
+
+        bus = FakeBus()
+        for i in range(300):
+            s, _ = on_request(Session(f"s{i:03d}"), "r1", 100.0, model="m", tokens_estimate=900)
+            await put(store, s)
+        whole = await valuator(store, FakeBus(), now=101.0).run_tick("test")
+        assert len(whole.candidates) == 300
+        bus.max_payload = PAYLOAD_MARGIN + 12_000
+        v = valuator(store, bus, now=101.0)
+        await v.run_tick("test")
+        sent = [d for s, d, _ in bus.published if s == subjects.valuation_snapshot()]
+        assert len(sent) == 1 and len(sent[0]) <= bus.max_payload - PAYLOAD_MARGIN
+        got = decode(sent[0], ValuationSnapshot)
+        assert 0 < len(got.candidates) < 300
+        ids = [c.id for c in got.candidates]
+        assert len(set(ids)) == len(ids)
+        data, deferred = fit_payload(got, 10**9)
+        assert deferred == 0 and decode(data, ValuationSnapshot) == got

@@ -282,11 +282,14 @@ def on_tool_start(
     an inferred start never replaces a hook's call. A start while a request is pending or
     running is recorded but does not change the activity (the harness may report late). A
     start of the current call after that call already ended (a harness's events crossing on
-    the way) changes nothing: an ended call is never reopened."""
+    the way), or of any call whose end was recorded (``ended_calls``: the end of a call the
+    session did not track came first), changes nothing: an ended call is never reopened."""
     cur = s.tool
     if source == INFERRED and cur is not None and cur.source != INFERRED and cur.open:
         return s
     if cur is not None and cur.call_id == call_id and not cur.open:
+        return s
+    if call_id in s.ended_calls:  # its end came first (another stream, a slower hook)
         return s
     started = at
     if cur is not None and cur.call_id == call_id:

@@ -117,6 +117,15 @@ class TestTools:
         moved, _ = on_tool_end(self._in_tool(), "c1", 13.0, source="hook", background=True)
         assert on_tool_start(moved, "c1", "Bash", 13.1, source="hook") is moved
 
+    def test_an_end_before_its_start_is_not_undone_by_the_start(self) -> None:
+        """A tool end delivered before its start (the two on different paths: a hook's
+        PostToolUse overtaking its PreToolUse) records the duration; the late start must not
+        open the call again, or the session would wait in a tool that already ended."""
+        idle = on_response(_fresh(), 12.0, total_tokens=10)
+        ended, d = on_tool_end(idle, "h7", 13.0, source="hook", duration_s=0.8)
+        assert d == 0.8 and "h7" in ended.ended_calls
+        assert on_tool_start(ended, "h7", "Bash", 13.1, source="hook") is ended
+
     def test_end_records_reported_or_measured_duration(self) -> None:
         """The reported duration wins; otherwise end minus start."""
         s, d = on_tool_end(self._in_tool(), "c1", 14.5, source="hook")

@@ -141,6 +141,7 @@ class Stack:
         self._servers = servers
         self._own_servers = False
         self._procs: list[tuple[str, subprocess.Popen[bytes], IO[bytes]]] = []
+        self._launches: dict[str, tuple[list[str], dict[str, str]]] = {}
         self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="tao-logs-"))
         self.nats_url = ""
         self.redis_url = ""
@@ -300,7 +301,14 @@ class Stack:
         self.gateway_url = f"http://127.0.0.1:{env['TAO_GATEWAY_PORT']}"
         return env
 
+    def launch_of(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """The command and environment child ``name`` was started with (to start it again
+        after a crash, as a supervisor would); KeyError for a name the stack never started."""
+        cmd, env = self._launches[name]
+        return list(cmd), dict(env)
+
     def _spawn(self, name: str, cmd: Sequence[str], env: Mapping[str, str]) -> None:
+        self._launches[name] = (list(cmd), dict(env))
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / f"{name}.log", "ab")  # noqa: SIM115 - closed in stop()
         try:

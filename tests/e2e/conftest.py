@@ -95,12 +95,14 @@ class E2E:
         proc.wait(timeout=10)
 
     def respawn(self, name: str) -> subprocess.Popen[bytes]:
-        """Start service ``name`` again with the stack's environment; stopped on teardown."""
+        """Start child ``name`` (a service or a simnode) again, with the command and the
+        environment it was started with; stopped on teardown."""
         assert self.proc(name).poll() is not None, f"{name} is still running"
+        cmd, env = self.stack.launch_of(name)
         log = open(self.log_dir / f"{name}.restarted.log", "ab")  # noqa: SIM115 - closed in close()
         proc = subprocess.Popen(
-            [sys.executable, "-m", f"services.{name}"],
-            env=self.stack.env_for(name),
+            cmd,
+            env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -7,9 +7,11 @@ Both on the main stack (see conftest): agent sessions through the gateway with t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import time
+import urllib.request
 import uuid
 from typing import Any
 
@@ -199,6 +201,83 @@ class TestControlPlaneCrash:
         if report:
             with open(report, "a", encoding="utf-8") as fh:
                 fh.write(f"{service}\t{recovery_s:.2f}\n")
+
+
+class TestKilledAndRestarted:
+    """The gateway, or the simnode holding most of the sessions, SIGKILLed mid-load, left down
+    for a second and started again with its own command (as a supervisor restarts it), agents
+    retrying failed turns as harnesses do. Checked: every session completes every turn, once
+    and in order; the admitted contexts never exceed a node's KV capacity at any sampled
+    instant; the killed process serves again; at least one request was caught by the kill (or
+    the test proved nothing). Reported (``TAO_FAULT_REPORT``): restart → the process answers
+    ``/healthz``, and restart → the last session's last turn."""
+
+    @pytest.mark.parametrize("victim", ["gateway", "node"])
+    async def test_killed_mid_load_then_restarted(self, e2e: Any, victim: str) -> None:
+        tag = uuid.uuid4().hex[:8]
+        tool = f"kill-{victim}-{tag}"
+        sids = [f"kil-{victim}-{tag}-{i}" for i in range(6)]
+        first = FirstTurns(sids)
+        failures: list[tuple[float, float, str]] = []
+        over: list[str] = []
+
+        async with e2e.clients() as c:
+
+            async def watch_capacity() -> None:
+                while True:
+                    snap = await c.snapshot()
+                    for nid, rec in snap.nodes.items():
+                        held = sum(s.tokens for s in snap.sessions.values() if s.node == nid)
+                        if rec.healthy and held > rec.capacity_tokens:
+                            over.append(f"{nid}: contexts {held} > {rec.capacity_tokens}")
+                    await asyncio.sleep(0.1)  # sampling the store, an external system
+
+            watcher = asyncio.create_task(watch_capacity())
+            tasks = [
+                asyncio.create_task(
+                    c.agent(sid, turns=5, stream=i % 2 == 0, tool=tool, seed=800 + i,
+                            after_turn=first.mark(sid), retries=60, failures=failures)
+                )
+                for i, sid in enumerate(sids)
+            ]  # fmt: skip
+            await first.wait()
+            name, health = "gateway", f"{e2e.gateway}/healthz"
+            if victim == "node":
+                snap = await c.snapshot()
+                on = {n: [s for s in sids if (r := snap.sessions.get(s)) and r.node == n]
+                      for n in snap.nodes}  # fmt: skip
+                name = max(sorted(on), key=lambda n: len(on[n]))
+                health = f"{e2e.stack.node_urls[name]}/healthz"
+            e2e.kill(name)
+            await asyncio.sleep(1.0)  # down for a second, the agents' turns failing meanwhile
+            e2e.respawn(name)
+            restarted = time.monotonic()
+            while not _answers(health):
+                assert time.monotonic() - restarted < DEADLINE_S, f"{name} never answered"
+                await asyncio.sleep(0.05)  # polling a restarted child
+            up_s = time.monotonic() - restarted
+            async with asyncio.timeout(RUN_DEADLINE_S):
+                results = await asyncio.gather(*tasks)
+            done_s = time.monotonic() - restarted
+            watcher.cancel()
+            for sid, turns in zip(sids, results, strict=True):
+                assert [t.finish_reason for t in turns] == ["tool_calls"] * 4 + ["stop"], sid
+            for sid in sids:
+                await c.await_session(sid, lambda s: s is None, "deleted after its end")
+        assert failures, f"no request was caught by killing {name}: the test proved nothing"
+        assert over == [], f"over-committed after killing {name}: {over[:5]}"
+        assert e2e.proc(name).poll() is None, f"restarted {name} exited ({e2e.log_dir})"
+        report = os.environ.get("TAO_FAULT_REPORT")
+        if report:
+            with open(report, "a", encoding="utf-8") as fh:
+                fh.write(f"kill-{victim}-up\t{up_s:.2f}\nkill-{victim}-done\t{done_s:.2f}\n")
+                fh.write(f"kill-{victim}-failures\t{len(failures)}\n")
+
+
+def _answers(url: str) -> bool:
+    with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1.0) as resp:
+        return bool(resp.status == 200)
+    return False
 
 
 class TestEngineFreeze:

@@ -155,7 +155,7 @@ class TestTls:
             await gateway.aclose()
         untrusted = aioredis.Redis.from_url(url.split("?")[0])
         try:
-            with pytest.raises(Exception, match="(?i)certificate"):
+            with pytest.raises(Exception, match=r"(?i)certificate"):
                 await asyncio.wait_for(untrusted.ping(), DEADLINE_S)
         finally:
             await untrusted.aclose()

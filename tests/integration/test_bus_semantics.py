@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
-from typing import Any
 
 from shared.contracts import (
     DeadLetter,

@@ -41,6 +41,18 @@ class FirstTurns:
             await asyncio.gather(*(ev.wait() for ev in self.events.values()))
 
 
+async def watch_capacity(c: Any, over: list[str]) -> None:
+    """Until cancelled: every 0.1 s, each healthy node whose admitted contexts exceed its KV
+    capacity is appended to ``over``."""
+    while True:
+        snap = await c.snapshot()
+        for nid, rec in snap.nodes.items():
+            held = sum(s.tokens for s in snap.sessions.values() if s.node == nid)
+            if rec.healthy and held > rec.capacity_tokens:
+                over.append(f"{nid}: contexts {held} > {rec.capacity_tokens}")
+        await asyncio.sleep(0.1)  # sampling the store, an external system
+
+
 class TestDeadLetter:
     async def test_malformed_tool_event_dead_lettered_and_stack_goes_on(self, e2e: Any) -> None:
         """Garbage on a tool subject lands on the tools DLQ with its bytes; the tools service
@@ -155,17 +167,7 @@ class TestControlPlaneCrash:
         over: list[str] = []
 
         async with e2e.clients() as c:
-
-            async def watch_capacity() -> None:
-                while True:
-                    snap = await c.snapshot()
-                    for nid, rec in snap.nodes.items():
-                        held = sum(s.tokens for s in snap.sessions.values() if s.node == nid)
-                        if rec.healthy and held > rec.capacity_tokens:
-                            over.append(f"{nid}: contexts {held} > {rec.capacity_tokens}")
-                    await asyncio.sleep(0.1)  # sampling the store, an external system
-
-            watcher = asyncio.create_task(watch_capacity())
+            watcher = asyncio.create_task(watch_capacity(c, over))
             tasks = [
                 asyncio.create_task(
                     c.agent(sid, turns=3, stream=i % 2 == 0, tool=tool, seed=300 + i,
@@ -222,17 +224,7 @@ class TestKilledAndRestarted:
         over: list[str] = []
 
         async with e2e.clients() as c:
-
-            async def watch_capacity() -> None:
-                while True:
-                    snap = await c.snapshot()
-                    for nid, rec in snap.nodes.items():
-                        held = sum(s.tokens for s in snap.sessions.values() if s.node == nid)
-                        if rec.healthy and held > rec.capacity_tokens:
-                            over.append(f"{nid}: contexts {held} > {rec.capacity_tokens}")
-                    await asyncio.sleep(0.1)  # sampling the store, an external system
-
-            watcher = asyncio.create_task(watch_capacity())
+            watcher = asyncio.create_task(watch_capacity(c, over))
             tasks = [
                 asyncio.create_task(
                     c.agent(sid, turns=5, stream=i % 2 == 0, tool=tool, seed=800 + i,

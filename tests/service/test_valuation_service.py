@@ -138,16 +138,22 @@ class TestValuationTick:
         assert second.candidates[0].ready == 0
 
 
+async def admitted_in_a_call(store: FakeStore, sid: str) -> Session:
+    """A session of gateway gw1 that asked at 100.0 and was admitted on n1 at 101.0."""
+    s, _ = on_request(Session(sid), "r1", 100.0, model="m", gateway_id="gw1")
+    await put(store, s)
+    await admit_on(store, sid, "n1", 2000, 101.0)
+    got = await store.get_session(sid)
+    assert got is not None
+    return got
+
+
 class TestIdleSweep:
     async def test_idle_admitted_session_is_ended(self, store: FakeStore) -> None:
         """An admitted session idle past the timeout is ended (reservation released) and a
         SessionEnd with reason idle_timeout is published."""
         bus = FakeBus()
-        a, _ = on_request(Session("a"), "r1", 100.0, model="m", gateway_id="gw1")
-        await put(store, a)
-        await admit_on(store, "a", "n1", 2000, 101.0)
-        a2 = await store.get_session("a")
-        assert a2 is not None
+        a2 = await admitted_in_a_call(store, "a")
         await put(store, on_response(a2, 102.0, total_tokens=1500))
         fresh, _ = on_request(Session("f"), "r1", 100.0, model="m")
         await put(store, fresh)
@@ -170,11 +176,7 @@ class TestIdleSweep:
         from shared.core.session import on_tool_end, on_tool_start
 
         bus = FakeBus()
-        a, _ = on_request(Session("a"), "r1", 100.0, model="m", gateway_id="gw1")
-        await put(store, a)
-        await admit_on(store, "a", "n1", 2000, 101.0)
-        a2 = await store.get_session("a")
-        assert a2 is not None
+        a2 = await admitted_in_a_call(store, "a")
         a3 = on_response(a2, 102.0, total_tokens=1500, tool_calls=[("c1", "bash")])
         a4, _ = on_tool_end(on_tool_start(a3, "c1", "bash", 102.5, source="hook"), "c1", 103.0,
                             source="hook")  # fmt: skip

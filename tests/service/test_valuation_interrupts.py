@@ -4,6 +4,7 @@ decision is the same as on a snapshot that always lists them; the idle sweep run
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 
 import anyio
 from hypothesis import HealthCheck, given, settings
@@ -206,13 +207,16 @@ class TestConditionalRead:
 class TestSweepTask:
     async def test_sweep_loop_ends_idle_sessions_concurrently(self) -> None:
         """The sweep task ends every idle admitted session in batches and publishes one
-        SessionEnd each; a busy one is kept."""
+        SessionEnd each; a busy one (in a tool, touched a second ago) is kept."""
         store = FakeStore()
         for i in range(300):
             s = Session(f"i{i:03d}", version=1, node="n1", weight=10, gateway_id="g",
                         updated_at=NOW - 400.0)  # fmt: skip
             await store.update_session(s.id, lambda _, s=s: s)
-        await store.update_session("a01", lambda _: _in_tool(1, "n1", 600, False))
+        busy = replace(
+            _in_tool(1, "n1", 600, False), updated_at=NOW - 1.0
+        )  # its tool started 1 s ago
+        await store.update_session("a01", lambda _: busy)
         bus = _CountingBus(300)
         v = _valuator(store, bus)
         with anyio.fail_after(10):

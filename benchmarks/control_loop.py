@@ -78,7 +78,7 @@ from shared.core.tick import Decision, TickSnapshot, decide, policy_rules, value
 from shared.infra import Bus, Delivery, EmbeddedServers, FakeBus, nats_answers, redis_answers
 from shared.infra.settings import Settings
 from shared.infra.store import Store
-from shared.infra.store_types import SessionFn
+from shared.infra.store_types import NodeUpdate, SessionFn
 
 MODEL = "bench-model"
 PARKED = "bench-parked"  # a model no node serves: parked sessions stay in the pool
@@ -174,8 +174,11 @@ async def seed(store: Store, n: int, nodes: int, rng: random.Random) -> World:
     cap = 2 * (admitted + demand) // nodes + 1_000_000
     for nid in node_ids:
         await store.put_node_status(
-            nid, url=f"http://127.0.0.1:1/{nid}", capacity_tokens=cap, target_utilisation=0.9,
-            healthy=True, models=frozenset({MODEL}), block_size=16, updated_at=now,
+            nid,
+            NodeUpdate(
+                url=f"http://127.0.0.1:1/{nid}", capacity_tokens=cap, target_utilisation=0.9,
+                healthy=True, models=frozenset({MODEL}), block_size=16, updated_at=now,
+            ),
         )  # fmt: skip
     for lo in range(0, n, 256):
         await store.update_sessions([(r.id, create(r)) for r in recs[lo : lo + 256]])

@@ -37,7 +37,7 @@ import redis.asyncio as aioredis
 from shared.core.session import Session, admit, on_request, on_response, on_tool_progress
 from shared.infra.fake_store import FakeStore
 from shared.infra.store import Store
-from shared.infra.store_types import SessionFn, StateStore
+from shared.infra.store_types import NodeUpdate, SessionFn, StateStore
 
 LOCAL = "redis://127.0.0.1:6379/0"
 TOOLS = tuple(f"tool{i}" for i in range(8))
@@ -64,7 +64,7 @@ def _progress(at: float) -> SessionFn:
 
 
 async def _setup(store: StateStore, sessions: int) -> list[str]:
-    await store.put_node_status("n0", capacity_tokens=10**9, healthy=True)
+    await store.put_node_status("n0", NodeUpdate(capacity_tokens=10**9, healthy=True))
     sids = [f"ses_{i:06d}" for i in range(sessions)]
     for lo in range(0, sessions, 256):
         chunk = sids[lo : lo + 256]

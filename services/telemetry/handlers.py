@@ -29,7 +29,7 @@ from shared.contracts.node import NodeStatus
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import NodeSpec
 from shared.infra.store_stats import prefix_hit_rate
-from shared.infra.store_types import NodeRecord, StateStore
+from shared.infra.store_types import NodeRecord, NodeUpdate, StateStore
 
 __all__ = ["NodeScrapers", "RestartHook"]
 
@@ -135,10 +135,12 @@ class NodeScrapers:
             error = str(exc)
             rec = await self.store.put_node_status(
                 spec.id,
-                url=spec.url,
-                healthy=health.healthy,
-                failures=health.failures,
-                updated_at=self.clock(),
+                NodeUpdate(
+                    url=spec.url,
+                    healthy=health.healthy,
+                    failures=health.failures,
+                    updated_at=self.clock(),
+                ),
             )
         else:
             health.ok()
@@ -156,20 +158,22 @@ class NodeScrapers:
             capacity = spec.capacity_tokens or m.capacity_tokens  # the nodes file overrides
             rec = await self.store.put_node_status(
                 spec.id,
-                url=spec.url,
-                capacity_tokens=capacity,
-                target_utilisation=self.target_utilisation,
-                healthy=True,
-                models=None if models is None else frozenset(models),
-                block_size=m.block_size,
-                used_tokens=round(m.usage * capacity),
-                usage=m.usage,
-                running=m.running,
-                waiting=m.waiting,
-                prefix_cache_queries=m.prefix_cache_queries,
-                prefix_cache_hits=m.prefix_cache_hits,
-                updated_at=self.clock(),
-                failures=0,
+                NodeUpdate(
+                    url=spec.url,
+                    capacity_tokens=capacity,
+                    target_utilisation=self.target_utilisation,
+                    healthy=True,
+                    models=None if models is None else frozenset(models),
+                    block_size=m.block_size,
+                    used_tokens=round(m.usage * capacity),
+                    usage=m.usage,
+                    running=m.running,
+                    waiting=m.waiting,
+                    prefix_cache_queries=m.prefix_cache_queries,
+                    prefix_cache_hits=m.prefix_cache_hits,
+                    updated_at=self.clock(),
+                    failures=0,
+                ),
             )
         await self.bus.publish_msg(_status(rec, rec.updated_at))
         log = self.log.warning if error is not None else self.log.info

@@ -6,6 +6,9 @@
     │   └── RequestError                       a request got no reply (no responder, timeout)
     ├── EmbeddedServerError                    a server binary is missing or did not answer
     ├── RunFileError                           the ``tao up`` run file cannot be read
+    ├── StoreError                             the state store refused or read a bad value
+    │   └── KeyNameError(StoreError, ValueError)  an unusable domain, node or session id
+    ├── KvReplayError                          a node's KV-event replay could not be had
     └── ConfigFileError(InfraError, ValueError)  a TOML file is unreadable or invalid: the
         nodes file (NodesFileError), the tenants file (TenantsFileError), a placement key
         file (KeyFileError)
@@ -20,9 +23,11 @@ __all__ = [
     "ConfigFileError",
     "EmbeddedServerError",
     "InfraError",
+    "KvReplayError",
     "RequestError",
     "RunFileError",
     "SettingsError",
+    "StoreError",
 ]
 
 
@@ -80,3 +85,17 @@ class ConfigFileError(InfraError, ValueError):
         self.path = path
         self.reason = reason
         super().__init__(f"{path}: {reason}")
+
+
+class StoreError(InfraError):
+    """Base of every error the state store raises."""
+
+
+class KvReplayError(InfraError):
+    """A replay of ``node`` from ``start_seq`` could not be had, for ``reason``."""
+
+    def __init__(self, node: str, start_seq: int, reason: str) -> None:
+        self.node = node
+        self.start_seq = start_seq
+        self.reason = reason
+        super().__init__(f"node {node}: replay from seq {start_seq} failed: {reason}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, update
@@ -27,9 +27,9 @@ from shared.infra.keys import (
 from shared.infra.store_codec import encode_chain, encode_session, read_chain
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
-    KEEP,
     ChainsRead,
     NodeRecord,
+    NodeUpdate,
     Samples,
     SessionFn,
     SessionFnWith,
@@ -38,7 +38,7 @@ from shared.infra.store_types import (
     fold_updates,
     merge_node,
     no_value,
-    node_status_fields,
+    node_status_update,
 )
 
 __all__ = ["FakeStore"]
@@ -162,28 +162,9 @@ class FakeStore:
 
     # --- nodes ------------------------------------------------------------------------------
 
-    async def put_node_status(
-        self,
-        node: str,
-        *,
-        url: Any = KEEP,
-        capacity_tokens: Any = KEEP,
-        target_utilisation: Any = KEEP,
-        healthy: Any = KEEP,
-        models: Any = KEEP,
-        block_size: Any = KEEP,
-        used_tokens: Any = KEEP,
-        usage: Any = KEEP,
-        running: Any = KEEP,
-        waiting: Any = KEEP,
-        prefix_cache_queries: Any = KEEP,
-        prefix_cache_hits: Any = KEEP,
-        updated_at: Any = KEEP,
-        failures: Any = KEEP,
-    ) -> NodeRecord:
-        given = {k: v for k, v in locals().items() if k not in ("self", "node") and v is not KEEP}
+    async def put_node_status(self, node: str, update: NodeUpdate) -> NodeRecord:
         check_node_id(node)
-        rec = merge_node(self._status.get(node) or NodeRecord(id=node), given)
+        rec = merge_node(self._status.get(node) or NodeRecord(id=node), update)
         rec.usable  # noqa: B018 - validates capacity × target like the real store's encoding
         self._status[node] = rec
         return self._with_reserved(rec)
@@ -192,7 +173,7 @@ class FakeStore:
         self, status: NodeStatus, *, target_utilisation: float, failures: int = 0
     ) -> NodeRecord:
         return await self.put_node_status(
-            status.node_id, **node_status_fields(status, target_utilisation, failures)
+            status.node_id, node_status_update(status, target_utilisation, failures)
         )
 
     def _with_reserved(self, rec: NodeRecord) -> NodeRecord:

@@ -49,7 +49,7 @@ from typing import Final
 
 from shared.contracts.errors import ContractError
 from shared.contracts.subjects import escape_token
-from shared.infra.errors import InfraError
+from shared.infra.errors import StoreError
 
 __all__ = [
     "GLOBAL_TOOL_FIELD",
@@ -71,10 +71,6 @@ GLOBAL_TOOL_FIELD: Final = "global"
 """Field of the tool-stats hash holding the aggregate over every tool."""
 
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
-
-
-class StoreError(InfraError):
-    """Base of every error the state store raises."""
 
 
 class KeyNameError(StoreError, ValueError):

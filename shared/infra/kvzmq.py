@@ -68,6 +68,7 @@ from shared.contracts.subjects import KV_SEQ_HEADER
 from shared.contracts.subjects import RECEIVED_AT_HEADER as KV_RECEIVED_AT_HEADER
 from shared.core.kvseq import SeqTracker
 
+from .errors import KvReplayError
 from .logging import get_logger
 
 __all__ = [
@@ -102,16 +103,6 @@ class KvMessage:
 def bridge_headers(msg: KvMessage) -> dict[str, str]:
     """The NATS headers ``tao kv-bridge`` sends with ``msg.payload``."""
     return {KV_SEQ_HEADER: str(msg.seq), KV_RECEIVED_AT_HEADER: repr(msg.received_at)}
-
-
-class KvReplayError(Exception):
-    """A replay of ``node`` from ``start_seq`` could not be had, for ``reason``."""
-
-    def __init__(self, node: str, start_seq: int, reason: str) -> None:
-        self.node = node
-        self.start_seq = start_seq
-        self.reason = reason
-        super().__init__(f"node {node}: replay from seq {start_seq} failed: {reason}")
 
 
 @dataclass(slots=True)

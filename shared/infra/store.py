@@ -68,9 +68,9 @@ from shared.infra.store_ops import index_ops, reserve_ops, texts, write_args
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
     CHAIN_TTL_S,
-    KEEP,
     ChainsRead,
     NodeRecord,
+    NodeUpdate,
     Samples,
     SessionFn,
     SessionFnWith,
@@ -80,7 +80,7 @@ from shared.infra.store_types import (
     fold_updates,
     merge_node,
     no_value,
-    node_status_fields,
+    node_status_update,
 )
 
 __all__ = ["Store", "load_script"]
@@ -276,34 +276,15 @@ class Store:
 
     # --- nodes ------------------------------------------------------------------------------
 
-    async def put_node_status(
-        self,
-        node: str,
-        *,
-        url: Any = KEEP,
-        capacity_tokens: Any = KEEP,
-        target_utilisation: Any = KEEP,
-        healthy: Any = KEEP,
-        models: Any = KEEP,
-        block_size: Any = KEEP,
-        used_tokens: Any = KEEP,
-        usage: Any = KEEP,
-        running: Any = KEEP,
-        waiting: Any = KEEP,
-        prefix_cache_queries: Any = KEEP,
-        prefix_cache_hits: Any = KEEP,
-        updated_at: Any = KEEP,
-        failures: Any = KEEP,
-    ) -> NodeRecord:
+    async def put_node_status(self, node: str, update: NodeUpdate) -> NodeRecord:
         """Telemetry's write: the given fields change, the others (and ``reserved``) stay."""
-        given = {k: v for k, v in locals().items() if k not in ("self", "node") and v is not KEEP}
         key = self.keys.node(node)
         async with self._pipe(True) as pipe:
             while True:
                 try:
                     await pipe.watch(key)
                     old = decode_node(node, await pipe.hgetall(key)) or NodeRecord(id=node)
-                    rec = merge_node(old, given)
+                    rec = merge_node(old, update)
                     pipe.multi()
                     pipe.hset(key, mapping=encode_node_fields(rec))
                     pipe.sadd(self.keys.nodes, node)
@@ -318,7 +299,7 @@ class Store:
         """:meth:`put_node_status` from a telemetry ``NodeStatus`` message (empty model list =
         serves any model); ``url`` is kept when the message has none."""
         return await self.put_node_status(
-            status.node_id, **node_status_fields(status, target_utilisation, failures)
+            status.node_id, node_status_update(status, target_utilisation, failures)
         )
 
     async def get_node(self, node: str) -> NodeRecord | None:

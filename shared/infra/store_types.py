@@ -23,8 +23,8 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Final, Generic, NamedTuple, Protocol, TypeVar
+from dataclasses import dataclass, fields, replace
+from typing import Final, Generic, NamedTuple, Protocol, TypeVar
 
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, update
@@ -41,6 +41,7 @@ __all__ = [
     "Keep",
     "KeyNameError",
     "NodeRecord",
+    "NodeUpdate",
     "SessionFn",
     "SessionFnWith",
     "StateStore",
@@ -51,7 +52,7 @@ __all__ = [
     "fold_updates",
     "merge_node",
     "no_value",
-    "node_status_fields",
+    "node_status_update",
 ]
 
 
@@ -243,35 +244,64 @@ def fold_tools(
     return out, overall
 
 
-def node_status_fields(
-    status: NodeStatus, target_utilisation: float, failures: int
-) -> dict[str, Any]:
-    """The :meth:`StateStore.put_node_status` fields of a telemetry ``NodeStatus`` (empty model
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeUpdate:
+    """Telemetry's change to a node's record (:meth:`StateStore.put_node_status`): a field left
+    at :data:`KEEP` stays as stored. ``reserved`` is not among them: only ``apply`` moves it.
+    The values are checked when the update is merged (:func:`merge_node`)."""
+
+    url: str | Keep | None = KEEP
+    capacity_tokens: int | Keep = KEEP
+    target_utilisation: float | Keep = KEEP
+    healthy: bool | Keep = KEEP
+    models: Iterable[str] | Keep | None = KEEP
+    """None: serves any model."""
+    block_size: int | Keep = KEEP
+    used_tokens: int | Keep = KEEP
+    usage: float | Keep = KEEP
+    running: int | Keep = KEEP
+    waiting: int | Keep = KEEP
+    prefix_cache_queries: int | Keep | None = KEEP
+    prefix_cache_hits: int | Keep | None = KEEP
+    updated_at: float | Keep = KEEP
+    failures: int | Keep = KEEP
+
+    def given(self) -> dict[str, object]:
+        """The fields that change, by name."""
+        out: dict[str, object] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is not KEEP:
+                out[f.name] = value
+        return out
+
+
+def node_status_update(status: NodeStatus, target_utilisation: float, failures: int) -> NodeUpdate:
+    """The :meth:`StateStore.put_node_status` update of a telemetry ``NodeStatus`` (empty model
     list = serves any model; ``url`` is kept when the message has none)."""
-    return {
-        "url": status.url if status.url is not None else KEEP,
-        "capacity_tokens": status.capacity_tokens,
-        "target_utilisation": target_utilisation,
-        "healthy": status.healthy,
-        "models": frozenset(status.models) if status.models else None,
-        "block_size": status.block_size,
-        "used_tokens": status.used_tokens,
-        "usage": status.usage,
-        "running": status.running,
-        "waiting": status.waiting,
-        "prefix_cache_queries": status.prefix_cache_queries,
-        "prefix_cache_hits": status.prefix_cache_hits,
-        "updated_at": status.ts,
-        "failures": failures,
-    }
+    return NodeUpdate(
+        url=status.url if status.url is not None else KEEP,
+        capacity_tokens=status.capacity_tokens,
+        target_utilisation=target_utilisation,
+        healthy=status.healthy,
+        models=frozenset(status.models) if status.models else None,
+        block_size=status.block_size,
+        used_tokens=status.used_tokens,
+        usage=status.usage,
+        running=status.running,
+        waiting=status.waiting,
+        prefix_cache_queries=status.prefix_cache_queries,
+        prefix_cache_hits=status.prefix_cache_hits,
+        updated_at=status.ts,
+        failures=failures,
+    )
 
 
-def merge_node(old: NodeRecord, given: Mapping[str, object]) -> NodeRecord:
-    """``old`` with telemetry's ``given`` fields (validated); ``reserved`` is never among them."""
+def merge_node(old: NodeRecord, update: NodeUpdate) -> NodeRecord:
+    """``old`` with telemetry's ``update`` (each value checked: :class:`StoreError` names a bad
+    one)."""
     changes: dict[str, object] = {}
-    for name, value in given.items():
-        if value is KEEP:
-            continue
+    for name, value in update.given().items():
         if name in _INTS or name in _OPT_INTS:
             if value is None and name in _OPT_INTS:
                 changes[name] = None
@@ -336,25 +366,7 @@ class StateStore(Protocol):
     async def delete_session(self, sid: str) -> bool: ...
 
     # nodes
-    async def put_node_status(
-        self,
-        node: str,
-        *,
-        url: Any = KEEP,
-        capacity_tokens: Any = KEEP,
-        target_utilisation: Any = KEEP,
-        healthy: Any = KEEP,
-        models: Any = KEEP,
-        block_size: Any = KEEP,
-        used_tokens: Any = KEEP,
-        usage: Any = KEEP,
-        running: Any = KEEP,
-        waiting: Any = KEEP,
-        prefix_cache_queries: Any = KEEP,
-        prefix_cache_hits: Any = KEEP,
-        updated_at: Any = KEEP,
-        failures: Any = KEEP,
-    ) -> NodeRecord: ...
+    async def put_node_status(self, node: str, update: NodeUpdate) -> NodeRecord: ...
     async def put_node_status_msg(
         self, status: NodeStatus, *, target_utilisation: float, failures: int = 0
     ) -> NodeRecord: ...

@@ -15,6 +15,7 @@ from shared.infra import Bus, MessageBus
 from shared.infra.errors import RequestError
 from shared.infra.fake_store import FakeStore
 from shared.infra.settings import NodeSpec
+from shared.infra.store_types import NodeUpdate
 from tests.inspect_contract import NODE_KEYS
 
 TIMEOUT_S = 5.0
@@ -73,7 +74,7 @@ class TestInspectorOverTheBus:
         stored = BlockStored([1, 2], None, list(range(32)), 16, None, "GPU", None)
         index.apply("n1", 7, KVEventBatch(ts=1.0, events=[stored]), 1.0)
         store = FakeStore()
-        await store.put_node_status("n1", healthy=True, capacity_tokens=2048)
+        await store.put_node_status("n1", NodeUpdate(healthy=True, capacity_tokens=2048))
         await Inspector(index, store, [NodeSpec("n1", "http://n1")]).start(bus, "telemetry")
         raw = await bus.request(subjects.inspect("node"), encode_body(NodeQuery("n1")), TIMEOUT_S)
         assert decode_reply(raw, NodeInspect) == NodeInspect("n1", 2, 32, 7, 0, True, 2048)

@@ -20,6 +20,7 @@ from shared.infra.embedded import free_port
 from shared.infra.fake_store import FakeStore
 from shared.infra.nodesfile import render_nodes_file
 from shared.infra.settings import NodeSpec
+from shared.infra.store_types import NodeUpdate
 from tests.inspect_contract import NODE_KEYS
 
 BS = 16
@@ -125,7 +126,7 @@ class TestAskingTelemetry:
         for seq, b in enumerate(batches()):
             index.apply("n9", seq, b, 1.0)
         store = FakeStore()
-        await store.put_node_status("n9", healthy=True, capacity_tokens=1024)
+        await store.put_node_status("n9", NodeUpdate(healthy=True, capacity_tokens=1024))
         bus = await Bus.connect(nats_url, name="telemetry-test", namespace=namespace)
         try:
             await Inspector(index, store, []).start(bus, "telemetry")

@@ -30,6 +30,7 @@ from shared.contracts.wake import Wake
 from shared.infra import Bus, Delivery, Settings
 from shared.infra.runner import Main, run_service_async
 from shared.infra.store import Store
+from shared.infra.store_types import NodeUpdate
 
 GW = "gw1"
 TIMEOUT_S = 60.0
@@ -117,7 +118,8 @@ async def stack(nats_url: str, redis_url: str, namespace: str) -> AsyncIterator[
     client = aioredis.Redis.from_url(redis_url)
     store = Store(client, settings.domain)
     await store.put_node_status(
-        "n1", capacity_tokens=1_000_000, target_utilisation=0.9, healthy=True, models=None
+        "n1",
+        NodeUpdate(capacity_tokens=1_000_000, target_utilisation=0.9, healthy=True, models=None),
     )
     st = Stack(settings, bus, store)
     try:

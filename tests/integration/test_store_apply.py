@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from shared.core.problem import ZERO, PlanResult
 from shared.core.session import Activity, Session, admit, on_request, on_response
 from shared.core.tick import Applied, Decision, Move, apply_decision, live_free
-from shared.infra.store_types import StateStore
+from shared.infra.store_types import NodeUpdate, StateStore
 from tests.integration.stores import open_store
 
 _RESULT = PlanResult(assignments=(), objective=ZERO, exact=True, method="test")
@@ -54,8 +54,8 @@ async def _check_consistent(store: StateStore) -> None:
 class TestApply:
     async def test_admits_and_counts(self, store: StateStore) -> None:
         """Admits reserve capacity, bump versions, start waiting requests and leave the pool."""
-        await store.put_node_status("n1", capacity_tokens=4000, target_utilisation=0.5,
-                                    healthy=True)  # fmt: skip
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=4000, target_utilisation=0.5,
+                                    healthy=True))  # fmt: skip
         a, b = await _pool(store, "a"), await _pool(store, "b")
         moves = (Move("a", "n1", 1000, a.version), Move("b", "n1", 1000, b.version))
         got = await store.apply(_decision(admits=moves), 10.0)
@@ -71,7 +71,7 @@ class TestApply:
 
     async def test_discards_when_a_session_changed(self, store: StateStore) -> None:
         """A selected session whose version moved meanwhile discards the whole plan."""
-        await store.put_node_status("n1", capacity_tokens=10_000, healthy=True)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=True))
         a, b = await _pool(store, "a"), await _pool(store, "b")
         await store.update_session(
             "b", lambda s: None if s is None else on_request(s, "r2", 3.0)[0]
@@ -87,7 +87,7 @@ class TestApply:
 
     async def test_discards_on_unhealthy_or_missing_node(self, store: StateStore) -> None:
         """An admit to a node that is unhealthy or unknown discards the plan."""
-        await store.put_node_status("n1", capacity_tokens=10_000, healthy=False)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=False))
         a, b = await _pool(store, "a"), await _pool(store, "b")
         moves = (Move("a", "n1", 600, a.version), Move("b", "n2", 600, b.version))
         got = await store.apply(_decision(admits=moves), 10.0)
@@ -95,10 +95,10 @@ class TestApply:
 
     async def test_prefix_when_capacity_shrank(self, store: StateStore) -> None:
         """When live capacity shrank, the longest fitting prefix is applied and flagged."""
-        await store.put_node_status("n1", capacity_tokens=10_000, healthy=True)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=True))
         ss = [await _pool(store, sid) for sid in ("a", "b", "c")]
         moves = tuple(Move(s.id, "n1", 1000, s.version) for s in ss)
-        await store.put_node_status("n1", capacity_tokens=2500)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=2500))
         got = await store.apply(_decision(admits=moves), 10.0)
         assert got.truncated and got.admitted == moves[:2] and set(got.sessions) == {"a", "b"}
         c = await store.get_session("c")
@@ -108,7 +108,7 @@ class TestApply:
 
     async def test_interrupts_free_room_for_admits(self, store: StateStore) -> None:
         """An interrupt's weight is usable by a later admit in the same apply."""
-        await store.put_node_status("n1", capacity_tokens=2000, healthy=True)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=2000, healthy=True))
         t = await _in_tool_on(store, "t", "n1", 1500)
         p = await _pool(store, "p")
         got = await store.apply(
@@ -125,8 +125,9 @@ class TestApply:
 
     async def test_concurrent_applies_never_overcommit(self, store: StateStore) -> None:
         """Many applies racing for one node admit exactly what fits, never more."""
-        await store.put_node_status("n1", capacity_tokens=10_000, target_utilisation=0.55,
-                                    healthy=True)  # fmt: skip
+        await store.put_node_status(
+            "n1", NodeUpdate(capacity_tokens=10_000, target_utilisation=0.55, healthy=True)
+        )
         ss = [await _pool(store, f"s{i}") for i in range(24)]
         results = await asyncio.gather(
             *(store.apply(_decision(admits=(Move(s.id, "n1", 1000, s.version),)), 5.0) for s in ss)
@@ -195,7 +196,9 @@ async def _equivalence(store: StateStore, world: tuple[list[dict[str, object]], 
                                                        Decision, float]) -> None:  # fmt: skip
     nodes, sessions, decision, at = world
     for n in nodes:
-        await store.put_node_status(**n)  # type: ignore[arg-type]
+        fields = dict(n)
+        node = str(fields.pop("node"))
+        await store.put_node_status(node, NodeUpdate(**fields))  # type: ignore[arg-type]
     for s in sessions:
         await store.update_session(s.id, lambda _, s=s: s)  # type: ignore[misc]
     live = {s.id: s for s in sessions}

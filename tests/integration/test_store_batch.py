@@ -25,7 +25,7 @@ from shared.core.session import (
     release,
 )
 from shared.infra.store import Store
-from shared.infra.store_types import SessionFnWith, StateStore, StoreError
+from shared.infra.store_types import NodeUpdate, SessionFnWith, StateStore, StoreError
 from tests.integration.stores import open_store
 
 Step = SessionFnWith[object]
@@ -77,7 +77,7 @@ class TestUpdateSessions:
     async def test_same_id_composes_in_order(self, store: StateStore) -> None:
         """Several fns on one id compose; each entry is the record after that fn (odd ids too)."""
         odd = 'b: {x} "ü"\\~\x00'
-        await store.put_node_status("n0", capacity_tokens=10_000, healthy=True)
+        await store.put_node_status("n0", NodeUpdate(capacity_tokens=10_000, healthy=True))
         out = await store.update_sessions(
             [
                 ("a", _create(_waiting("a"))),
@@ -128,8 +128,8 @@ class TestUpdateSessions:
     async def test_concurrent_batches_and_singles_lose_nothing(self, store: StateStore) -> None:
         """Concurrent batches and single updates on the same records all land, and the
         reserved totals follow every weight change."""
-        await store.put_node_status("n0", capacity_tokens=10**6, healthy=True)
-        await store.put_node_status("n1", capacity_tokens=10**6, healthy=True)
+        await store.put_node_status("n0", NodeUpdate(capacity_tokens=10**6, healthy=True))
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10**6, healthy=True))
         await store.update_sessions([(sid, _create(_waiting(sid, tokens=0))) for sid in "abc"])
         await store.update_sessions(
             [

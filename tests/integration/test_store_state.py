@@ -24,7 +24,7 @@ from shared.core.session import (
 from shared.infra.fake_store import FakeStore
 from shared.infra.keys import KeyNameError
 from shared.infra.store import Store
-from shared.infra.store_types import CHAIN_TTL_S, StateStore, StoreError
+from shared.infra.store_types import CHAIN_TTL_S, NodeUpdate, StateStore, StoreError
 
 
 def _waiting(sid: str, tokens: int = 1000, at: float = 1.0) -> Session:
@@ -123,8 +123,8 @@ class TestSessions:
 
     async def test_reserved_follows_admissions(self, store: StateStore) -> None:
         """Moving, releasing and deleting admitted sessions keeps reserved = Σ weights."""
-        await store.put_node_status("n1", capacity_tokens=10_000, healthy=True)
-        await store.put_node_status("n2", capacity_tokens=10_000, healthy=True)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=True))
+        await store.put_node_status("n2", NodeUpdate(capacity_tokens=10_000, healthy=True))
         for sid in ("a", "b", "c"):
             await _create(store, _waiting(sid))
         await _admit(store, "a", "n1", 600)
@@ -173,19 +173,19 @@ class TestSessions:
         with pytest.raises(KeyNameError):
             await store.get_session("")
         with pytest.raises(KeyNameError):
-            await store.put_node_status("bad node!", healthy=True)
+            await store.put_node_status("bad node!", NodeUpdate(healthy=True))
 
 
 class TestNodes:
     async def test_status_keeps_reserved_and_other_fields(self, store: StateStore) -> None:
         """A partial status write changes only its fields and never the reserved total."""
         await store.put_node_status(
-            "n1", url="http://a:8000", capacity_tokens=1000, target_utilisation=0.29,
-            healthy=True, models={"m1", "m2"}, updated_at=0.1 + 0.2,
+            "n1", NodeUpdate(url="http://a:8000", capacity_tokens=1000, target_utilisation=0.29,
+            healthy=True, models={"m1", "m2"}, updated_at=0.1 + 0.2),
         )  # fmt: skip
         await _create(store, _waiting("s"))
         await _admit(store, "s", "n1", 150)
-        rec = await store.put_node_status("n1", healthy=False, usage=0.5, failures=2)
+        rec = await store.put_node_status("n1", NodeUpdate(healthy=False, usage=0.5, failures=2))
         assert rec.reserved == 150
         got = await store.get_node("n1")
         assert got == rec
@@ -205,9 +205,9 @@ class TestNodes:
     async def test_bad_status_refused(self, store: StateStore) -> None:
         """Out-of-range values are refused with a message naming the field."""
         with pytest.raises(StoreError, match="target_utilisation"):
-            await store.put_node_status("n1", target_utilisation=1.5)
+            await store.put_node_status("n1", NodeUpdate(target_utilisation=1.5))
         with pytest.raises(StoreError, match="capacity_tokens"):
-            await store.put_node_status("n1", capacity_tokens=-1)
+            await store.put_node_status("n1", NodeUpdate(capacity_tokens=-1))
 
 
 class TestResidency:
@@ -336,7 +336,7 @@ class TestCountersAndStatus:
 
     async def test_status_shape(self, store: StateStore) -> None:
         """status() has the documented sections and per-item keys."""
-        await store.put_node_status("n1", capacity_tokens=2048, healthy=True)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=2048, healthy=True))
         s = _waiting("a")
         s = on_response(s, 2.0, total_tokens=100, tool_calls=[("c", "bash")])
         await _create(store, s)

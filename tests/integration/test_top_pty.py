@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 
 from shared.core.session import Session, ToolCall
 from shared.infra.store import Store
+from shared.infra.store_types import NodeUpdate
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b[()][A-Z0-9]|\x1b[=>]")
 DEADLINE_S = 30.0
@@ -45,8 +46,8 @@ async def test_top_in_a_pty(redis_url: str) -> None:
     client = aioredis.from_url(redis_url)
     store = Store(client, domain)
     try:
-        await store.put_node_status("node-a", capacity_tokens=8000, healthy=True)
-        await store.put_node_status("node-b", capacity_tokens=8000, healthy=True)
+        await store.put_node_status("node-a", NodeUpdate(capacity_tokens=8000, healthy=True))
+        await store.put_node_status("node-b", NodeUpdate(capacity_tokens=8000, healthy=True))
         now = time.time()
         await store.update_session(
             "waiter", lambda _: Session("waiter", version=1, activity="waiting", tokens=300,

@@ -28,7 +28,7 @@ from shared.contracts import (
 from shared.core.session import Session
 from shared.infra import FakeBus, Settings
 from shared.infra.fake_store import FakeStore
-from shared.infra.store_types import StoreError
+from shared.infra.store_types import NodeUpdate, StoreError
 
 GW = "gwstore"
 BODY: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -282,7 +282,7 @@ class TestClusterMetrics:
     async def test_metrics_page_carries_the_domains_series(self, env: Env) -> None:
         """GET /metrics gives the gateway's own series and, read from the store, the nodes',
         the planner's and the pool's (the dashboard and alerts in deploy/ chart them)."""
-        await env.store.put_node_status("n1", capacity_tokens=4096, healthy=True)
+        await env.store.put_node_status("n1", NodeUpdate(capacity_tokens=4096, healthy=True))
         await env.store.incr(ticks=3)
         await env.admit_in_store("s1", 1)
         client = await env.gateway(hold_timeout_s=5.0, recheck_s=0.05)

@@ -20,6 +20,7 @@ from shared.contracts import Placement, SessionRequest
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.signing import PlacementVerifier, load_signer, new_key_files
+from shared.infra.store_types import NodeUpdate
 from tests.service.test_gateway_service import GW, SETTINGS, Harness, make_harness
 from tests.service.test_planner_service import placements, planner, pool, snapshot
 
@@ -38,7 +39,9 @@ async def g(keys: tuple[Path, Path]) -> AsyncIterator[Harness]:
 
 async def test_the_planner_signs_every_placement(keys: tuple[Path, Path]) -> None:
     store, bus = FakeStore(), FakeBus()
-    await store.put_node_status("n1", capacity_tokens=10_000, target_utilisation=1.0, healthy=True)
+    await store.put_node_status(
+        "n1", NodeUpdate(capacity_tokens=10_000, target_utilisation=1.0, healthy=True)
+    )
     await pool(store, 2000, 3000)
     p = planner(store, bus)
     p.signer = load_signer(keys[0])

@@ -24,6 +24,7 @@ from shared.infra.busapi import Delivery
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
+from shared.infra.store_types import NodeUpdate
 
 NOW = 1000.0
 DELIVERY = Delivery(subjects.valuation_snapshot(), {}, 1, None, NOW)
@@ -72,7 +73,9 @@ def plans(bus: FakeBus) -> list[Plan]:
 @pytest.fixture
 async def store() -> FakeStore:
     st = FakeStore()
-    await st.put_node_status("n1", capacity_tokens=10_000, target_utilisation=1.0, healthy=True)
+    await st.put_node_status(
+        "n1", NodeUpdate(capacity_tokens=10_000, target_utilisation=1.0, healthy=True)
+    )
     return st
 
 
@@ -131,7 +134,7 @@ class TestPlanAndApply:
         bus = FakeBus()
         await pool(store, 4000, 3000, 2000)
         snap = await snapshot(store, bus)
-        await store.put_node_status("n1", capacity_tokens=6_000)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=6_000))
         applied = await planner(store, bus).plan_once(snap)
         assert applied is not None and not applied.discarded and applied.truncated
         assert 0 < len(applied.admitted) < 3

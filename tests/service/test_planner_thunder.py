@@ -32,6 +32,7 @@ from shared.core.valuation import ValuationParams
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
+from shared.infra.store_types import NodeUpdate
 
 T0 = 1000.0
 
@@ -80,7 +81,7 @@ class Rig:
 async def rig(capacity: int, policy: str = "thunderagent") -> Rig:
     store = FakeStore()
     await store.put_node_status(
-        "n1", capacity_tokens=capacity, target_utilisation=1.0, healthy=True
+        "n1", NodeUpdate(capacity_tokens=capacity, target_utilisation=1.0, healthy=True)
     )
     bus = FakeBus()
     clock = Clock()

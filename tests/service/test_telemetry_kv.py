@@ -32,6 +32,7 @@ from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
 from shared.infra.settings import NodeSpec
+from shared.infra.store_types import NodeUpdate
 from tests.inspect_contract import NODE_KEYS
 
 BS = 16
@@ -433,7 +434,7 @@ class TestInspector:
         await Inspector(
             rig.kv.index, rig.store, [NodeSpec("n1", "http://n1", capacity_tokens=4096)]
         ).start(rig.bus, "telemetry")
-        await rig.store.put_node_status("n1", healthy=True, capacity_tokens=16_000)
+        await rig.store.put_node_status("n1", NodeUpdate(healthy=True, capacity_tokens=16_000))
         await rig.bridged("n1", 0, payload(stored([1, 2, 3], None, TOKENS[: 3 * BS])))
         await rig.bridged("n1", 1, payload(BlockRemoved([3], "GPU")))
         await rig.settle()

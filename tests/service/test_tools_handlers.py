@@ -30,6 +30,7 @@ from shared.core.tick import Decision, Move
 from shared.infra.busapi import MSG_ID_HEADER, Delivery
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
+from shared.infra.store_types import NodeUpdate
 
 
 @dataclass
@@ -54,7 +55,7 @@ class Env:
 async def env() -> AsyncIterator[Env]:
     bus = FakeBus()
     store = FakeStore()
-    await store.put_node_status("n1", capacity_tokens=100_000, healthy=True)
+    await store.put_node_status("n1", NodeUpdate(capacity_tokens=100_000, healthy=True))
     handlers, _ = await start(store, bus)
     yield Env(bus, store, handlers)
     await bus.drain()

@@ -25,6 +25,7 @@ from shared.core.valuation import NodeView, ValuationParams
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
+from shared.infra.store_types import NodeUpdate
 
 NOW = 1000.0
 PARAMS = ValuationParams()
@@ -127,8 +128,8 @@ def _valuator(
 async def _world(capacity: int) -> FakeStore:
     """One pooled session (4,512 weight) and one admitted in a tool past its predicted end."""
     st_ = FakeStore()
-    await st_.put_node_status("n1", capacity_tokens=capacity, target_utilisation=1.0,
-                              healthy=True, models=None)  # fmt: skip
+    await st_.put_node_status("n1", NodeUpdate(capacity_tokens=capacity, target_utilisation=1.0,
+                              healthy=True, models=None))  # fmt: skip
     await st_.update_session("p00", lambda _: _pooled(0, 4000, False))
     await st_.update_session("a00", lambda _: _in_tool(0, "n1", 3000, False, NOW - 5.0))
     return st_
@@ -166,7 +167,7 @@ class TestConditionalRead:
         running = Session("r00", version=2, activity="running", node="n1", weight=5_000,
                           tokens=4_600, request_id="q")  # fmt: skip
         await store.update_session("r00", lambda _: running)
-        await store.put_node_status("n1", capacity_tokens=7_000)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=7_000))
         bus = FakeBus()
         rules = DEFAULT_RULES
         snap = await _valuator(store, bus, rules=rules).run_tick()
@@ -188,18 +189,18 @@ class TestConditionalRead:
         await store.update_session("r00", lambda _: Session("r00", version=2,
                                    activity="running", node="n1", weight=5_000, tokens=4_600,
                                    request_id="q"))  # fmt: skip
-        await store.put_node_status("n1", capacity_tokens=7_000)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=7_000))
         clock = [NOW]
         v = Valuator(store=store, bus=FakeBus(), log=get_logger("test"), params=PARAMS,
                      idle_timeout_s=300.0, clock=lambda: clock[0],
                      rules=DEFAULT_RULES)  # fmt: skip
         first = await v.run_tick("period")
         assert first.pressure == {"n1": 288}
-        await store.put_node_status("n1", capacity_tokens=100_000)  # room now
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=100_000))  # room now
         clock[0] += 0.5
         assert (await v.run_tick("wake")).pressure == {"n1": 288}  # reused, 0.5 s old
         assert (await v.run_tick("period")).pressure == {}  # a periodic tick reads again
-        await store.put_node_status("n1", capacity_tokens=7_000)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=7_000))
         clock[0] += 1.5
         assert (await v.run_tick("wake")).pressure == {"n1": 288}  # stale: read again
 

@@ -21,6 +21,7 @@ from shared.infra.busapi import Delivery
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
+from shared.infra.store_types import NodeUpdate
 
 NOW = 1000.0
 
@@ -60,9 +61,9 @@ async def admit_on(store: FakeStore, sid: str, node: str, weight: int, at: float
 async def store() -> FakeStore:
     st = FakeStore()
     await st.put_node_status(
-        "n1", capacity_tokens=100_000, target_utilisation=0.9, healthy=True, models=None
+        "n1", NodeUpdate(capacity_tokens=100_000, target_utilisation=0.9, healthy=True, models=None)
     )
-    await st.put_node_status("n2", capacity_tokens=50_000, healthy=False)
+    await st.put_node_status("n2", NodeUpdate(capacity_tokens=50_000, healthy=False))
     return st
 
 
@@ -72,7 +73,7 @@ class TestValuationTick:
         become candidates and interrupt candidates with credit from residency, and the
         snapshot is published."""
         bus = FakeBus()
-        await store.put_node_status("n1", capacity_tokens=8_000)  # 7,200 usable: a shortfall
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=8_000))  # 7,200 usable
         a, _ = on_request(Session("a"), "r1", 990.0, model="m", tokens_estimate=4000)
         await put(store, a)
         b, _ = on_request(Session("b"), "r1", 990.0, model="m")

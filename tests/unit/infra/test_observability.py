@@ -12,6 +12,7 @@ import yaml
 from services.gateway.cluster_metrics import cluster_lines
 from services.gateway.metrics import GatewayMetrics
 from shared.infra.fake_store import FakeStore
+from shared.infra.store_types import NodeUpdate
 
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOY = ROOT / "deploy"
@@ -22,8 +23,8 @@ async def _exported() -> set[str]:
     """Every series name /metrics gives: the gateway's own and the cluster's, as the TYPE lines
     declare them, with a histogram's _bucket / _sum / _count."""
     store = FakeStore()
-    await store.put_node_status("n1", capacity_tokens=1000, healthy=True,
-                                prefix_cache_queries=10, prefix_cache_hits=5)  # fmt: skip
+    await store.put_node_status("n1", NodeUpdate(capacity_tokens=1000, healthy=True,
+                                prefix_cache_queries=10, prefix_cache_hits=5))  # fmt: skip
     await store.record_solve(1.0, exact=True, method="k-first")
     text = GatewayMetrics(lambda: 0, lambda: 0).render()
     text += "\n".join(await cluster_lines(store))
@@ -116,8 +117,8 @@ class _Broken(FakeStore):
 
 async def test_cluster_lines_values_and_a_broken_store() -> None:
     store = FakeStore()
-    await store.put_node_status("n1", capacity_tokens=1000, healthy=True, running=2,
-                                prefix_cache_queries=10, prefix_cache_hits=5)  # fmt: skip
+    await store.put_node_status("n1", NodeUpdate(capacity_tokens=1000, healthy=True, running=2,
+                                prefix_cache_queries=10, prefix_cache_hits=5))  # fmt: skip
     await store.record_solve(1.5, exact=True, method="k-first")
     lines = await cluster_lines(store)
     for want in ('tao_node_capacity_tokens{node="n1"} 1000', 'tao_node_healthy{node="n1"} 1',

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from shared.core.session import Session, ToolCall
 from shared.infra.fake_store import FakeStore
+from shared.infra.store_types import NodeUpdate
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -32,7 +33,9 @@ def _documented() -> dict[str, set[str]]:
 
 async def test_status_keys_are_the_documented_ones() -> None:
     store = FakeStore()
-    await store.put_node_status("n1", capacity_tokens=1000, healthy=True, url="http://n1")
+    await store.put_node_status(
+        "n1", NodeUpdate(capacity_tokens=1000, healthy=True, url="http://n1")
+    )
     call = ToolCall("c1", "bash", 1.0)
     await store.update_session("s1", lambda _: Session("s1", version=1, activity="tool", tool=call))
     await store.incr(ticks=1)

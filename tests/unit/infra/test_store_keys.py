@@ -22,7 +22,7 @@ from shared.infra.store_codec import (
     encode_session,
     encode_toolstats,
 )
-from shared.infra.store_types import NodeRecord, StoreError, merge_node
+from shared.infra.store_types import NodeRecord, NodeUpdate, StoreError, merge_node
 
 
 def _slot_tag(key: str) -> str:
@@ -142,13 +142,13 @@ class TestCodec:
     def test_merge_node_validates(self) -> None:
         """merge_node keeps unspecified fields and names a bad one."""
         old = NodeRecord(id="n", capacity_tokens=10, healthy=True)
-        assert merge_node(old, {"usage": 1}) == NodeRecord(
+        assert merge_node(old, NodeUpdate(usage=1)) == NodeRecord(
             id="n", capacity_tokens=10, healthy=True, usage=1.0
         )
         with pytest.raises(StoreError, match="healthy"):
-            merge_node(old, {"healthy": "yes"})
-        with pytest.raises(StoreError, match="reserved"):
-            merge_node(old, {"reserved": 5})
+            merge_node(old, NodeUpdate(healthy="yes"))  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match="reserved"):  # only apply moves it
+            NodeUpdate(reserved=5)  # type: ignore[call-arg]
 
     @given(st.lists(st.floats(0, 1e6, allow_nan=False), max_size=5), st.booleans())
     def test_toolstats_round_trip(self, durations: list[float], cut: bool) -> None:

@@ -1,13 +1,15 @@
 """``FakeBus``: the :class:`~shared.infra.busapi.MessageBus` in memory, for service tests.
 
-Same semantics as :class:`shared.infra.bus.Bus`: streams keep every message; a durable
-consumer keeps its position, so a consumer started again with the same durable name resumes
-where the last one stopped; ``deliver="new"`` skips what was stored before the consumer was
-created; a handler error naks (redelivered after the backoff, ``num_delivered`` counting up)
-and dead-letters after ``max_deliver`` deliveries; a decode error dead-letters at once; dead
-letters land in the DLQ stream as :class:`~shared.contracts.DeadLetter`. Core subscribers get
-messages published after they subscribed; in a queue group one member gets each message.
-Handlers run one at a time per subscription.
+It keeps only storage and consumer positions: each subscription feeds in-memory messages to the
+real :class:`shared.infra.receiver.Receiver`, the one receive path of :class:`shared.infra.bus.
+Bus` too (decode, handler, ack or nak with backoff, dead letters, batches), so the fake cannot
+drift from the real rules. As on the server: streams keep every message; a durable consumer
+keeps its position, so a consumer started again with the same durable name resumes where the
+last one stopped; ``deliver="new"`` skips what was stored before the consumer was created; a
+nak'ed message comes back after its delay with ``num_delivered`` counting up; dead letters
+land in the DLQ stream as :class:`~shared.contracts.DeadLetter`. Core subscribers get messages
+published after they subscribed; in a queue group one member gets each message. Handlers run
+one at a time per subscription.
 
 Test helpers beyond the Protocol: :attr:`FakeBus.published`, :meth:`FakeBus.stream_messages`
 and :meth:`FakeBus.settle` (returns when every subscription is idle).
@@ -20,9 +22,9 @@ import contextlib
 import heapq
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeVar
+from typing import Any, TypeVar
 
 from shared.contracts import Message, encode, subjects
 from shared.contracts.subjects import Stream
@@ -34,10 +36,8 @@ from .busapi import (
     BatchHandler,
     Decoder,
     Deliver,
-    Delivery,
     Handler,
     Responder,
-    backoff_delay,
     check_namespace,
     dead_letter_for,
     publish_id,
@@ -46,6 +46,7 @@ from .busapi import (
 )
 from .errors import BusError, RequestError
 from .logging import get_logger
+from .receiver import Receiver
 
 __all__ = ["FakeBus"]
 
@@ -90,7 +91,8 @@ class FakeBus:
         self.duplicates = 0
         """Publishes not stored because their ``Nats-Msg-Id`` was seen (JetStream's dedup)."""
         self._durables: dict[str, _ConsumerState] = {}
-        self._receivers: list[_FakeReceiver[Any]] = []
+        self._subs: list[_FakeSub] = []
+        self._tasks: set[asyncio.Task[None]] = set()
         self._responders: list[_FakeResponder] = []
         self._closed = False
         self.max_payload = DEFAULT_MAX_PAYLOAD
@@ -138,16 +140,16 @@ class FakeBus:
             stored = self._streams[stream.name]
             stored.append(_Stored(len(stored) + 1, subject, bytes(data), hdrs))
         served_groups: set[str] = set()
-        for receiver in list(self._receivers):
-            group = receiver.queue
-            if group is not None and receiver.state is None:
+        for sub in list(self._subs):
+            group = sub.queue
+            if group is not None and sub.state is None:
                 # a queue group: one member gets each message (the first that matches)
-                if group in served_groups or not subject_matches(receiver.name, subject):
+                if group in served_groups or not subject_matches(sub.name, subject):
                     continue
                 served_groups.add(group)
-                self._receivers.remove(receiver)  # rotate, so members take turns
-                self._receivers.append(receiver)
-            receiver.offer(stream, subject, bytes(data), hdrs)
+                self._subs.remove(sub)  # rotate, so members take turns
+                self._subs.append(sub)
+            sub.offer(stream, subject, bytes(data), hdrs)
         await asyncio.sleep(0)
 
     async def publish_msg(self, msg: Message, headers: Mapping[str, str] | None = None) -> None:
@@ -166,13 +168,11 @@ class FakeBus:
         ephemeral: bool = False,
         deliver: Deliver = "all",
         batch: int = 256,
-    ) -> _FakeReceiver[T]:
+    ) -> Receiver[T]:
         """Start a consumer on ``stream`` (a durable resumes from its stored position)."""
         name, state = self._state(stream, service, filter_subject, durable, ephemeral, deliver)
-        receiver: _FakeReceiver[T] = _FakeReceiver(self, service, decode, handler, name, state)
-        self._receivers.append(receiver)
-        receiver.start()
-        return receiver
+        receiver = Receiver(self, service, decode, handler, name, jetstream=True)
+        return self._start(receiver, state)
 
     async def consume_batch(
         self,
@@ -186,21 +186,25 @@ class FakeBus:
         ephemeral: bool = False,
         deliver: Deliver = "all",
         max_batch: int = 256,
-    ) -> _FakeReceiver[T]:
+    ) -> Receiver[T]:
         """Like :meth:`consume`, handing the handler lists of up to ``max_batch`` messages."""
-        state = self._state(stream, service, filter_subject, durable, ephemeral, deliver)
-        receiver: _FakeReceiver[T] = _FakeReceiver(
+        name, state = self._state(stream, service, filter_subject, durable, ephemeral, deliver)
+        receiver = Receiver(
             self,
             service,
             decode,
             None,
-            state[0],
-            state[1],
+            name,
+            jetstream=True,
             batch_handler=handler,
             max_batch=max_batch,
         )
-        self._receivers.append(receiver)
-        receiver.start()
+        return self._start(receiver, state)
+
+    def _start(self, receiver: Receiver[T], state: _ConsumerState | None) -> Receiver[T]:
+        sub = _FakeSub(self, receiver, state)
+        receiver.sub = sub
+        self._subs.append(sub)
         return receiver
 
     def _state(
@@ -226,14 +230,13 @@ class FakeBus:
         handler: Handler[T],
         *,
         queue: str | None = None,
-    ) -> _FakeReceiver[T]:
+    ) -> Receiver[T]:
         """Subscribe to ``subject`` (wildcards allowed); sees messages published from now on."""
         subjects.check_name(service, "service")
-        receiver: _FakeReceiver[T] = _FakeReceiver(self, service, decode, handler, subject, None)
-        receiver.queue = queue
-        self._receivers.append(receiver)
-        receiver.start()
-        return receiver
+        receiver = Receiver(self, service, decode, handler, subject, jetstream=False)
+        started = self._start(receiver, None)
+        self._subs[-1].queue = queue
+        return started
 
     async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
         """Ask the first responder serving ``subject`` (they take turns, as a queue group)."""
@@ -269,33 +272,59 @@ class FakeBus:
         service: str,
         subject: str,
         data: bytes,
-        headers: Mapping[str, str],
+        headers: Mapping[str, str] | None,
         error: BaseException | str,
         received_at: float,
         error_type: str | None = None,
-    ) -> None:
-        """Store a DeadLetter on ``tao.v1.dlq.<service>`` and log one warning."""
+    ) -> bool:
+        """Store a DeadLetter on ``tao.v1.dlq.<service>`` and log one warning; False (logged)
+        if it could not be stored."""
         letter = dead_letter_for(
             service, subject, data, headers, error, received_at=received_at, error_type=error_type
         )
         _log.warning("dead_lettered", service=service, subject=subject, reason=letter.reason)
-        await self.publish_msg(letter)
+        try:
+            await self.publish_msg(letter)
+        except (BusError, RuntimeError) as exc:  # too large, or the bus is closed
+            _log.error("dead_letter_failed", service=service, subject=subject, error=str(exc))
+            return False
+        return True
+
+    # -- what a Receiver needs of its bus (shared.infra.receiver.ReceiverHost) ---------------
+
+    def plain_subject(self, subject: str) -> str:
+        """Subjects are stored without the namespace prefix: as given."""
+        return subject
+
+    def forget(self, receiver: Receiver[Any]) -> None:
+        """Stop offering messages to a stopping receiver."""
+        self._subs = [sub for sub in self._subs if sub.receiver is not receiver]
+
+    def spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        """Run ``coro`` as a task that :meth:`settle` and :meth:`drain` wait for."""
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def settle(self) -> None:
         """Return once every subscription has nothing left to deliver now."""
         while True:
-            busy = [r for r in self._receivers if not r.idle.is_set()]
+            if self._tasks:
+                await asyncio.gather(*self._tasks, return_exceptions=True)
+            busy = [sub for sub in self._subs if not sub.idle.is_set()]
             if not busy:
                 await asyncio.sleep(0)
-                if all(r.idle.is_set() for r in self._receivers):
+                if not self._tasks and all(sub.idle.is_set() for sub in self._subs):
                     return
                 continue
-            await asyncio.gather(*(r.idle.wait() for r in busy))
+            await asyncio.gather(*(sub.idle.wait() for sub in busy))
 
     async def drain(self) -> None:
         """Stop every subscription and close."""
-        for receiver in list(self._receivers):
-            await receiver.stop()
+        for sub in list(self._subs):
+            await sub.receiver.stop()
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
         self._responders.clear()
         self._closed = True
 
@@ -318,66 +347,80 @@ class _FakeResponder:
             self.bus._responders.remove(self)
 
 
-class _FakeReceiver(Generic[T]):
-    """One in-memory subscription; ``state`` is None for a core subscriber."""
+class _FakeMsg:
+    """One delivery as the real :class:`~shared.infra.receiver.Receiver` sees a nats-py ``Msg``:
+    a JetStream message's reply subject carries its delivery count and stream sequence in the
+    server's ack layout, and its ack or nak goes back to the :class:`_FakeSub` that sent it."""
+
+    __slots__ = ("_seq", "_sub", "data", "headers", "reply", "subject")
 
     def __init__(
-        self,
-        bus: FakeBus,
-        service: str,
-        decode: Decoder[T],
-        handler: Handler[T] | None,
-        name: str,
-        state: _ConsumerState | None,
-        *,
-        batch_handler: BatchHandler[T] | None = None,
-        max_batch: int = 256,
+        self, sub: _FakeSub, seq: int | None, subject: str, data: bytes, hdrs: dict[str, str]
     ) -> None:
+        self._sub, self._seq = sub, seq
+        self.subject, self.data, self.headers = subject, data, hdrs
+        self.reply = ""
+        if seq is not None:
+            st = sub.state
+            assert st is not None
+            num = st.delivered[seq]
+            self.reply = f"$JS.ACK.{st.stream}.{sub.name}.{num}.{seq}.{seq}.{time.time_ns()}.0"
+
+    async def ack(self) -> None:
+        if self._seq is not None and self._sub.state is not None:
+            self._sub.state.delivered.pop(self._seq, None)
+
+    async def nak(self, delay: float | None = None) -> None:
+        if self._seq is not None:
+            self._sub.redeliver(self._seq, delay or 0.0)
+
+
+class _FakeSub:
+    """One in-memory subscription feeding the real :class:`~shared.infra.receiver.Receiver`:
+    it keeps only the consumer's position (``state``; None for a core subscriber) and hands the
+    receiver one message at a time, as nats-py's subscription callback does."""
+
+    def __init__(self, bus: FakeBus, receiver: Receiver[Any], state: _ConsumerState | None) -> None:
         self.bus = bus
-        self.service = service
-        self.decode = decode
-        self.handler = handler
-        self.batch_handler = batch_handler
-        self.max_batch = max(1, max_batch)
-        self._name = name
+        self.receiver = receiver
         self.state = state
+        self.name = receiver.name
+        self.batch = receiver.max_batch if receiver.batch_handler is not None else 1
         self.core_queue: list[tuple[str, bytes, dict[str, str]]] = []
         self.queue: str | None = None  # core queue group
+        self.pending_msgs = 0
+        """Messages of this pass still to come after the one being handled (nats-py's
+        ``Subscription.pending_msgs``: the receiver flushes a batch when it reaches 0)."""
         self.wake = asyncio.Event()
         self.idle = asyncio.Event()
         self.stopping = False
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def name(self) -> str:
-        """The durable name or the subject."""
-        return self._name
-
-    def start(self) -> None:
-        self.task = asyncio.create_task(self._run(), name=f"fake-{self._name}")
+        self.task = asyncio.create_task(self._run(), name=f"fake-{self.name}")
 
     def offer(self, stream: Stream | None, subject: str, data: bytes, hdrs: dict[str, str]) -> None:
         if self.state is None:
-            if subject_matches(self._name, subject):
+            if subject_matches(self.name, subject):
                 self.core_queue.append((subject, data, hdrs))
                 self._poke()
         elif stream is not None and stream.name == self.state.stream:
             self._poke()
 
+    def redeliver(self, seq: int, delay_s: float) -> None:
+        assert self.state is not None
+        heapq.heappush(self.state.redeliver, (time.monotonic() + delay_s, seq))
+        for sub in self.bus._subs:  # a durable's next consumer, when this one is stopping
+            if sub.state is self.state:
+                sub._poke()
+
     def _poke(self) -> None:
         self.idle.clear()
         self.wake.set()
 
-    async def stop(self) -> None:
-        """Stop after the in-flight handler; from inside our own handler, return at once."""
-        if self.stopping:
-            return
+    async def drain(self) -> None:
+        """Stop after the in-flight handler (the receiver's unsubscribe)."""
         self.stopping = True
-        if self in self.bus._receivers:
-            self.bus._receivers.remove(self)
         self.wake.set()
         self.idle.set()
-        if self.task is not None and asyncio.current_task() is not self.task:
+        if asyncio.current_task() is not self.task:
             await self.task
 
     def _next(self) -> tuple[int, float | None] | tuple[None, float | None]:
@@ -403,15 +446,12 @@ class _FakeReceiver(Generic[T]):
                     await self._wait(None)
                     continue
                 subject, data, hdrs = self.core_queue.pop(0)
-                value = await self._decode(subject, data, hdrs)
-                if value is not None:
-                    d = Delivery(subject, hdrs, 1, None, time.time())
-                    await self._handle_one(data, value[0], d)
+                self.pending_msgs = len(self.core_queue)
+                await self.receiver.on_msg(_FakeMsg(self, None, subject, data, hdrs))
                 continue
-            st = self.state
             seqs: list[int] = []
             wait_s: float | None = None
-            while len(seqs) < (self.max_batch if self.batch_handler else 1):
+            while len(seqs) < self.batch:
                 seq, wait_s = self._next()
                 if seq is None:
                     break
@@ -419,7 +459,7 @@ class _FakeReceiver(Generic[T]):
             if not seqs:
                 await self._wait(wait_s)
                 continue
-            await self._deliver(st, seqs)
+            await self._deliver(self.state, seqs)
         self.idle.set()
 
     async def _wait(self, timeout: float | None) -> None:
@@ -428,56 +468,15 @@ class _FakeReceiver(Generic[T]):
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.wake.wait(), timeout)
 
-    async def _decode(self, subject: str, data: bytes, hdrs: dict[str, str]) -> tuple[T] | None:
-        """``(value,)``, or None after dead-lettering an undecodable payload."""
-        try:
-            return (self.decode(data),)
-        except Exception as exc:
-            await self.bus.dead_letter(self.service, subject, data, hdrs, exc, time.time())
-            return None
-
     async def _deliver(self, st: _ConsumerState, seqs: list[int]) -> None:
-        """Deliver stored messages ``seqs`` (one, or a batch); schedule redeliveries."""
-        items: list[tuple[int, bytes, T, Delivery]] = []
-        for seq in seqs:
-            num = st.delivered[seq] = st.delivered.get(seq, 0) + 1
-            m = self.bus._streams[st.stream][seq - 1]
-            decoded = await self._decode(m.subject, m.data, m.headers)
-            if decoded is not None:
-                d = Delivery(m.subject, m.headers, num, seq, time.time())
-                items.append((seq, m.data, decoded[0], d))
-        if self.batch_handler is not None and len(items) > 1:
-            try:
-                await self.batch_handler([(v, dv) for _, _, v, dv in items])
+        """Hand stored messages ``seqs`` to the receiver in order; those a stop cut off go back
+        to the consumer undelivered."""
+        for i, seq in enumerate(seqs):
+            if self.stopping:
+                for rest in seqs[i:]:
+                    self.redeliver(rest, 0.0)
                 return
-            except Exception:
-                pass  # retry each alone, as the real bus does
-        for seq, data, value, d in items:
-            retry = await self._handle_one(data, value, d)
-            if retry is not None:
-                heapq.heappush(st.redeliver, (time.monotonic() + retry, seq))
-
-    async def _handle_one(self, data: bytes, value: T, d: Delivery) -> float | None:
-        """Run the handler on one message; returns a redelivery delay, or None when done."""
-        try:
-            if self.handler is not None:
-                await self.handler(value, d)
-            else:
-                assert self.batch_handler is not None
-                await self.batch_handler([(value, d)])
-        except Exception as exc:
-            num = d.num_delivered
-            if d.stream_seq is None or num >= self.bus.max_deliver:
-                error = f"handler failed on delivery {num}: {type(exc).__name__}: {exc}"
-                await self.bus.dead_letter(
-                    self.service,
-                    d.subject,
-                    data,
-                    dict(d.headers),
-                    error,
-                    d.received_at,
-                    type(exc).__name__,
-                )
-                return None
-            return backoff_delay(num, self.bus.retry_backoff_s, self.bus.max_backoff_s)
-        return None
+            st.delivered[seq] = st.delivered.get(seq, 0) + 1
+            m = self.bus._streams[st.stream][seq - 1]
+            self.pending_msgs = len(seqs) - i - 1
+            await self.receiver.on_msg(_FakeMsg(self, seq, m.subject, m.data, m.headers))

@@ -1,6 +1,7 @@
-"""The per-subscription message path of :class:`shared.infra.bus.Bus`: decode → handler → ack.
+"""The per-subscription message path of :class:`shared.infra.bus.Bus` and
+:class:`shared.infra.fakes.FakeBus` (which feeds it in-memory messages): decode → handler → ack.
 
-Rules (shared with :class:`shared.infra.fakes.FakeBus`, see :mod:`shared.infra.busapi`): a
+Rules (see :mod:`shared.infra.busapi`): a
 decode failure dead-letters at once; a handler failure naks with backoff and dead-letters after
 ``max_deliver`` deliveries; a JetStream message delivered more than ``max_deliver`` times
 without an ack (the process died in the handler) is dead-lettered on arrival. Core NATS has no
@@ -22,12 +23,32 @@ import time
 from collections.abc import Coroutine, Mapping
 from typing import Any, Generic, Protocol, TypeVar
 
-from nats.aio.msg import Msg
-
 from .busapi import BatchHandler, Decoder, Delivery, Handler, backoff_delay
 from .logging import get_logger
 
-__all__ = ["Receiver", "ReceiverHost", "ack_fields"]
+__all__ = ["InboundMsg", "Receiver", "ReceiverHost", "ack_fields"]
+
+
+class InboundMsg(Protocol):
+    """What a :class:`Receiver` reads of a message: nats-py's ``Msg``, or
+    :class:`shared.infra.fakes.FakeBus`'s in-memory one. A JetStream message's ``reply`` is its
+    ack subject (:func:`ack_fields`); a core NATS message is never acked."""
+
+    @property
+    def subject(self) -> str: ...
+
+    @property
+    def reply(self) -> str: ...
+
+    @property
+    def data(self) -> bytes: ...
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+
+    async def ack(self) -> None: ...
+
+    async def nak(self, delay: float | None = None) -> None: ...
 
 
 class ReceiverHost(Protocol):
@@ -110,8 +131,8 @@ class Receiver(Generic[T]):
         self.sub: Any = None
         self._stopping = False
         self._cb_task: asyncio.Task[Any] | None = None
-        self._buffer: list[tuple[Msg, T, Delivery]] = []
-        self._returned: list[Msg] = []
+        self._buffer: list[tuple[InboundMsg, T, Delivery]] = []
+        self._returned: list[InboundMsg] = []
         self._drained = False
 
     @property
@@ -145,7 +166,7 @@ class Receiver(Generic[T]):
             with contextlib.suppress(Exception):
                 await msg.nak()
 
-    async def on_msg(self, msg: Msg) -> None:
+    async def on_msg(self, msg: InboundMsg) -> None:
         """Handle one message; never raises."""
         self._cb_task = asyncio.current_task()
         if self._stopping:
@@ -192,7 +213,7 @@ class Receiver(Generic[T]):
         for msg, _, _ in batch:
             await msg.ack()
 
-    async def _handle_one(self, msg: Msg, value: T, delivery: Delivery) -> None:
+    async def _handle_one(self, msg: InboundMsg, value: T, delivery: Delivery) -> None:
         try:
             if self.handler is not None:
                 await self.handler(value, delivery)
@@ -205,7 +226,7 @@ class Receiver(Generic[T]):
         if self.jetstream:
             await msg.ack()
 
-    async def _failed(self, msg: Msg, d: Delivery, exc: Exception) -> None:
+    async def _failed(self, msg: InboundMsg, d: Delivery, exc: Exception) -> None:
         num = d.num_delivered
         if not self.jetstream or num >= self.bus.max_deliver:
             error = f"handler failed on delivery {num}: {type(exc).__name__}: {exc}"
@@ -224,7 +245,7 @@ class Receiver(Generic[T]):
 
     async def _reject(
         self,
-        msg: Msg,
+        msg: InboundMsg,
         subject: str,
         headers: Mapping[str, str],
         error: BaseException | str,

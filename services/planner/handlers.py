@@ -34,7 +34,7 @@ from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Assignment, Objective, Placement, PlacementKind, Plan
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies.base import PlanOptions, Policy
-from shared.core.problem import ZERO, PlanResult
+from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
 from shared.core.session import Session, admit
 from shared.core.thunder import SCHEDULER_INTERVAL_S
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
@@ -91,7 +91,7 @@ def _thunder_decision(tick: int, ta: TAStep, policy: str) -> Decision:
     forced = {m.session for m in ta.forced}
     admits = tuple(m for m in ta.admits if m.session not in forced)
     result = PlanResult(
-        (), ZERO, False, policy, diagnostics={"marked": len(ta.marked), "checked": ta.checked}
+        (), ZERO, False, policy, diagnostics=PlanDiagnostics(marked=ta.marked, checked=ta.checked)
     )
     return Decision(tick, ta.pauses, admits, result)
 
@@ -214,8 +214,6 @@ class Planner:
             changed=list(applied.changed) or None,
             truncated=applied.truncated,
             forced=len(forced.admitted) if forced is not None else None,
-            marked=list(ta.marked) or None,
-            checked=ta.checked if self.thunder is not None else None,
             placements=placed,
             method=r.method,
             exact=r.exact,
@@ -223,6 +221,7 @@ class Planner:
             reason=r.reason,
             solve_ms=round(elapsed_ms, 3),
             superseded=self.superseded,
+            **r.diagnostics.log_fields(),
         )
         return applied
 

@@ -44,7 +44,8 @@ period (:mod:`services.valuation.app`), never inside a tick.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -298,6 +299,7 @@ class Valuator:
             marks_written=written,
             published=publish,
             deferred=deferred or None,
+            **skipped_fields(snap.skipped),
         )
         return snap
 
@@ -330,3 +332,16 @@ class Valuator:
         names = [sid for sid, _ in ended]
         self.log.info("idle_sweep", ended=len(names), sessions=names or None)
         return names
+
+
+SKIPPED_LOGGED = 16
+"""Most skipped sessions a ``valuation_tick`` line names (it counts every one by reason)."""
+
+
+def skipped_fields(skipped: Mapping[str, str]) -> dict[str, object]:
+    """The ``valuation_tick`` fields of the candidates eligible on no node: ``skipped_by``
+    (count per reason) and ``skipped`` (the first :data:`SKIPPED_LOGGED`, id → reason)."""
+    if not skipped:
+        return {}
+    shown = dict(sorted(skipped.items())[:SKIPPED_LOGGED])
+    return {"skipped_by": dict(Counter(skipped.values())), "skipped": shown}

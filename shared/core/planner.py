@@ -38,6 +38,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Literal
 
 import numpy as np
 
@@ -50,7 +51,7 @@ from shared.core.kernels import (
     suffix_knapsack_into,
     suffix_knapsack_lex_into,
 )
-from shared.core.problem import Dense, Objective, objective_of
+from shared.core.problem import Dense, Objective, SolveDiagnostics, objective_of
 
 NODE_CELLS_MAX = 3_000_000
 """Cells (int64, 8 bytes each) the per-node bound tables may take; past it their capacity
@@ -79,7 +80,7 @@ class Solution:
     method: str
     states: int
     reason: str | None = None
-    diagnostics: dict[str, object] = field(default_factory=dict)
+    diagnostics: SolveDiagnostics = field(default_factory=SolveDiagnostics)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,8 +379,17 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
     best_choice: Choice = [-1] * d.n
     best_obj = objective_of(d, best_choice)
     best_method = "empty"
-    heur: dict[str, list[int]] = {}
-    diag: dict[str, object] = {"heuristics": heur}
+    heur: list[tuple[str, Objective]] = []
+    groups: int | None = None
+    root: Objective | None = None
+
+    def diag(
+        proof: Literal["bound", "dp"] | None = None, beam: int | None = None
+    ) -> SolveDiagnostics:
+        return SolveDiagnostics(
+            heuristics=tuple(heur), proof=proof, groups=groups, root_bound=root, beam_width=beam
+        )
+
     # Everyone admitted on their best node: a bound that needs no tables.
     active = d.elig.any(axis=1) if d.m else np.zeros(d.n, dtype=np.bool_)
     everyone = Objective(
@@ -391,28 +401,24 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
     for name, fn in PORTFOLIO:
         ch = fn(d)
         obj = objective_of(d, ch)
-        heur[name] = list(obj)
+        heur.append((name, obj))
         if obj > best_obj:
             best_choice, best_obj, best_method = ch, obj, name
         if best_obj == everyone:  # nothing can beat admitting everyone at their best
-            diag["proof"] = "bound"
-            return Solution(best_choice, best_obj, True, best_method, 0, None, diag)
+            return Solution(best_choice, best_obj, True, best_method, 0, None, diag("bound"))
     polished = _polish(d, best_choice)
     if polished is not None and objective_of(d, polished) > best_obj:
         best_choice, best_obj = polished, objective_of(d, polished)
         best_method += "+ls"
     p = _prepare(d)
     n, m = p.k.shape
-    diag["groups"] = p.groups
+    groups = p.groups
     if n == 0 or m == 0:  # (the "everyone" test above has already returned then)
-        diag["proof"] = "bound"
-        return Solution(best_choice, best_obj, True, best_method, 0, None, diag)
+        return Solution(best_choice, best_obj, True, best_method, 0, None, diag("bound"))
     bd = _bounds(p)
     root = _root_bound(p, bd)
-    diag["root_bound"] = list(root)
     if best_obj == root:
-        diag["proof"] = "bound"
-        return Solution(best_choice, best_obj, True, best_method, 0, None, diag)
+        return Solution(best_choice, best_obj, True, best_method, 0, None, diag("bound"))
 
     lb = np.array(best_obj, dtype=np.int64)
     states = 0
@@ -435,21 +441,20 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
     states += probe.states
     adopt(probe, "dp-beam", p)
     if best_obj == root:
-        diag["proof"] = "bound"
-        return Solution(best_choice, best_obj, True, best_method, states, None, diag)
+        return Solution(best_choice, best_obj, True, best_method, states, None, diag("bound"))
     exact_budget = budget - budget // BEAM_SHARE - states
     exact = _search(p, bd, lb, width=0, budget=exact_budget, expired=expired)
     states += exact.states
     adopt(exact, "dp", p)
     if exact.complete:
-        diag["proof"] = "dp"
-        return Solution(best_choice, best_obj, True, best_method, states, None, diag)
+        return Solution(best_choice, best_obj, True, best_method, states, None, diag("dp"))
     timed_out = expired is not None and expired()
     reason = (
         f"time limit reached at layer {exact.layer_reached} of {n}"
         if timed_out
         else f"state budget {budget} exhausted at layer {exact.layer_reached} of {n}"
     )
+    beam_width: int | None = None
     if not timed_out:
         # Not proven: spend the rest on a wider beam.
         width = _beam_width(budget, states, n, m)
@@ -457,8 +462,10 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
             beam = _search(p, bd, lb, width=width, budget=budget, expired=expired)
             states += beam.states
             adopt(beam, "dp-beam", p)
-            diag["beam_width"] = width
-    return Solution(best_choice, best_obj, False, best_method, states, reason, diag)
+            beam_width = width
+    return Solution(
+        best_choice, best_obj, False, best_method, states, reason, diag(beam=beam_width)
+    )
 
 
 def warm_up() -> None:

@@ -97,6 +97,68 @@ class Assignment:
     node: str
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SolveDiagnostics:
+    """What the exact planner (:func:`shared.core.planner.solve`) found on its way."""
+
+    heuristics: tuple[tuple[str, Objective], ...] = ()
+    """Each portfolio heuristic's objective, in portfolio order."""
+    proof: Literal["bound", "dp"] | None = None
+    """How the answer was proven optimal: an upper bound met, or the exact DP completed (None:
+    not proven)."""
+    groups: int | None = None
+    """Node groups the DP saw (nodes alike in capacity and eligibility share one)."""
+    root_bound: Objective | None = None
+    """The upper bound on the whole snapshot, when the tables were built."""
+    beam_width: int | None = None
+    """The final beam's width, when one ran after the exact DP ran out of budget."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PlanDiagnostics:
+    """Facts a policy reports about one plan, for the planner's log line (never logged in the
+    core). Each field is set only by the policies it names."""
+
+    solve: SolveDiagnostics | None = None
+    """The exact planner's (TAO)."""
+    own_objective: Objective | None = None
+    """TAO's policies: the objective on the values the policy optimised (an ablation's own)."""
+    skipped: tuple[str, ...] = ()
+    """The heuristic baselines: candidates left unplaced."""
+    pointer: int | None = None
+    """Round robin: where the next round starts."""
+    selected: int | None = None
+    """ThunderAgent's pure planner: sessions its rule selected."""
+    unplaced: tuple[str, ...] = ()
+    """ThunderAgent's pure planner: selected sessions that fit nowhere."""
+    marked: tuple[str, ...] = ()
+    """ThunderAgent live: sessions its pause rule marked this step."""
+    checked: bool | None = None
+    """ThunderAgent live: whether its periodic pause check ran this step."""
+
+    def log_fields(self) -> dict[str, object]:
+        """The set fields as JSON-ready values (the DP's flattened in)."""
+        out: dict[str, object] = {}
+        if self.solve is not None:
+            sv = self.solve
+            out["heuristics"] = {name: list(obj) for name, obj in sv.heuristics} or None
+            out["proof"] = sv.proof
+            out["groups"] = sv.groups
+            out["root_bound"] = None if sv.root_bound is None else list(sv.root_bound)
+            out["beam_width"] = sv.beam_width
+        out["own_objective"] = None if self.own_objective is None else list(self.own_objective)
+        out["skipped"] = list(self.skipped) or None
+        out["pointer"] = self.pointer
+        out["selected"] = self.selected
+        out["unplaced"] = list(self.unplaced) or None
+        out["marked"] = list(self.marked) or None
+        out["checked"] = self.checked
+        return {k: v for k, v in out.items() if v is not None}
+
+
+NO_DIAGNOSTICS = PlanDiagnostics()
+
+
 @dataclass(frozen=True, slots=True)
 class PlanResult:
     """What a policy returns.
@@ -105,7 +167,7 @@ class PlanResult:
     ``exact`` is true only when the objective is proven optimal on the discretised snapshot.
     ``method`` names what produced the answer; ``reason`` says why it is not exact (or is
     ``None``). ``states`` counts DP child states examined (0 for heuristics).
-    ``diagnostics`` carries extra facts for the shell to log (never logged here).
+    ``diagnostics`` carries extra facts for the shell to log (:class:`PlanDiagnostics`).
     """
 
     assignments: tuple[Assignment, ...]
@@ -114,7 +176,7 @@ class PlanResult:
     method: str
     states: int = 0
     reason: str | None = None
-    diagnostics: Mapping[str, object] = field(default_factory=dict)
+    diagnostics: PlanDiagnostics = NO_DIAGNOSTICS
 
 
 @dataclass(frozen=True, slots=True)
@@ -271,7 +333,7 @@ def result_from_choice(
     method: str,
     states: int = 0,
     reason: str | None = None,
-    diagnostics: Mapping[str, object] | None = None,
+    diagnostics: PlanDiagnostics = NO_DIAGNOSTICS,
 ) -> PlanResult:
     if not exact and reason is None:
         reason = f"{method}: a heuristic, not proven optimal"
@@ -282,5 +344,5 @@ def result_from_choice(
         method=method,
         states=states,
         reason=reason,
-        diagnostics=dict(diagnostics or {}),
+        diagnostics=diagnostics,
     )

@@ -63,6 +63,7 @@ __all__ = [
     "needs_gpu",
     "policy_rules",
     "releasable",
+    "skip_reason",
     "usable_capacity",
     "value_snapshot",
 ]
@@ -125,6 +126,10 @@ class TickSnapshot:
     running: Mapping[str, int] = field(default_factory=dict)
     pressure: Mapping[str, int] = field(default_factory=dict)
     unhealthy: frozenset[str] = frozenset()
+    skipped: Mapping[str, str] = field(default_factory=dict)
+    """Why each candidate eligible on no node is so (the planner skips it): ``no nodes``, or
+    the nodes' :func:`~shared.core.valuation.ineligibility` reasons joined by ``+`` (e.g.
+    ``model+too-large``). For the valuation's log line; nothing plans by it."""
 
     @property
     def stranded(self) -> tuple[InterruptCandidate, ...]:
@@ -212,6 +217,7 @@ def value_snapshot(
     inter: list[InterruptCandidate] = []
     versions: dict[str, int] = {}
     marks: dict[str, float | None] = {}
+    skipped: dict[str, str] = {}
     for s in sessions:
         if s.ended:
             continue
@@ -262,6 +268,8 @@ def value_snapshot(
             for nv in nodes
             if ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) is None
         )
+        if not ok:
+            skipped[s.id] = skip_reason(nodes, s.model, weight, usable)
         cands.append(
             TickCandidate(
                 id=s.id,
@@ -296,7 +304,16 @@ def value_snapshot(
             else {}
         ),
         unhealthy=frozenset(nv.id for nv in nodes if not nv.healthy),
+        skipped=skipped,
     )
+
+
+def skip_reason(
+    nodes: Sequence[NodeView], model: str | None, weight: int, usable: Mapping[str, int]
+) -> str:
+    """Why a session of ``model`` reserving ``weight`` fits on none of ``nodes``."""
+    reasons = {ineligibility(nv.healthy, nv.models, model, weight, usable[nv.id]) for nv in nodes}
+    return "+".join(sorted(r for r in reasons if r is not None)) or "no nodes"
 
 
 def context_pressure(

@@ -30,7 +30,14 @@ from __future__ import annotations
 
 from shared.core.policies.base import PlanOptions
 from shared.core.policies.routing import route_fcfs
-from shared.core.problem import Dense, PlanResult, Problem, densify, result_from_choice
+from shared.core.problem import (
+    Dense,
+    PlanDiagnostics,
+    PlanResult,
+    Problem,
+    densify,
+    result_from_choice,
+)
 
 DEFAULT_CACHE_THRESHOLD = 0.5
 DEFAULT_BALANCE_REL = 1.1
@@ -96,5 +103,5 @@ class CacheAwarePolicy:
         )
         skipped = tuple(d.cand_ids[i] for i, b in enumerate(choice) if b < 0)
         return result_from_choice(
-            d, choice, exact=False, method=self.name, diagnostics={"skipped": skipped}
+            d, choice, exact=False, method=self.name, diagnostics=PlanDiagnostics(skipped=skipped)
         )

@@ -29,6 +29,7 @@ from shared.core.policies.base import PlanOptions
 from shared.core.policies.routing import route_fcfs
 from shared.core.problem import (
     Dense,
+    PlanDiagnostics,
     PlanResult,
     Problem,
     ceil_div,
@@ -107,5 +108,5 @@ class KvAwarePolicy:
         )
         skipped = tuple(d.cand_ids[i] for i, b in enumerate(choice) if b < 0)
         return result_from_choice(
-            d, choice, exact=False, method=self.name, diagnostics={"skipped": skipped}
+            d, choice, exact=False, method=self.name, diagnostics=PlanDiagnostics(skipped=skipped)
         )

@@ -15,7 +15,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from shared.core.policies.base import PlanOptions
-from shared.core.problem import Dense, PlanResult, Problem, densify, result_from_choice
+from shared.core.problem import (
+    Dense,
+    PlanDiagnostics,
+    PlanResult,
+    Problem,
+    densify,
+    result_from_choice,
+)
 
 
 def round_robin(d: Dense, problem: Problem, *, start: int = 0) -> list[int]:
@@ -73,5 +80,5 @@ class RoundRobinPolicy:
             choice,
             exact=False,
             method=self.name,
-            diagnostics={"pointer": self.pointer, "skipped": skipped},
+            diagnostics=PlanDiagnostics(pointer=self.pointer, skipped=skipped),
         )

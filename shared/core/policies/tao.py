@@ -4,7 +4,7 @@
 change only the valuation (``tao-no-cache`` zeroes credit, ``tao-no-ready`` zeroes readiness) or
 only the decision (``tao-bfd`` places by best-fit-decreasing instead of the DP), as in the paper's
 Table 4. Every result reports its objective under the snapshot's *full* valuation, so policies
-compare on one scale; ``diagnostics["own_objective"]`` holds the value the policy optimised.
+compare on one scale; ``diagnostics.own_objective`` holds the value the policy optimised.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from shared.core.planner import solve
 from shared.core.policies.base import PlanOptions
 from shared.core.problem import (
     Dense,
+    PlanDiagnostics,
     PlanResult,
     Problem,
     densify,
@@ -52,8 +53,6 @@ class TaoPolicy:
         d = densify(problem)
         own = _ablate(d, cache=self.use_cache, ready=self.use_ready)
         sol = solve(own, budget=options.budget, expired=options.expired)
-        diag = dict(sol.diagnostics)
-        diag["own_objective"] = list(sol.objective)
         return result_from_choice(
             d,
             balance(own, sol.choice),
@@ -61,7 +60,7 @@ class TaoPolicy:
             method=sol.method,
             states=sol.states,
             reason=sol.reason,
-            diagnostics=diag,
+            diagnostics=PlanDiagnostics(solve=sol.diagnostics, own_objective=sol.objective),
         )
 
 
@@ -82,7 +81,7 @@ class TaoBfdPolicy:
             exact=False,
             method="bfd",
             reason="ablation: no DP",
-            diagnostics={"own_objective": list(objective_of(d, choice))},
+            diagnostics=PlanDiagnostics(own_objective=objective_of(d, choice)),
         )
 
 

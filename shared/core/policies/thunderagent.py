@@ -32,7 +32,15 @@ machine of :mod:`shared.core.thunder`, which the simulator and the live planner 
 from __future__ import annotations
 
 from shared.core.policies.base import PlanOptions
-from shared.core.problem import Dense, Phase, PlanResult, Problem, densify, result_from_choice
+from shared.core.problem import (
+    Dense,
+    Phase,
+    PlanDiagnostics,
+    PlanResult,
+    Problem,
+    densify,
+    result_from_choice,
+)
 
 PHASE_RANK: dict[Phase, int] = {"reasoning": 0, "new": 1, "acting": 2}
 
@@ -104,5 +112,5 @@ class ThunderAgentPolicy:
             choice,
             exact=False,
             method=self.name,
-            diagnostics={"selected": len(selected), "unplaced": unplaced, "skipped": skipped},
+            diagnostics=PlanDiagnostics(selected=len(selected), unplaced=unplaced, skipped=skipped),
         )

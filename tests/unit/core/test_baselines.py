@@ -265,7 +265,7 @@ class TestThunderAgent:
         )
         res = ThunderAgentPolicy().plan(p, OPTS)
         assert placed(res.assignments) == {"small": "A"}
-        assert res.diagnostics["unplaced"] == ("big",)
+        assert res.diagnostics.unplaced == ("big",)
         assert res.exact is False and res.method == "thunderagent"
 
     def test_total_capacity_counts_only_nodes_someone_may_use(self) -> None:

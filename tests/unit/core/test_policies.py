@@ -10,6 +10,7 @@ from shared.core.problem import (
     Candidate,
     Dense,
     Node,
+    Objective,
     PlanResult,
     Problem,
     densify,
@@ -73,26 +74,26 @@ class TestAblations:
     def test_no_cache_ignores_credit(self, problem: Problem) -> None:
         """tao-no-cache optimises with credit zeroed: its own objective has credit 0."""
         plan = get_policy("tao-no-cache").plan(problem, OPTS)
-        own = plan.diagnostics["own_objective"]
-        assert isinstance(own, list) and own[0] == 0
-        assert own[1:] == list(plan.objective)[1:]
+        own = plan.diagnostics.own_objective
+        assert isinstance(own, Objective) and own[0] == 0
+        assert own[1:] == plan.objective[1:]
 
     def test_no_ready_ignores_readiness(self, problem: Problem) -> None:
         """tao-no-ready optimises with readiness zeroed: its own objective has ready 0."""
         plan = get_policy("tao-no-ready").plan(problem, OPTS)
-        own = plan.diagnostics["own_objective"]
-        assert isinstance(own, list) and own[1] == 0
+        own = plan.diagnostics.own_objective
+        assert isinstance(own, Objective) and own[1] == 0
         assert own[0] == plan.objective.credit
 
     def test_no_cache_no_ready(self, problem: Problem) -> None:
         """Both ablated: credit and readiness are 0 in its own objective."""
-        own = get_policy("tao-no-cache-no-ready").plan(problem, OPTS).diagnostics["own_objective"]
-        assert isinstance(own, list) and own[:2] == [0, 0]
+        own = get_policy("tao-no-cache-no-ready").plan(problem, OPTS).diagnostics.own_objective
+        assert isinstance(own, Objective) and own[:2] == (0, 0)
 
     def test_tao_own_objective_is_its_objective(self, problem: Problem) -> None:
         """Unablated tao optimises the full valuation itself."""
         plan = get_policy("tao").plan(problem, OPTS)
-        assert plan.diagnostics["own_objective"] == list(plan.objective)
+        assert plan.diagnostics.own_objective == plan.objective
 
 
 class TestUnknownPolicy:

@@ -1,55 +1,6 @@
 """ThunderAgent in the live planner (``TAO_POLICY=thunderagent`` / ``thunderagent-ideal``).
 
-Under these policies the planner drives the same state machine as the simulator:
-:class:`shared.core.thunder.ThunderAgent` (its module docstring cites ThunderAgent's router line
-by line; :class:`~shared.core.thunder.Variant` ``FAITHFUL`` for ``thunderagent``, ``IDEAL``
-for ``thunderagent-ideal``). TAO's valuation-driven placement and interrupt rule (DESIGN
-3.3) play no part; :class:`ThunderState` turns each valuation snapshot into the machine's
-events and its moves into the planner's:
-
-* **snapshot → events.** The snapshot lists every live session: the pool (waiting, or in a
-  tool after an interrupt), the admitted sessions in a tool (interrupt candidates) and, under
-  these policies only, the admitted sessions outside a tool (``admitted``, :class:`Held`).
-  A session seen *busy* (a request pending or in flight: pooled ``new`` / ``reasoning``, or
-  admitted ``running``) after not being busy is ``on_request`` with its tokens (for a new
-  program: admitted at once only when the global queue is empty and a node has room for
-  ``tokens + 100``, else queued); one seen not busy (in a tool, idle) after being busy is
-  ``on_response`` with its tokens (a marked program is paused then); a session gone from the
-  snapshot is ``release``. Several changes between two snapshots (≤ 1 s apart) collapse into
-  the last one: a marked session whose next call started before any snapshot saw it between
-  calls stays marked until that call ends (a running session is never released). Capacity
-  per node is the snapshot's ``capacity`` (the engine's ``num_gpu_blocks × block_size``),
-  health its ``healthy`` flag.
-* **the store is the truth.** Where the machine and the snapshot disagree on whether a session
-  is admitted (a plan discarded or cut short by live capacity, a forced resume, a session
-  interrupted elsewhere) the program follows the snapshot: admitted → active on its node,
-  pooled → paused and queued. A snapshot older than the planner's own last write to a session
-  (its version below the applied one) is ignored for that session. A program paused while idle
-  between turns leaves the snapshot (the live pool holds only waiting and tool sessions, and
-  an idle session cannot be admitted), so it is released here and queued again by its next
-  request.
-* **the periodic check** (``check()``: resume, then pause) runs when ``interval_s`` (5 s,
-  router.py:65) of snapshot time has passed since the last one; the first snapshot checks at
-  once. ``FAITHFUL`` resumes only there; ``IDEAL`` also ``resume()`` s on every snapshot that
-  shows a program newly waiting, paused or gone (and again after the check's pauses).
-* **moves.** Resumes (and direct admissions) are admits through the store's atomic apply with
-  the snapshot's versions, reserving ``tokens + 100`` (``BUFFER_PER_PROGRAM``); the apply still
-  refuses an admission over a node's usable room (capacity × ``TAO_TARGET_UTILISATION``), and
-  the next snapshot then queues the program again. Only pooled sessions are admitted, on a node
-  in their eligible set (a resume elsewhere is dropped, and requeued the same way). Pauses
-  (the check's ACTING programs, a marked program whose call ended) are interrupts.
-* **forced resume** (``_wait_for_resume(timeout=1800)``, router.py:846–868): a queued program
-  with a pending request that has waited 1800 s is resumed with ``force()`` on its origin node
-  (else the machine's choice; else its eligible node with the most free room) regardless of
-  capacity, outside the capacity-checked apply (``Planner._force_resume``). Waiting starts at
-  the first snapshot that shows the request blocked (≤ 1 s late).
-
-Memory: the machine lives in planner memory. A restarted planner forgets marks, queue order,
-clocks and the last check: it adopts every listed session as the snapshot shows it (admitted
-ones active on their node, pooled ones queued), checks on its first snapshot, and starts the
-waiting clocks again, so a forced resume is never early, at worst late by the downtime.
-
-Pure: the state is updated from snapshots only; ``now`` is the snapshot's.
+The full account: docs/internals.md, section ``services/planner/thunder.py``.
 """
 
 from __future__ import annotations

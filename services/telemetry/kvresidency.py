@@ -1,61 +1,6 @@
 """Residency from vLLM KV events: the default :class:`ResidencySource` of the telemetry service.
 
-Inputs, per node (DESIGN §5; issue 4 "vLLM KV events"):
-
-* **ZMQ** (nodes whose nodes-file entry has ``kv_events``): one
-  :class:`~shared.infra.kvzmq.KvFeed` per node (live SUB + replay DEALER; it fills gaps itself
-  and, started with ``catch_up``, first replays the publisher's whole buffer so a telemetry
-  that starts late still learns the recent blocks). A feed that fails is opened again after
-  1 s. Its catch-up replay starts below the last ``seq`` applied from the node, ``last``, and
-  is checked against it rather than read as a restart: replayed batches up to ``last`` are
-  held back until batch ``last`` arrives; when its payload equals the one applied (it carries
-  the engine's batch time ``ts``; the rule :class:`~shared.infra.kvzmq.KvFeed` uses for gaps),
-  it is the same engine and the held batches, already applied, are dropped, so the index and
-  the incarnation are untouched. Otherwise (another payload at ``last``, a replay that ends
-  before ``last``, or a live batch first) the held batches and that one go through the sequence
-  rule below: an engine that restarted while we were disconnected numbers from 0 again, so the
-  node is cleared, its incarnation goes up and it is rebuilt from the new engine's buffer. A
-  replay that starts past ``last`` (the buffer moved on) cannot be checked and reads as a gap;
-* **NATS** (``tao kv-bridge``): the payloads on ``tao.v1.kv.<node>`` (stream ``TAO_V1_KV``),
-  with the engine's ``seq`` in the ``Tao-KV-Seq`` header and the bridge's receive time in
-  ``Tao-Received-At`` (:func:`shared.infra.busapi.received_at`: an implausible value, NaN or
-  inf, say, gives way to the delivery time). An ephemeral consumer reads the stream from its
-  start (it keeps 1 h), so a restarted telemetry rebuilds what the bridge saw.
-
-Either path may feed a node; both carry the engine's own ``seq``, so the first path heard
-claims the node and the other is ignored for it while the claim is live; a claimed path silent
-for ``path_idle_s`` (5 s) gives way to the other, which then continues the same sequence.
-
-Each batch goes through :class:`~shared.core.kvindex.KvIndex` with the sequence rule of
-:mod:`shared.core.kvseq`: a gap on the ZMQ path was already replayed by the feed (what it
-could not replay it logged); a gap on the NATS path cannot be replayed here and is logged and
-counted; ``seq`` going backwards (an engine restart) clears the node and bumps its incarnation,
-as ``AllBlocksCleared`` clears it. A NATS redelivery whose ``seq`` is not new is a duplicate,
-not a restart, and is dropped. A payload that does not decode is logged with the reason and
-counted; on the NATS path the bus dead-letters it (the decoder raises ``DecodeError``); on the
-ZMQ path its ``seq`` still advances, so it is not reported again as a gap.
-
-Sessions: the consumer of ``SessionResponse`` registers each response's ``block_keys`` (TAO's
-own keys of prompt + completion token ids, ``block_size`` tokens each) as the session's chain;
-the index then keeps every (session, node) resident prefix incrementally. A response without
-``block_keys``, or served by a node no KV events have come from, goes to
-:class:`UsageResidency` (the usage-based observation on the serving node). ``SessionEnd``
-forgets the chain. A chain stamped before the one held (a redelivered response) is ignored, as
-is a response finished before its session's end that is handled after the end (responses and
-ends come on separate consumers); keys outside 0..2^64-1 or a missing block size are logged,
-counted and sent to the usage fallback.
-Each new chain is also written to the store (``put_chains``, with the prefixes), and dropped
-there on ``SessionEnd``; :meth:`KvResidency.start` registers the stored chains first, so after a
-restart the catch-up replay gives sessions their prefixes again without a new response.
-
-Writes: changed (session, node) prefixes are flushed to the store in batches, debounced by
-``flush_s`` (50 ms): ``put_residencies`` with ``(session, node, k0 tokens, t_obs)`` (``k0 = 0``
-deletes the pair); a cleared node first gets ``clear_node_residency``. **t_obs** is the batch's
-engine time ``ts`` when it lies within ``skew_s`` (5 s) of the receive time, else the receive
-time: ``ts`` is when the engine changed its cache, the better time for the half-life decay, but
-an engine clock that is off by more than a few seconds would make credit decay wrongly (or
-sit in the future), and the receive time is then the honest bound. A chain registered from a
-response is stamped with the response's ``finished_at`` (as the usage source does).
+The full account: docs/internals.md, section ``services/telemetry/kvresidency.py``.
 """
 
 from __future__ import annotations

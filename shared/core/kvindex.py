@@ -1,60 +1,6 @@
 """Which blocks each vLLM node holds, and each session's resident prefix there (pure, no I/O).
 
-:class:`KvIndex` is fed decoded KV-event batches (``shared.contracts.kv``) per node and
-session chains (TAO's own block keys of a response's token ids, ``SessionResponse.block_keys``);
-it keeps, incrementally, the resident prefix of every (session, node) pair and reports the
-pairs that changed since the last :meth:`KvIndex.drain`.
-
-Bookkeeping per node (DESIGN §5, facts from vLLM's ``vllm/distributed/kv_events.py`` and
-``vllm/v1/core/block_pool.py``):
-
-* **Own keys.** Each stored block gets TAO's key (:mod:`shared.core.blockkeys`):
-  ``block_key(parent key, the block's token_ids slice)``; a run of blocks chains within the
-  event. The first block's parent key is the own key mapped from ``parent_block_hash``, or
-  ``root_for(lora)`` when the parent is ``None`` (``lora_name``, else the deprecated
-  ``lora_id``). A parent engine hash never seen (stored before we listened, or already
-  evicted) makes an *orphan*: its chain starts from a root derived from that engine hash, so
-  it is counted as resident but can never match a chain from a real root. A block whose
-  ``extra_keys`` entry is set (multimodal hashes, LoRA, ``cache_salt``) is keyed with that
-  entry mixed in, so token ids alone never match it (a session chain has no extra keys).
-* **Ref counts.** vLLM does not de-duplicate identical blocks (``BlockHashToBlockMap``: "we
-  don't de-duplicate the blocks in the cache"), so a key stays resident until every store
-  of it was removed: counts per (node, own key).
-* **Engine hash → own key.** ``BlockRemoved`` names engine hashes (``int`` or ``bytes``),
-  which usually cannot be reproduced off-engine; the map resolves them. A hash stored twice
-  maps to both keys (removed last-in first). A removal of a hash never stored is counted in
-  ``unknown_removals`` and otherwise ignored.
-* **Filters.** Only ``medium`` ``None`` (older vLLM) or ``"GPU"`` counts (``MEDIUM_GPU``;
-  offloaded ``"CPU"`` copies do not make a prefill free). For hybrid models only the
-  full-attention group counts: ``group_idx`` is the KV-cache group id of
-  ``BlockPool.cache_full_blocks(kv_cache_group_id)``, and ``kv_cache_spec_kind`` is
-  ``KVCacheSpecKind`` of ``vllm/v1/kv_cache_interface.py`` (``"full_attention"``,
-  ``"mla_attention"``, ``"sink_full_attention"``, ``"sliding_window"``,
-  ``"sliding_window_mla"``, ``"mamba"``, ``"chunked_local_attention"``,
-  ``"encoder_only_attention"``, ``"cross_attention"``, ``"unknown"``). The kinds in
-  :data:`FULL_ATTENTION_KINDS` are the specs that subclass ``FullAttentionSpec`` there (they
-  keep the KV of every token); ``None`` means an engine that does not say (one group). Only
-  stores carry the kind ("Remove events only need group_idx+hash"), so the index learns the
-  counted group from the first counted store and then filters stores and removals by
-  ``group_idx``; a second full-attention group of the same engine is ignored (its blocks
-  mirror the first group's).
-* **Clear.** ``AllBlocksCleared``, or a sequence that goes backwards (an engine restart, see
-  :mod:`shared.core.kvseq`; it also starts a new incarnation), drops everything of the node.
-
-Sessions: :meth:`KvIndex.register` sets a session's chain (replacing the previous one). A
-reverse map own key → {session: position} lets a key becoming resident (count 0 → 1) or
-evicted (1 → 0) touch only the sessions whose chain holds it: a resident key at a session's
-current prefix length extends the prefix (walking on while keys are resident); an evicted key
-inside the prefix cuts it there. Each change marks the (session, node) pair dirty with the
-caller's stamp (the observation time); :meth:`KvIndex.drain` returns the dirty pairs with their
-current prefix in tokens (blocks × the chain's block size).
-
-The reverse map is large (every key of every chain) and most stored or evicted blocks change
-no prefix, so two small counts per node filter them first: ``want``, the key right after each
-non-empty prefix (with the chains' first keys, the only keys whose store can extend one), and
-``held``, every key inside some prefix (the only keys whose eviction can cut one). A block whose
-key is in neither is counted in or out with no reverse-map lookup; the others go through the
-reverse map exactly as described above.
+The full account: docs/internals.md, section ``shared/core/kvindex.py``.
 """
 
 from __future__ import annotations

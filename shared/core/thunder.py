@@ -1,58 +1,6 @@
 """ThunderAgent's TR scheduler as its code runs it: one state machine, events in, moves out.
 
-Source: github ThunderAgent-org/ThunderAgent at commit a7eef77 (2026-03-06; ``ThunderAgent/``
-is unchanged since 702d284). ``router.py`` = ``ThunderAgent/scheduler/router.py``, ``state.py``
-= ``ThunderAgent/backend/state.py``, ``program.py`` = ``ThunderAgent/program/state.py``. Every
-rule below is the code's, with its lines:
-
-* **Accounting** (state.py:23, 89–104, 182–191): a backend's remaining capacity is
-  ``capacity − (Σ REASONING tokens + w × Σ ACTING tokens) + shared − 100 × programs``, with
-  ``w = acting_token_weight`` (1.0, router.py:67) and ``capacity = block_size ×
-  num_gpu_blocks`` from ``vllm:cache_config_info`` (vllm_metrics.py:19–25). ``shared_tokens``
-  is 0: ``update_shared_tokens`` is never called (state.py:54, 126). No quanta, no target
-  utilisation. A program's tokens are re-estimated from the request at every request
-  (router.py:302–303: JSON characters / a char-per-token ratio learned from ``prompt_tokens``,
-  router.py:393–405 — here the prompt's token count, which that ratio converges to) and set to
-  the response's ``usage.total_tokens`` after it (router.py:408).
-* **A request** (``update_program_before_request``, router.py:290–372): a paused program's
-  request sets it REASONING and *blocks until it is resumed* (router.py:330–333); a new
-  program (first request, no backend) is admitted at once only when the global queue is empty
-  and some healthy backend has ``remaining ≥ estimate + 100`` — the one with the fewest active
-  program tokens (router.py:249–281, 341–351); otherwise it is queued and blocks
-  (router.py:352–361). An active program's request goes to its backend.
-* **A response** (``update_program_after_request``, router.py:374–412): the program turns
-  ACTING; if it was marked, the mark is cleared and it is paused at once (router.py:410–412,
-  588–604).
-* **The periodic check** (``_scheduler_loop``, router.py:660–669; ``_scheduled_check``,
-  671–683): every ``scheduler_interval`` (5 s, router.py:65), first **resume**, then **pause** on
-  every backend whose remaining capacity is negative.
-* **Resume** (``_greedy_resume``, router.py:719–844): backends whose remaining capacity exceeds
-  100 take part, with that remaining capacity; the paused programs are grouped REASONING with
-  ``step > 1`` (a pending request), new (``step == 1``), ACTING, each ascending by the tokens
-  recorded when it was paused (router.py:492–505, 758–778); a program is selected when the
-  cumulative ``tokens + 100`` still fits the total remaining capacity (780–788); the selected
-  are placed largest first, each on the backend with the most remaining capacity if it fits
-  there (a program too large is skipped; the walk stops when the smallest selected fits
-  nowhere), and a backend left with 100 or less drops out (793–838). Where the program's cache
-  lives plays no part.
-* **Pause** (``_pause_until_safe``, router.py:685–714): while the backend's remaining capacity
-  is negative, pause its smallest ACTING program (unregistered, queued, router.py:545–572);
-  once none is left, *mark* its smallest unmarked REASONING program (router.py:574–586). The
-  loop tests ``remaining_capacity()``, which marks do not change (``future_paused_tokens`` is
-  not part of it, state.py:182–191), so on a backend still over-full after its ACTING programs
-  are gone it marks **every** REASONING program.
-* **Forced resume** (``_wait_for_resume(timeout=1800.0)``, router.py:846–868): a request that
-  has blocked 1800 s resumes its program regardless of capacity, on its origin backend, or a
-  new program on the backend with the fewest programs (router.py:171–190).
-* **Release** (``release_program``, router.py:428–461): the program leaves its backend or
-  the queue.
-
-:class:`Variant` ``ideal`` (``thunderagent-ideal``) is a stronger reference than the code:
-it resumes at once whenever a program waits, is paused or leaves (not only at the check), and
-marks REASONING programs only until the marks make the backend safe (the wiki's intent).
-
-Pure: ``now`` is an argument; the caller runs the clock (the check timer, the 1800 s
-timeouts) and applies the moves.
+The full account: docs/internals.md, section ``shared/core/thunder.py``.
 """
 
 from __future__ import annotations

@@ -1,68 +1,6 @@
 """The metrics of a run, identical for every policy (names are the ``--json`` keys).
 
-=========================  ===================================================================
-``latency_mean/p50/p99``   task latency, s: task end − task start (first request issued)
-``ttft_mean/p99``          time to first token, s: first token − request issued by the agent
-                           (includes any hold in the pool and engine queueing)
-``decode_tps``             output tokens of all requests / makespan, tokens/s
-``prefix_hit_rate``        Σ cached prompt tokens / Σ prompt tokens (vLLM's counters' ratio)
-``tool_to_first_mean/p99`` s from a tool's end to the first token of the request after it
-``pause_wait_mean``        s a request is held in the pool before reaching an engine
-``pause_wait_total``       Σ of those holds, s
-``makespan``               last task end − first task start, s
-``running_mean/max``       engine-running requests (all nodes), sampled every ``sample_s``
-``fallback_rate``          share of DP rounds whose plan was not proven exact (tao family;
-                           null for policies that do not solve the DP)
-``solve_ms_mean/p99``      wall ms of one scheduling round's decide() (null for routers)
-``demand_capacity_mean``   mean over rounds with a pool of Σ pool weights / Σ usable capacity
-``interrupts``             admissions released while in a tool (TAO interrupts, ThunderAgent
-                           pauses)
-``preemptions``            engine recompute preemptions over all nodes (a running request
-                           evicted for blocks and later prefilled again)
-``recomputed_tokens``      prompt tokens the session had computed before and that were
-                           prefilled again: Σ over requests of
-                           max(0, min(prompt, prev_ctx) − cached), where prev_ctx = the same
-                           session's previous request's prompt + completion (0 for its first)
-``recompute_share``        recomputed_tokens / Σ prompt tokens
-``recomputed_move``        the part of recomputed_tokens of requests served on another node than
-                           the session's previous request (:func:`recompute_by_cause`)
-``recomputed_release``     … of requests on the same node whose session's admission was released
-                           since the previous request (TAO interrupts, ThunderAgent pauses)
-``recomputed_kept``        … of requests on the same node whose session stayed admitted
-                           throughout (its prefix evicted by the engine's LRU meanwhile); the
-                           three sum to recomputed_tokens
-``recomputed_payback``     the part of recomputed_move + recomputed_release whose session's last
-                           release was a pay-back one (see releases_payback)
-``releases_payback``       TAO releases on a node whose reservations exceeded its usable
-                           capacity in the round's snapshot (the pay-back, and any demand
-                           release there); 0 for other policies
-``node_moves``             requests served on another node than the session's previous one
-``interrupts_per_tool``    interrupts / tool calls (requests − tasks: every turn but the last
-                           ends in a tool)
-``plans_discarded``        plans the verify-and-apply step discarded (a named session changed
-                           while the plan was in flight; TAO pipeline only)
-``requests``, ``tasks``    counts; ``completion_tokens`` Σ output tokens
-=========================  ===================================================================
-
-Percentiles are numpy's default linear interpolation. Null (``None``) means "does not apply".
-
-Paired comparison (:func:`paired_relative`; ``tao sim`` runs every policy on the same tasks per
-seed, common random numbers). For a policy P, a baseline B and a metric, per seed s with both
-values present::
-
-    d_s = (P_s − B_s) / B_s × 100        (0 when P_s = B_s = 0; the seed is dropped when
-                                           B_s = 0 ≠ P_s, where the ratio is undefined)
-    mean = (1/n) Σ d_s
-    sd   = sqrt(Σ (d_s − mean)² / (n − 1))
-    CI   = mean ± t_{0.975, n−1} · sd / sqrt(n)        (95 %, Student's t, n − 1 df)
-
-n is the number of seeds kept; with n = 1 there is no interval. The sign is raw (negative =
-P lower than B), so for latencies negative is better, for throughput and hit rate positive is;
-rates such as ``prefix_hit_rate`` are compared relatively too (not in percentage points). The
-interval "excludes zero" when ci_low > 0 or ci_high < 0. t quantiles come from the exact
-closed form of Student's t CDF for integer df (Abramowitz & Stegun 26.7.3-4) inverted by
-bisection (:func:`t_quantile`; equal to ``scipy.stats.t.ppf`` to ~1e-12, without making scipy a
-dependency).
+The full account: docs/internals.md, section ``shared/sim/metrics.py``.
 """
 
 from __future__ import annotations

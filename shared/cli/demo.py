@@ -298,6 +298,113 @@ def _script(index: int, args: argparse.Namespace) -> _Script:
 # -- one session ---------------------------------------------------------------------------------
 
 
+@dataclass
+class _Turn:
+    """One streamed model answer as the demo's agent reads it."""
+
+    sent: float
+    first: float | None = None
+    usage: Any = None
+    tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
+    content: list[str] = field(default_factory=list)
+    served: str | None = None
+
+    def message(self) -> dict[str, Any]:
+        """The assistant message for the next request's history."""
+        assistant: dict[str, Any] = {"role": "assistant", "content": "".join(self.content) or None}
+        if self.tool_calls:
+            assistant["tool_calls"] = [
+                {
+                    "id": c["id"],
+                    "type": "function",
+                    "function": {"name": c["name"], "arguments": c["args"]},
+                }
+                for c in self.tool_calls.values()
+            ]
+        return assistant
+
+
+async def _stream_turn(
+    client: Any, args: argparse.Namespace, sid: str, messages: list[Any], reply: dict[str, Any]
+) -> _Turn:
+    """Send one chat request of session ``sid`` (scripted by ``reply``) and read its stream."""
+    turn = _Turn(sent=time.monotonic())
+    raw = await client.chat.completions.with_raw_response.create(
+        model=args.model,
+        messages=messages,
+        stream=True,
+        stream_options={"include_usage": True},
+        max_tokens=reply["output_tokens"],
+        extra_headers={"X-Session-ID": sid},
+        extra_body={"tao_script": reply},
+    )
+    turn.served = raw.headers.get(_NODE_HEADER)
+    stream = raw.parse()
+    async for chunk in stream:
+        turn.served = turn.served or served_by(getattr(chunk, "id", None))
+        if chunk.usage is not None:
+            turn.usage = chunk.usage
+        for choice in chunk.choices:
+            delta = choice.delta
+            if turn.first is None and (delta.content or delta.tool_calls):
+                turn.first = time.monotonic()
+            if delta.content:
+                turn.content.append(delta.content)
+            for tc in delta.tool_calls or ():
+                slot = turn.tool_calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
+                slot["id"] = tc.id or slot["id"]
+                if tc.function is not None:
+                    slot["name"] = tc.function.name or slot["name"]
+                    slot["args"] += tc.function.arguments or ""
+    return turn
+
+
+def _count_turn(
+    result: DemoResult, turn: _Turn, node: str | None, tool_end_at: float | None
+) -> str | None:
+    """Add ``turn``'s TTFT, node move and prompt tokens to ``result``; the node it ran on."""
+    if turn.served is not None:
+        result.served_known = True
+        if node is not None and turn.served != node:
+            result.node_moves += 1
+        node = turn.served
+    if turn.first is not None:
+        result.ttfts.append(turn.first - turn.sent)
+        if tool_end_at is not None:
+            result.tool_to_token.append(turn.first - tool_end_at)
+    if turn.usage is not None:
+        result.prompt_tokens += turn.usage.prompt_tokens
+        details = getattr(turn.usage, "prompt_tokens_details", None)
+        result.cached_tokens += getattr(details, "cached_tokens", 0) or 0
+    return node
+
+
+async def _run_tool(bus: Any, sid: str, call_id: str, name: str, duration: float) -> None:
+    """Run the tool (a sleep), telling TAO its start and end as a harness hook would."""
+    began = time.time()
+    await bus.publish_msg(
+        ToolStart(
+            session_id=sid,
+            call_id=call_id,
+            tool=name,
+            started_at=began,
+            source="hook",
+            harness="tao-demo",
+        )
+    )
+    await asyncio.sleep(duration)
+    await bus.publish_msg(
+        ToolEnd(
+            session_id=sid,
+            call_id=call_id,
+            ended_at=time.time(),
+            tool=name,
+            source="hook",
+            duration_s=duration,
+        )
+    )
+
+
 async def _session(
     index: int,
     args: argparse.Namespace,
@@ -328,101 +435,25 @@ async def _session(
                 "name": planned[0],
                 "arguments": {"command": f"pytest -k t{turn}"},
             }
-        sent = time.monotonic()
-        first: float | None = None
-        usage: Any = None
-        tool_calls: dict[int, dict[str, str]] = {}
-        content: list[str] = []
-        served: str | None = None
-        raw = await client.chat.completions.with_raw_response.create(
-            model=args.model,
-            messages=messages,
-            stream=True,
-            stream_options={"include_usage": True},
-            max_tokens=reply["output_tokens"],
-            extra_headers={"X-Session-ID": sid},
-            extra_body={"tao_script": reply},
-        )
-        served = raw.headers.get(_NODE_HEADER)
-        stream = raw.parse()
-        async for chunk in stream:
-            served = served or served_by(getattr(chunk, "id", None))
-            if chunk.usage is not None:
-                usage = chunk.usage
-            for choice in chunk.choices:
-                delta = choice.delta
-                if first is None and (delta.content or delta.tool_calls):
-                    first = time.monotonic()
-                if delta.content:
-                    content.append(delta.content)
-                for tc in delta.tool_calls or ():
-                    slot = tool_calls.setdefault(tc.index, {"id": "", "name": "", "args": ""})
-                    slot["id"] = tc.id or slot["id"]
-                    if tc.function is not None:
-                        slot["name"] = tc.function.name or slot["name"]
-                        slot["args"] += tc.function.arguments or ""
-        if served is not None:
-            result.served_known = True
-            if node is not None and served != node:
-                result.node_moves += 1
-            node = served
-        if first is not None:
-            result.ttfts.append(first - sent)
-            if tool_end_at is not None:
-                result.tool_to_token.append(first - tool_end_at)
-        if usage is not None:
-            result.prompt_tokens += usage.prompt_tokens
-            details = getattr(usage, "prompt_tokens_details", None)
-            result.cached_tokens += getattr(details, "cached_tokens", 0) or 0
-        assistant: dict[str, Any] = {"role": "assistant", "content": "".join(content) or None}
-        if tool_calls:
-            assistant["tool_calls"] = [
-                {
-                    "id": c["id"],
-                    "type": "function",
-                    "function": {"name": c["name"], "arguments": c["args"]},
-                }
-                for c in tool_calls.values()
-            ]
-        messages.append(assistant)
+        answer = await _stream_turn(client, args, sid, messages, reply)
+        node = _count_turn(result, answer, node, tool_end_at)
+        messages.append(answer.message())
         if last:
             break
         if planned is None:  # a recorded turn without a tool: the next prompt is a user message
             messages.append({"role": "user", "content": script.observation(turn, rng)})
             tool_end_at = None
             continue
-        if tool_calls:
-            call = next(iter(tool_calls.values()))
+        if answer.tool_calls:
+            call_id = next(iter(answer.tool_calls.values()))["id"]
         else:  # a real model ignores the script: the agent runs the planned tool anyway
-            call = {"id": f"call-{turn}", "name": planned[0], "args": ""}
-        name, duration = planned
-        began = time.time()
+            call_id = f"call-{turn}"
         result.tool_calls += 1
-        await bus.publish_msg(
-            ToolStart(
-                session_id=sid,
-                call_id=call["id"],
-                tool=name,
-                started_at=began,
-                source="hook",
-                harness="tao-demo",
-            )
-        )
-        await asyncio.sleep(duration)
-        await bus.publish_msg(
-            ToolEnd(
-                session_id=sid,
-                call_id=call["id"],
-                ended_at=time.time(),
-                tool=name,
-                source="hook",
-                duration_s=duration,
-            )
-        )
+        await _run_tool(bus, sid, call_id, *planned)
         tool_end_at = time.monotonic()
         observation = script.observation(turn, rng)
-        if tool_calls:
-            messages.append({"role": "tool", "tool_call_id": call["id"], "content": observation})
+        if answer.tool_calls:
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": observation})
         else:
             messages.append({"role": "user", "content": observation})
     async with http.delete(f"{gateway}/v1/sessions/{sid}") as resp:

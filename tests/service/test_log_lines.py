@@ -9,33 +9,19 @@ from typing import Any
 
 from structlog.testing import capture_logs
 
-from services.planner.handlers import Planner
 from services.valuation.handlers import SKIPPED_LOGGED, Valuator
 from shared.core.heuristics import PORTFOLIO
-from shared.core.policies import get_policy
 from shared.core.session import Session, on_request
 from shared.core.valuation import ValuationParams
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
 from shared.infra.store_types import NodeUpdate
-from tests.service.test_planner_service import NOW, pool, snapshot
+from tests.service.test_planner_service import NOW, planner, pool, snapshot
 
 
 def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
     return [line for line in logs if line["event"] == event]
-
-
-def planner(store: FakeStore, bus: FakeBus, policy: str) -> Planner:
-    return Planner(
-        store=store,
-        bus=bus,
-        log=get_logger("test"),
-        policy=get_policy(policy),
-        budget=150_000,
-        time_limit_ms=5_000.0,
-        clock=lambda: NOW,
-    )
 
 
 async def nodes(store: FakeStore, *caps: int, models: frozenset[str] | None = None) -> None:

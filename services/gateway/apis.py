@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Protocol
 
 from aiohttp import web
 
@@ -44,7 +44,15 @@ from .requests import (
 from .responses import StreamStats, read_body
 from .tokenids import client_wants_ids
 
-__all__ = ["CHAT", "COMPLETIONS", "MESSAGES", "Api", "openai_error"]
+__all__ = [
+    "CHAT",
+    "COMPLETIONS",
+    "MESSAGES",
+    "AnthropicApi",
+    "Api",
+    "OpenAIApi",
+    "openai_error",
+]
 
 
 def openai_error(
@@ -59,86 +67,172 @@ def _strip_reader(strip: bool) -> BodyReader:
     return lambda data: read_body(data, strip_ids=strip)
 
 
-@dataclass(frozen=True, slots=True)
-class Api:
-    """One model endpoint of the gateway (module docstring)."""
+def _harness(named: str | None, source: IdSource, headers: Mapping[str, str] | None) -> str | None:
+    """The harness named by ``X-TAO-Harness`` (:func:`.requests.harness_of`), else
+    ``claude-code`` when Claude Code's own id named the session, else the one the
+    ``User-Agent`` names (:func:`.requests.harness_from_agent`)."""
+    if named is not None:
+        return named
+    if source in ("metadata", "claude_header"):
+        return CLAUDE_CODE
+    return harness_from_agent(headers) if headers is not None else None
 
-    name: Literal["chat", "completions", "messages"]
-    """Also the ``endpoint`` label of the request metrics."""
-    path: str
+
+class Api(Protocol):
+    """One model endpoint of the gateway (module docstring): :class:`OpenAIApi` or
+    :class:`AnthropicApi`."""
 
     @property
-    def anthropic(self) -> bool:
-        return self.name == "messages"
+    def name(self) -> Literal["chat", "completions", "messages"]:
+        """Also the ``endpoint`` label of the request metrics."""
+        ...
+
+    @property
+    def path(self) -> str: ...
 
     @property
     def token_ids(self) -> bool:
         """Whether the node can be asked for token ids on this endpoint."""
-        return not self.anthropic
+        ...
+
+    @property
+    def auth_error_type(self) -> str:
+        """The error type of a 401 in this API's format."""
+        ...
 
     def describe(self, body: Mapping[str, Any]) -> RequestInfo:
         """The request's facts; :class:`.requests.BadRequest` names what is wrong."""
-        if self.anthropic:
-            return describe_messages(body)
-        return describe_request(body, chat=self.name == "chat")
+        ...
 
     def error(
         self, status: int, message: str, err_type: str, *, headers: dict[str, str] | None = None
     ) -> web.Response:
         """An error answer in this API's format."""
-        make = anthropic_error if self.anthropic else openai_error
-        return make(status, message, err_type, headers=headers)
+        ...
 
     def error_event(self, message: str) -> bytes:
         """The SSE event telling a streaming client that the node broke off."""
-        make = anthropic_error_event if self.anthropic else openai_error_event
-        return make(message)
+        ...
 
     def identity(
         self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
     ) -> tuple[str, IdSource]:
-        """The session id and its source (:func:`.requests.session_identity`): for messages
-        Claude Code's ``metadata.user_id`` first."""
-        claude = claude_session_id(body.get("metadata")) if self.anthropic else None
-        return session_identity(headers, body, new_id, claude_metadata=claude)
+        """The session id and its source (:func:`.requests.session_identity`)."""
+        ...
 
-    @staticmethod
     def harness(
-        named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
+        self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
     ) -> str | None:
-        """The harness named by ``X-TAO-Harness`` (:func:`.requests.harness_of`), else
-        ``claude-code`` when Claude Code's own id named the session, else the one the
-        ``User-Agent`` names (:func:`.requests.harness_from_agent`)."""
-        if named is not None:
-            return named
-        if source in ("metadata", "claude_header"):
-            return CLAUDE_CODE
-        return harness_from_agent(headers) if headers is not None else None
+        """The harness that sent the request (:func:`_harness`)."""
+        ...
 
     def upstream(
         self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
     ) -> dict[str, Any]:
-        """The body to send to the node (Anthropic streams carry usage without being asked)."""
-        return upstream_body(
-            body, stream=info.stream and not self.anthropic, token_ids=token_ids and self.token_ids
-        )
+        """The body to send to the node."""
+        ...
 
     def reader(self, body: Mapping[str, Any], asked_ids: bool) -> BodyReader:
         """Reads a whole answer; strips the ids the gateway asked for on its own behalf."""
-        if self.anthropic:
-            return read_message_body
-        return _strip_reader(asked_ids and not client_wants_ids(body))
+        ...
 
     def tracker(self, body: Mapping[str, Any], info: RequestInfo, asked_ids: bool) -> Tracker:
         """Reads a streamed answer event by event."""
-        if self.anthropic:
-            return MessageStreamStats()
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class OpenAIApi:
+    """Chat Completions or Completions: OpenAI's errors, the session from the headers, then
+    ``user`` or ``program_id``; the node may be asked for token ids."""
+
+    name: Literal["chat", "completions"]
+    path: str
+    token_ids: bool = True
+    auth_error_type: str = "invalid_request_error"
+
+    def describe(self, body: Mapping[str, Any]) -> RequestInfo:
+        return describe_request(body, chat=self.name == "chat")
+
+    def error(
+        self, status: int, message: str, err_type: str, *, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        return openai_error(status, message, err_type, headers=headers)
+
+    def error_event(self, message: str) -> bytes:
+        return openai_error_event(message)
+
+    def identity(
+        self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+    ) -> tuple[str, IdSource]:
+        return session_identity(headers, body, new_id)
+
+    def harness(
+        self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
+    ) -> str | None:
+        return _harness(named, source, headers)
+
+    def upstream(
+        self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
+    ) -> dict[str, Any]:
+        """A stream asks for usage (the gateway reads it even when the client does not)."""
+        return upstream_body(body, stream=info.stream, token_ids=token_ids)
+
+    def reader(self, body: Mapping[str, Any], asked_ids: bool) -> BodyReader:
+        return _strip_reader(asked_ids and not client_wants_ids(body))
+
+    def tracker(self, body: Mapping[str, Any], info: RequestInfo, asked_ids: bool) -> Tracker:
         return StreamStats(
             keep_usage_chunk=info.client_wants_usage,
             strip_ids=asked_ids and not client_wants_ids(body),
         )
 
 
-CHAT: Final = Api("chat", "/v1/chat/completions")
-COMPLETIONS: Final = Api("completions", "/v1/completions")
-MESSAGES: Final = Api("messages", "/v1/messages")
+@dataclass(frozen=True, slots=True)
+class AnthropicApi:
+    """Messages: Anthropic's errors, the session from Claude Code's ``metadata.user_id``
+    first; no token ids (the endpoint has none), and streams carry usage unasked."""
+
+    name: Literal["messages"] = "messages"
+    path: str = "/v1/messages"
+    token_ids: bool = False
+    auth_error_type: str = "authentication_error"
+
+    def describe(self, body: Mapping[str, Any]) -> RequestInfo:
+        return describe_messages(body)
+
+    def error(
+        self, status: int, message: str, err_type: str, *, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        return anthropic_error(status, message, err_type, headers=headers)
+
+    def error_event(self, message: str) -> bytes:
+        return anthropic_error_event(message)
+
+    def identity(
+        self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+    ) -> tuple[str, IdSource]:
+        claude = claude_session_id(body.get("metadata"))
+        return session_identity(headers, body, new_id, claude_metadata=claude)
+
+    def harness(
+        self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
+    ) -> str | None:
+        return _harness(named, source, headers)
+
+    def upstream(
+        self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
+    ) -> dict[str, Any]:
+        del token_ids  # the Messages endpoint has no token ids to ask for
+        return upstream_body(body, stream=False, token_ids=False)
+
+    def reader(self, body: Mapping[str, Any], asked_ids: bool) -> BodyReader:
+        return read_message_body
+
+    def tracker(self, body: Mapping[str, Any], info: RequestInfo, asked_ids: bool) -> Tracker:
+        return MessageStreamStats()
+
+
+CHAT: Final = OpenAIApi("chat", "/v1/chat/completions")
+COMPLETIONS: Final = OpenAIApi("completions", "/v1/completions")
+MESSAGES: Final = AnthropicApi()

@@ -40,6 +40,7 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "NODE_HEADER",
     "BodyReader",
+    "ForwardError",
     "Forwarded",
     "NodeDown",
     "Tracker",
@@ -51,7 +52,6 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
-CLIENT_CLOSED: Final = "client_closed"
 NODE_HEADER: Final = "X-TAO-Node"
 CONNECT_TIMEOUT_S: Final = 10.0
 """Longest wait for a TCP connection to a node; generation itself has no time limit."""
@@ -87,6 +87,24 @@ class UpstreamError(Exception):
         super().__init__(f"node {node_id!r}: {kind}: {detail}")
 
 
+@dataclass(frozen=True, slots=True)
+class ForwardError:
+    """Why one forward did not give the client a whole answer. ``kind`` is the outcome the
+    request metrics count (``upstream_status_<n>``, ``upstream_<failure>`` of an
+    :class:`UpstreamError`, ``upstream_incomplete``, ``unknown_node``, ``node_down``,
+    ``client_closed``); ``detail`` says more. ``str()`` is the text the log line and the
+    session's response event carry: ``"<kind>: <detail>"``, or the kind alone."""
+
+    kind: str
+    detail: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.detail}" if self.detail else self.kind
+
+
+CLIENT_CLOSED: Final = ForwardError("client_closed")
+
+
 @dataclass(slots=True)
 class Forwarded:
     """How one forward to ``node_id`` went: status (0 before an answer), what the node
@@ -97,7 +115,7 @@ class Forwarded:
     stats: ResponseStats = field(default_factory=ResponseStats)
     ttft_s: float | None = None
     duration_s: float = 0.0
-    error: str | None = None
+    error: ForwardError | None = None
 
     def restart(self) -> None:
         """Forget an answer before the request is sent again (same node)."""
@@ -208,7 +226,7 @@ async def forward_json(
     done.status = status
     done.stats, out = read(data)
     if status >= 400:
-        done.error = f"upstream_status_{status}"
+        done.error = ForwardError(f"upstream_status_{status}")
     elif status == 200:
         data = out
     return web.Response(status=status, body=data, headers=_headers(content_type, done))
@@ -265,7 +283,7 @@ async def forward_stream(
                 done.status = up.status
                 done.stats, _ = read(data)
                 if up.status >= 400:
-                    done.error = f"upstream_status_{up.status}"
+                    done.error = ForwardError(f"upstream_status_{up.status}")
                 ctype = content_type or "application/json"
                 return web.Response(status=up.status, body=data, headers=_headers(ctype, done))
             return await _relay_events(
@@ -323,12 +341,12 @@ async def _relay_events(
             if isinstance(exc, ConnectionResetError):  # writing to the client failed
                 raise
             kind = "node_down" if abort is not None and abort.is_set() else "broken"
-            done.error = f"upstream_{kind}: {_describe(exc)}"
+            done.error = ForwardError(f"upstream_{kind}", _describe(exc))
             await response.write(error_event("the model node broke off the stream"))
         await response.write_eof()
     except ConnectionResetError:
         done.error = CLIENT_CLOSED
     done.stats = tracker.result()
     if done.error is None and not tracker.done:
-        done.error = "upstream_incomplete"
+        done.error = ForwardError("upstream_incomplete")
     return response

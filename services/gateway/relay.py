@@ -71,6 +71,7 @@ from .placements import PlacementMap
 from .proxy import (
     CLIENT_CLOSED,
     Forwarded,
+    ForwardError,
     UpstreamError,
     forward_json,
     forward_stream,
@@ -236,9 +237,10 @@ class Relay:
     def unauthorized(self, api: Api, endpoint: str) -> web.Response:
         """401 for a request without a known API key (:mod:`.auth`), counted."""
         self.metrics.requests.inc(endpoint=endpoint, outcome="unauthorized")
-        kind = "authentication_error" if api.anthropic else "invalid_request_error"
         return api.error(
-            401, "a valid API key is required (Authorization: Bearer <key>, or x-api-key)", kind
+            401,
+            "a valid API key is required (Authorization: Bearer <key>, or x-api-key)",
+            api.auth_error_type,
         )
 
     async def _handle(self, request: web.Request, api: Api) -> web.StreamResponse:
@@ -441,10 +443,10 @@ class Relay:
         response: web.StreamResponse
         try:
             if url is None:
-                done.error = f"unknown_node: no URL known for node {node!r}"
+                done.error = ForwardError("unknown_node", f"no URL known for node {node!r}")
                 response = api.error(502, f"node {node!r} has no known URL", "upstream_error")
             elif self.nodes.down(node).is_set():  # its sessions are moved; the retry is placed
-                done.error = f"node_down: node {node!r} is unhealthy"
+                done.error = ForwardError("node_down", f"node {node!r} is unhealthy")
                 self.metrics.upstream_errors.inc(node=node, kind="node_down")
                 response = self._unavailable(api, f"node {node!r} is unhealthy; retry later")
             else:
@@ -472,7 +474,7 @@ class Relay:
 
     def _done(self, endpoint: str, session_id: str, request_id: str, done: Forwarded) -> None:
         """Count one forwarded request by its outcome and log its ``request_done`` line."""
-        outcome = "ok" if done.error is None else done.error.split(":")[0]
+        outcome = "ok" if done.error is None else done.error.kind
         self.metrics.requests.inc(endpoint=endpoint, outcome=outcome)
         _log.info(
             "request_done",
@@ -480,7 +482,7 @@ class Relay:
             request_id=request_id,
             node_id=done.node_id,
             status=done.status,
-            error=done.error,
+            error=None if done.error is None else str(done.error),
             ttft_s=done.ttft_s,
             duration_s=done.duration_s,
         )
@@ -546,7 +548,7 @@ class Relay:
             return response
         except UpstreamError as exc:
             self.metrics.upstream_errors.inc(node=done.node_id, kind=exc.kind)
-            done.error = f"upstream_{exc.kind}: {exc.detail}"
+            done.error = ForwardError(f"upstream_{exc.kind}", exc.detail)
             return api.error(
                 502, f"model node {done.node_id!r} failed: {exc.detail}", "upstream_error"
             )
@@ -569,7 +571,7 @@ class Relay:
                 tool_calls=list(done.stats.tool_calls),
                 ttft_s=done.ttft_s,
                 duration_s=done.duration_s,
-                error=done.error,
+                error=None if done.error is None else str(done.error),
                 block_size=block_size if keys is not None else None,
                 block_keys=keys,
             )

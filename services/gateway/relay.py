@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, Final
 
 import aiohttp
@@ -104,6 +105,22 @@ _tracer = tracing.tracer("services.gateway")
 GENERATED_PREFIX: Final = "gw-"
 CANCEL_SESSION_ENDED: Final = "session_ended"
 """SessionCancel reason of a held request whose session was ended (no END_* constant fits)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """One model request on its way through the relay (hold → forward → send): what the
+    client sent, who sent it, and the session it belongs to."""
+
+    request: web.Request
+    api: Api
+    body: dict[str, Any]
+    info: RequestInfo
+    caller: Caller
+    session_id: str
+    request_id: str
+    one_turn: bool
+    """The session was named by the gateway (no id from the client): it ends with the turn."""
 
 
 class Relay:
@@ -285,9 +302,9 @@ class Relay:
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated"
-        turn = trace.get_current_span()
-        turn.set_attribute("tao.session_id", session_id)
-        turn.set_attribute("tao.request_id", request_id)
+        span = trace.get_current_span()
+        span.set_attribute("tao.session_id", session_id)
+        span.set_attribute("tao.request_id", request_id)
         registered = SessionRequest(
             session_id=session_id,
             request_id=request_id,
@@ -323,11 +340,12 @@ class Relay:
                 self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
                 self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
                 raise
+        turn = Turn(request, api, body, info, caller, session_id, request_id, one_turn)
         if node is None:
             with _tracer.start_as_current_span(
                 "tao.hold", attributes={"tao.session_id": session_id}
             ) as held:
-                node_or_reply = await self._held(caller, api, session_id, request_id, one_turn)
+                node_or_reply = await self._held(turn)
                 if isinstance(node_or_reply, web.Response):
                     held.set_attribute("tao.outcome", f"answered {node_or_reply.status}")
                     return node_or_reply
@@ -339,9 +357,7 @@ class Relay:
             kind=SpanKind.CLIENT,
             attributes={"tao.session_id": session_id, "tao.node": node},
         ):
-            return await self._forward(
-                request, api, body, info, session_id, request_id, node, one_turn=one_turn
-            )
+            return await self._forward(turn, node)
 
     def _unavailable(self, api: Api, message: str) -> web.Response:
         retry = retry_after(self.settings.retry_after_s)
@@ -362,25 +378,23 @@ class Relay:
         held = self._held_by.get(tenant.name, 0)
         return held >= tenant.max_held and self.placements.node_of(session_id) is None
 
-    async def _held(
-        self, caller: Caller, api: Api, session_id: str, request_id: str, one_turn: bool
-    ) -> str | web.Response:
+    async def _held(self, turn: Turn) -> str | web.Response:
         """:meth:`_hold`, counted against the caller's tenant while it waits."""
-        if caller.tenant is None:
-            return await self._hold(api, session_id, request_id, one_turn)
-        name = caller.tenant.name
+        if turn.caller.tenant is None:
+            return await self._hold(turn)
+        name = turn.caller.tenant.name
         self._held_by[name] = self._held_by.get(name, 0) + 1
         try:
-            return await self._hold(api, session_id, request_id, one_turn)
+            return await self._hold(turn)
         finally:
             self._held_by[name] -= 1
             if not self._held_by[name]:
                 del self._held_by[name]
 
-    async def _hold(
-        self, api: Api, session_id: str, request_id: str, one_turn: bool
-    ) -> str | web.Response:
-        endpoint = api.name
+    async def _hold(self, turn: Turn) -> str | web.Response:
+        """Wait for the session's placement: its node, or the answer when none came."""
+        api, endpoint, one_turn = turn.api, turn.api.name, turn.one_turn
+        session_id, request_id = turn.session_id, turn.request_id
         started = self.clock()
         timeout = self.settings.hold_timeout_s
         waiting = self.holds.wait(session_id, timeout, request_id)
@@ -419,19 +433,10 @@ class Relay:
         self.metrics.hold_seconds.observe(self.clock() - started)
         return node
 
-    async def _forward(
-        self,
-        request: web.Request,
-        api: Api,
-        body: dict[str, Any],
-        info: RequestInfo,
-        session_id: str,
-        request_id: str,
-        node: str,
-        *,
-        one_turn: bool,
-    ) -> web.StreamResponse:
-        endpoint = api.name
+    async def _forward(self, turn: Turn, node: str) -> web.StreamResponse:
+        """Send the turn to ``node``, report its response and count its outcome once."""
+        api, endpoint, info = turn.api, turn.api.name, turn.info
+        session_id, request_id, one_turn = turn.session_id, turn.request_id, turn.one_turn
         done = Forwarded(node_id=node)
         reported: list[asyncio.Task[bool]] = []
 
@@ -451,9 +456,7 @@ class Relay:
                 response = self._unavailable(api, f"node {node!r} is unhealthy; retry later")
             else:
                 self.metrics.forwarded.inc(node=node)
-                response = await self._send(
-                    request, api, url, body, info, session_id, request_id, done, report_now
-                )
+                response = await self._send(turn, url, done, report_now)
         except asyncio.CancelledError:
             # A client that closes once it has the whole answer (the OpenAI SDK does, right
             # after [DONE]) cancels the handler too: the answer was complete (its report
@@ -493,23 +496,15 @@ class Relay:
         return api.token_ids and self.token_ids.ask(node) and bool(self.nodes.block_size(node))
 
     async def _send(
-        self,
-        request: web.Request,
-        api: Api,
-        url: str,
-        body: dict[str, Any],
-        info: RequestInfo,
-        session_id: str,
-        request_id: str,
-        done: Forwarded,
-        before_done: Callable[[], None],
+        self, turn: Turn, url: str, done: Forwarded, before_done: Callable[[], None]
     ) -> web.StreamResponse:
         assert self.client is not None, "Relay.client is set by the app's startup"
         client = self.client
+        request, api, body, info = turn.request, turn.api, turn.body, turn.info
         headers = upstream_headers(
             request.headers,
             self.auth.node_headers(request.headers),
-            {SESSION_HEADER: session_id, "X-Request-ID": request_id},
+            {SESSION_HEADER: turn.session_id, "X-Request-ID": turn.request_id},
         )
 
         down = self.nodes.down(done.node_id)

@@ -31,7 +31,7 @@ from services.planner.mapping import from_wire, held_from_wire
 from services.planner.thunder import Held, TAStep, ThunderState, is_thunderagent
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
-from shared.contracts.plan import Assignment, Objective, Placement, PlacementKind, Plan
+from shared.contracts.plan import Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
@@ -75,9 +75,9 @@ def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
     return Plan(
         tick=d.tick,
         policy=policy,
-        assignments=[Assignment(m.session, m.node) for m in d.admits],
-        interrupts=[Assignment(m.session, m.node) for m in d.interrupts],
-        objective=Objective(**r.objective._asdict()),
+        assignments=[WireAssignment(m.session, m.node) for m in d.admits],
+        interrupts=[WireAssignment(m.session, m.node) for m in d.interrupts],
+        objective=WireObjective(**r.objective._asdict()),
         exact=r.exact,
         method=r.method,
         states=r.states,

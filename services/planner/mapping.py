@@ -5,15 +5,16 @@ The valuation service values the pool with :func:`shared.core.tick.value_snapsho
 before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
-                                               ↔ NodeView(id, free, load, capacity, healthy,
+                                               ↔ WireNodeView(id, free, load, capacity, healthy,
                                                   overflow, running, pressure)
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
                   waiting_since, home)
-                                               ↔ Candidate(..., signature=Signature(id,
+                                               ↔ WireCandidate(..., signature=WireSignature(id,
                                                   version, eligibility_digest=digest))
-    core InterruptCandidate + versions[id]     ↔ InterruptCandidate(..., signature=Signature)
+    core InterruptCandidate + versions[id]     ↔ WireInterruptCandidate(...,
+                                                  signature=WireSignature)
     thunder.Held(id, node, weight, tokens, activity, version)
-                                               ↔ AdmittedSession(..., signature=Signature(id,
+                                               ↔ AdmittedSession(..., signature=WireSignature(id,
                                                   version)); the list only under thunderagent
 
 What the wire does not carry comes back empty: ``probe_marks`` (the valuation service persists
@@ -33,16 +34,16 @@ from services.planner.thunder import Held
 from shared.contracts.errors import DecodeError
 from shared.contracts.valuation import (
     AdmittedSession,
-    Candidate,
-    InterruptCandidate,
-    NodeView,
-    Signature,
     ValuationSnapshot,
+    WireCandidate,
+    WireInterruptCandidate,
+    WireNodeView,
+    WireSignature,
 )
 from shared.core import interrupt as core_interrupt
 from shared.core.problem import Node, Phase
 from shared.core.tick import TickCandidate, TickSnapshot
-from shared.core.valuation import NodeView as CoreNodeView
+from shared.core.valuation import NodeView
 
 __all__ = ["from_wire", "held_from_wire", "to_wire"]
 
@@ -52,17 +53,17 @@ _HELD_ACTIVITIES: Final[frozenset[str]] = frozenset(("running", "idle", "waiting
 
 def to_wire(
     snapshot: TickSnapshot,
-    views: Sequence[CoreNodeView] = (),
+    views: Sequence[NodeView] = (),
     admitted: Sequence[Held] | None = None,
 ) -> ValuationSnapshot:
     """The message form of ``snapshot``; ``views`` (the nodes it was valued on) add capacity
     and health; ``admitted`` (thunderagent only) the admitted sessions outside a tool."""
-    by_id: Mapping[str, CoreNodeView] = {v.id: v for v in views}
+    by_id: Mapping[str, NodeView] = {v.id: v for v in views}
     nodes = []
     for nd in snapshot.nodes:
         v = by_id.get(nd.id)
         nodes.append(
-            NodeView(
+            WireNodeView(
                 id=nd.id,
                 free=nd.free,
                 load=nd.load,
@@ -74,7 +75,7 @@ def to_wire(
             )
         )
     cands = [
-        Candidate(
+        WireCandidate(
             id=c.id,
             weight=c.weight,
             tokens=c.tokens,
@@ -82,21 +83,23 @@ def to_wire(
             credit=dict(c.credit),
             eligible=sorted(c.eligible),
             phase=c.phase,
-            signature=Signature(session_id=c.id, version=c.version, eligibility_digest=c.digest),
+            signature=WireSignature(
+                session_id=c.id, version=c.version, eligibility_digest=c.digest
+            ),
             waiting_since=c.waiting_since,
             home=c.home,
         )
         for c in snapshot.candidates
     ]
     inter = [
-        InterruptCandidate(
+        WireInterruptCandidate(
             id=ic.id,
             node=ic.node,
             weight=ic.weight,
             tokens=ic.tokens,
             ready=ic.ready,
             credit=ic.credit,
-            signature=Signature(session_id=ic.id, version=snapshot.versions.get(ic.id, 0)),
+            signature=WireSignature(session_id=ic.id, version=snapshot.versions.get(ic.id, 0)),
             remaining_s=None if math.isinf(ic.remaining_s) else ic.remaining_s,
         )
         for ic in snapshot.interrupts
@@ -119,7 +122,7 @@ def _held_to_wire(h: Held) -> AdmittedSession:
         weight=h.weight,
         tokens=h.tokens,
         activity=h.activity,
-        signature=Signature(session_id=h.id, version=h.version),
+        signature=WireSignature(session_id=h.id, version=h.version),
     )
 
 
@@ -142,7 +145,7 @@ def held_from_wire(msg: ValuationSnapshot) -> tuple[Held, ...] | None:
     return tuple(out)
 
 
-def _phase(c: Candidate, i: int) -> Phase:
+def _phase(c: WireCandidate, i: int) -> Phase:
     if c.phase is None:
         return "new"
     if c.phase not in _PHASES:

@@ -40,7 +40,7 @@ from .kv import (
     encode_kv_batch,
 )
 from .node import NodeStatus
-from .plan import PLACEMENT_KINDS, Assignment, Objective, Placement, PlacementKind, Plan
+from .plan import PLACEMENT_KINDS, Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from .session import (
     SessionCancel,
     SessionEnd,
@@ -53,11 +53,11 @@ from .session import (
 from .tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
 from .valuation import (
     AdmittedSession,
-    Candidate,
-    InterruptCandidate,
-    NodeView,
-    Signature,
     ValuationSnapshot,
+    WireCandidate,
+    WireInterruptCandidate,
+    WireNodeView,
+    WireSignature,
 )
 from .wake import Wake
 
@@ -69,24 +69,19 @@ __all__ = [
     "AdmittedSession",
     "AllBlocksCleared",
     "AnyMessage",
-    "Assignment",
     "BlockHash",
     "BlockRemoved",
     "BlockStored",
-    "Candidate",
     "ContractError",
     "DeadLetter",
     "DecodeError",
     "FrameError",
-    "InterruptCandidate",
     "KVEncoding",
     "KVEvent",
     "KVEventBatch",
     "KVFrame",
     "Message",
     "NodeStatus",
-    "NodeView",
-    "Objective",
     "Placement",
     "PlacementKind",
     "Plan",
@@ -96,7 +91,6 @@ __all__ = [
     "SessionEvent",
     "SessionRequest",
     "SessionResponse",
-    "Signature",
     "SubjectError",
     "ToolCallInfo",
     "ToolEnd",
@@ -106,6 +100,12 @@ __all__ = [
     "Usage",
     "ValuationSnapshot",
     "Wake",
+    "WireAssignment",
+    "WireCandidate",
+    "WireInterruptCandidate",
+    "WireNodeView",
+    "WireObjective",
+    "WireSignature",
     "decode",
     "decode_kv_batch",
     "decode_message",

@@ -15,15 +15,15 @@ from .base import Message, Record
 
 __all__ = [
     "PLACEMENT_KINDS",
-    "Assignment",
-    "Objective",
     "Placement",
     "PlacementKind",
     "Plan",
+    "WireAssignment",
+    "WireObjective",
 ]
 
 
-class Assignment(msgspec.Struct, array_like=True, frozen=True):
+class WireAssignment(msgspec.Struct, array_like=True, frozen=True):
     """Session ``session`` goes to (or, for an interrupt, leaves) node ``node``.
 
     Encoded as a pair ``["<session>", "<node>"]``, the plan's ``[(session, node)]`` shape.
@@ -33,7 +33,7 @@ class Assignment(msgspec.Struct, array_like=True, frozen=True):
     node: str
 
 
-class Objective(Record, frozen=True, kw_only=True):
+class WireObjective(Record, frozen=True, kw_only=True):
     """The plan's lexicographic objective (Σk, Σr, Σt, admitted), compared as a tuple."""
 
     credit: int = 0
@@ -54,9 +54,9 @@ class Plan(Message, tag="Plan", frozen=True, kw_only=True):
 
     tick: int
     policy: str
-    assignments: list[Assignment] = msgspec.field(default_factory=list)
-    interrupts: list[Assignment] = msgspec.field(default_factory=list)
-    objective: Objective = Objective()
+    assignments: list[WireAssignment] = msgspec.field(default_factory=list)
+    interrupts: list[WireAssignment] = msgspec.field(default_factory=list)
+    objective: WireObjective = WireObjective()
     exact: bool = True
     method: str = "dp"
     states: int = 0

@@ -7,7 +7,7 @@ interrupt rule may release (§3.3). Field names follow ``shared.core.problem`` (
 snapshot to a ``Problem`` field by field. Capacities, weights and credits are in tokens; the
 planner discretises them by ``quantum``.
 
-Each candidate carries its :class:`Signature`; just before publishing, the planner compares the
+Each candidate carries its :class:`WireSignature`; just before publishing, the planner compares the
 signatures of the selected sessions with live state and discards the plan if any differs (§3.4).
 """
 
@@ -19,15 +19,15 @@ from .base import Message, Record
 
 __all__ = [
     "AdmittedSession",
-    "Candidate",
-    "InterruptCandidate",
-    "NodeView",
-    "Signature",
     "ValuationSnapshot",
+    "WireCandidate",
+    "WireInterruptCandidate",
+    "WireNodeView",
+    "WireSignature",
 ]
 
 
-class NodeView(Record, frozen=True, kw_only=True):
+class WireNodeView(Record, frozen=True, kw_only=True):
     """A node as the planner sees it this tick.
 
     ``free`` is admissible capacity (capacity × target utilisation − admitted weights), ``load``
@@ -52,7 +52,7 @@ class NodeView(Record, frozen=True, kw_only=True):
     pressure: int = 0
 
 
-class Signature(Record, frozen=True, kw_only=True):
+class WireSignature(Record, frozen=True, kw_only=True):
     """What must be unchanged for a plan about this session to still apply.
 
     ``version`` increments on every change of the session record; ``eligibility_digest`` is a
@@ -64,7 +64,7 @@ class Signature(Record, frozen=True, kw_only=True):
     eligibility_digest: str = ""
 
 
-class Candidate(Record, frozen=True, kw_only=True):
+class WireCandidate(Record, frozen=True, kw_only=True):
     """A pooled session that wants admission.
 
     ``credit`` maps node id → decayed, rounded cache credit k in tokens (absent = 0); ``ready``
@@ -78,7 +78,7 @@ class Candidate(Record, frozen=True, kw_only=True):
     id: str
     weight: int
     tokens: int
-    signature: Signature
+    signature: WireSignature
     ready: int = 0
     credit: dict[str, int] = msgspec.field(default_factory=dict)
     eligible: list[str] | None = None
@@ -88,7 +88,7 @@ class Candidate(Record, frozen=True, kw_only=True):
     home: str | None = None
 
 
-class InterruptCandidate(Record, frozen=True, kw_only=True):
+class WireInterruptCandidate(Record, frozen=True, kw_only=True):
     """A tool-running admitted session that the interrupt rule may release from ``node``.
 
     Ordered for interruption ascending by (``credit`` on its node, ``ready``, ``tokens``);
@@ -101,7 +101,7 @@ class InterruptCandidate(Record, frozen=True, kw_only=True):
     node: str
     weight: int
     tokens: int
-    signature: Signature
+    signature: WireSignature
     ready: int = 0
     credit: int = 0
     remaining_s: float | None = None
@@ -120,7 +120,7 @@ class AdmittedSession(Record, frozen=True, kw_only=True):
     weight: int
     tokens: int
     activity: str
-    signature: Signature
+    signature: WireSignature
 
 
 class ValuationSnapshot(Message, tag="ValuationSnapshot", frozen=True, kw_only=True):
@@ -133,7 +133,7 @@ class ValuationSnapshot(Message, tag="ValuationSnapshot", frozen=True, kw_only=T
     tick: int
     now: float
     quantum: int = 512
-    nodes: list[NodeView] = msgspec.field(default_factory=list)
-    candidates: list[Candidate] = msgspec.field(default_factory=list)
-    interrupt_candidates: list[InterruptCandidate] = msgspec.field(default_factory=list)
+    nodes: list[WireNodeView] = msgspec.field(default_factory=list)
+    candidates: list[WireCandidate] = msgspec.field(default_factory=list)
+    interrupt_candidates: list[WireInterruptCandidate] = msgspec.field(default_factory=list)
     admitted: list[AdmittedSession] | None = None

@@ -7,23 +7,17 @@ import pytest
 
 from shared.contracts import (
     MESSAGE_TYPES,
-    Assignment,
-    Candidate,
     ContractError,
     DeadLetter,
     DecodeError,
-    InterruptCandidate,
     Message,
     NodeStatus,
-    NodeView,
-    Objective,
     Placement,
     Plan,
     SessionCancel,
     SessionEnd,
     SessionRequest,
     SessionResponse,
-    Signature,
     ToolCallInfo,
     ToolEnd,
     ToolProgress,
@@ -31,6 +25,12 @@ from shared.contracts import (
     Usage,
     ValuationSnapshot,
     Wake,
+    WireAssignment,
+    WireCandidate,
+    WireInterruptCandidate,
+    WireNodeView,
+    WireObjective,
+    WireSignature,
     decode,
     decode_message,
     decode_session_event,
@@ -38,7 +38,7 @@ from shared.contracts import (
     encode,
 )
 
-SIG = Signature(session_id="s1", version=7, eligibility_digest="ab12")
+SIG = WireSignature(session_id="s1", version=7, eligibility_digest="ab12")
 
 SAMPLES: list[Message] = [
     SessionRequest(
@@ -116,9 +116,9 @@ SAMPLES: list[Message] = [
         tick=42,
         now=1767225600.0,
         quantum=512,
-        nodes=[NodeView(id="node-a", free=8192, load=4096, capacity=16384, healthy=True)],
+        nodes=[WireNodeView(id="node-a", free=8192, load=4096, capacity=16384, healthy=True)],
         candidates=[
-            Candidate(
+            WireCandidate(
                 id="s1",
                 weight=2560,
                 tokens=2048,
@@ -131,7 +131,7 @@ SAMPLES: list[Message] = [
             )
         ],
         interrupt_candidates=[
-            InterruptCandidate(
+            WireInterruptCandidate(
                 id="s2", node="node-a", weight=1024, tokens=900, signature=SIG, credit=512
             )
         ],
@@ -139,9 +139,9 @@ SAMPLES: list[Message] = [
     Plan(
         tick=42,
         policy="tao",
-        assignments=[Assignment("s1", "node-a")],
-        interrupts=[Assignment("s2", "node-a")],
-        objective=Objective(credit=2048, ready=1, tokens=2048, admitted=1),
+        assignments=[WireAssignment("s1", "node-a")],
+        interrupts=[WireAssignment("s2", "node-a")],
+        objective=WireObjective(credit=2048, ready=1, tokens=2048, admitted=1),
         exact=False,
         method="bfd",
         states=100001,
@@ -211,7 +211,7 @@ class TestRoundTrip:
 
     def test_assignment_is_a_pair(self) -> None:
         """Plan assignments are encoded as [session, node] pairs."""
-        plan = Plan(tick=1, policy="tao", assignments=[Assignment("s1", "n1")])
+        plan = Plan(tick=1, policy="tao", assignments=[WireAssignment("s1", "n1")])
         assert msgspec.json.decode(encode(plan))["assignments"] == [["s1", "n1"]]
 
     def test_dead_letter_payload_is_base64(self) -> None:

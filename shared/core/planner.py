@@ -371,26 +371,10 @@ def _search(
     return _Search(states, True, path, n)
 
 
-def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -> Solution:
-    """Best placement for ``d`` (see the module docstring). Deterministic when ``expired`` is
-    ``None``. States examined stay within ``budget``, except that the probe beam is at least
-    one state wide, which can pass a tiny budget by up to n × (m + 1). ``expired`` is checked
-    between DP and beam layers only: the portfolio and the bound tables always run."""
-    best_choice: Choice = [-1] * d.n
-    best_obj = objective_of(d, best_choice)
-    best_method = "empty"
-    heur: list[tuple[str, Objective]] = []
-    groups: int | None = None
-    root: Objective | None = None
-
-    def diag(
-        proof: Literal["bound", "dp"] | None = None, beam: int | None = None
-    ) -> SolveDiagnostics:
-        return SolveDiagnostics(
-            heuristics=tuple(heur), proof=proof, groups=groups, root_bound=root, beam_width=beam
-        )
-
-    # Everyone admitted on their best node: a bound that needs no tables.
+def _portfolio(d: Dense) -> tuple[Choice, Objective, str, tuple[tuple[str, Objective], ...], bool]:
+    """The best of the portfolio heuristics: its choice, objective and name, each heuristic's
+    objective in order, and whether it admits everyone on their best node (a bound that needs
+    no tables; the portfolio stops at the first heuristic that meets it)."""
     active = d.elig.any(axis=1) if d.m else np.zeros(d.n, dtype=np.bool_)
     everyone = Objective(
         int(d.kmax[active].sum()),
@@ -398,14 +382,39 @@ def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -
         int(d.t[active].sum()),
         int(active.sum()),
     )
+    best_choice: Choice = [-1] * d.n
+    best_obj = objective_of(d, best_choice)
+    best_method = "empty"
+    heur: list[tuple[str, Objective]] = []
     for name, fn in PORTFOLIO:
         ch = fn(d)
         obj = objective_of(d, ch)
         heur.append((name, obj))
         if obj > best_obj:
             best_choice, best_obj, best_method = ch, obj, name
-        if best_obj == everyone:  # nothing can beat admitting everyone at their best
-            return Solution(best_choice, best_obj, True, best_method, 0, None, diag("bound"))
+        if best_obj == everyone:
+            return best_choice, best_obj, best_method, tuple(heur), True
+    return best_choice, best_obj, best_method, tuple(heur), False
+
+
+def solve(d: Dense, *, budget: int, expired: Callable[[], bool] | None = None) -> Solution:
+    """Best placement for ``d`` (see the module docstring). Deterministic when ``expired`` is
+    ``None``. States examined stay within ``budget``, except that the probe beam is at least
+    one state wide, which can pass a tiny budget by up to n × (m + 1). ``expired`` is checked
+    between DP and beam layers only: the portfolio and the bound tables always run."""
+    best_choice, best_obj, best_method, heur, met = _portfolio(d)
+    groups: int | None = None
+    root: Objective | None = None
+
+    def diag(
+        proof: Literal["bound", "dp"] | None = None, beam: int | None = None
+    ) -> SolveDiagnostics:
+        return SolveDiagnostics(
+            heuristics=heur, proof=proof, groups=groups, root_bound=root, beam_width=beam
+        )
+
+    if met:  # nothing can beat admitting everyone at their best
+        return Solution(best_choice, best_obj, True, best_method, 0, None, diag("bound"))
     polished = _polish(d, best_choice)
     if polished is not None and objective_of(d, polished) > best_obj:
         best_choice, best_obj = polished, objective_of(d, polished)

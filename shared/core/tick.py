@@ -426,126 +426,29 @@ def decide(
     """
     rules = policy_rules(policy) if rules is None else rules
     snapshot = _ablated(snapshot, rules)
-    free = {nd.id: nd.free for nd in snapshot.nodes}
-    interrupts: list[Move] = []
-    by_id = {c.id: c for c in snapshot.interrupts}
-    chosen: set[str] = set()
-
-    released: dict[str, int] = {}
-
-    def take(ids: Iterable[str], step: str) -> None:
-        for sid in ids:
-            ic = by_id[sid]
-            chosen.add(sid)
-            interrupts.append(Move(sid, ic.node, ic.weight, snapshot.versions[sid]))
-            released[step] = released.get(step, 0) + 1
-
-    debt = {b: over for b, over in snapshot.overflow.items() if over > 0}
-
-    def freed(node: str, tokens: int) -> None:
-        """Room a release freed on ``node``: it pays the node's over-commit back first."""
-        paid = min(tokens, debt.get(node, 0))
-        if paid:
-            debt[node] -= paid
-        if node in free:
-            free[node] += tokens - paid
-
+    rnd = _Round(snapshot, rules)
     # 0. Sessions admitted on a node that died: released, so their next request is placed
     #    on a healthy node (an engine that is unreachable or frozen serves nobody).
-    take((c.id for c in snapshot.stranded), "evacuate")
-    # 1. Over-committed nodes first: on reservations, or (``payback_context``) on contexts.
-    owed = snapshot.pressure if rules.payback_context else debt
-    for node, need in sorted(owed.items()):
-        on_node = [c for c in snapshot.interrupts if c.node == node]
-        if need <= 0 or not on_node:
-            continue
-        if rules.payback_context:  # what a release frees of the contexts: tokens + headroom
-            on_node = [replace(c, weight=c.tokens + rules.payback_headroom) for c in on_node]
-            if rules.payback_smallest:  # value order without credit and readiness: by tokens
-                on_node = [replace(c, credit=0, ready=0) for c in on_node]
-        if rules.payback:
-            first = select_releases(on_node, need)
-        else:
-            first = select_interrupts(on_node, need, 0)
-        take(first.interrupt, "payback")
-        for sid in first.interrupt:
-            freed(node, by_id[sid].weight)
+    rnd.take((c.id for c in snapshot.stranded), "evacuate")
+    rnd.pay_back()
     pool = (
         [c for c in snapshot.candidates if needs_gpu(c)]
         if rules.need
         else list(snapshot.candidates)
     )
-    # 2. Sessions waiting too long go first.
     early: list[Move] = []
-    blocked: set[str] = set()
     if rules.aging:
-        starving = sorted(
-            (
-                c
-                for c in pool
-                if c.waiting_since is not None and snapshot.now - c.waiting_since >= rules.starve_s
-            ),
-            key=lambda c: (c.waiting_since, c.id),
-        )
-        placed: set[str] = set()
-        for c in starving:
-            room = [
-                b for b in sorted(c.eligible) if b not in blocked and c.weight <= free.get(b, 0)
-            ]
-            if not room and not rules.starve_clear:
-                continue
-            if not room:
-                target = _clear_for(c, snapshot.interrupts, chosen, free, blocked)
-                if target is None:
-                    continue
-                node, release_ids = target
-                take(release_ids, "aging")
-                for sid in release_ids:
-                    freed(node, by_id[sid].weight)
-                if c.weight > free[node]:
-                    if rules.starve_block:
-                        blocked.add(node)  # room accumulates here for the starving session
-                    continue
-                room = [node]
-            node = max(room, key=lambda b: (c.credit.get(b, 0), b == c.home, free[b], b))
-            free[node] -= c.weight
-            placed.add(c.id)
-            early.append(Move(c.id, node, c.weight, snapshot.versions[c.id]))
+        early = rnd.age(pool)
+        placed = {m.session for m in early}
         pool = [c for c in pool if c.id not in placed]
     demand = sum(c.weight for c in pool)
-    total_free = sum(free.values())
-    # 3. The pool's demand (DESIGN 3.3), from the sessions not released above.
+    total_free = sum(rnd.free.values())
     if pool and rules.demand:
-        rest = [
-            c
-            for c in snapshot.interrupts
-            if c.id not in chosen and c.node not in blocked and releasable(c, snapshot, rules)
-        ]
-        second = select_interrupts(
-            rest, demand, sum(v for b, v in free.items() if b not in blocked)
-        )
-        take(second.interrupt, "demand")
-        for node, tokens in second.freed_per_node.items():
-            freed(node, tokens)
-    for b in blocked:
+        rnd.release_for(demand)
+    free = rnd.free
+    for b in rnd.blocked:
         free[b] = 0
-    nodes = tuple(replace(nd, free=free[nd.id]) for nd in snapshot.nodes)
-    planned: list[Candidate] = []
-    for c in pool:
-        fits = frozenset(b for b in c.eligible if c.weight <= free.get(b, 0))
-        planned.append(
-            Candidate(
-                id=c.id,
-                weight=c.weight,
-                tokens=c.tokens,
-                ready=c.ready,
-                credit={b: k for b, k in c.credit.items() if b in fits},
-                eligible=fits,
-                phase=c.phase,
-            )
-        )
-    problem = Problem(quantum=snapshot.quantum, nodes=nodes, candidates=tuple(planned))
-    result = policy.plan(problem, options)
+    result = policy.plan(rnd.problem(pool), options)
     weights = {c.id: c.weight for c in snapshot.candidates}
     admits = [
         Move(a.session, a.node, weights[a.session], snapshot.versions[a.session])
@@ -557,13 +460,139 @@ def decide(
         admits += _readmit_home(admits, snapshot, free)
     return Decision(
         tick=snapshot.tick,
-        interrupts=tuple(interrupts),
+        interrupts=tuple(rnd.interrupts),
         admits=(*early, *admits),
         result=result,
         demand=demand,
         free=total_free,
-        released_by=tuple(sorted(released.items())),
+        released_by=tuple(sorted(rnd.released.items())),
     )
+
+
+class _Round:
+    """The room and the releases of one :func:`decide` round, step by step."""
+
+    def __init__(self, snapshot: TickSnapshot, rules: TaoRules) -> None:
+        self.snapshot = snapshot
+        self.rules = rules
+        self.free = {nd.id: nd.free for nd in snapshot.nodes}
+        self.interrupts: list[Move] = []
+        self.by_id = {c.id: c for c in snapshot.interrupts}
+        self.chosen: set[str] = set()
+        self.released: dict[str, int] = {}
+        self.debt = {b: over for b, over in snapshot.overflow.items() if over > 0}
+        self.blocked: set[str] = set()
+        """Nodes cleared for a starving session that fits there only later: no admission."""
+
+    def take(self, ids: Iterable[str], step: str) -> None:
+        """Release ``ids`` (interrupt candidates), counted under ``step``."""
+        for sid in ids:
+            ic = self.by_id[sid]
+            self.chosen.add(sid)
+            self.interrupts.append(Move(sid, ic.node, ic.weight, self.snapshot.versions[sid]))
+            self.released[step] = self.released.get(step, 0) + 1
+
+    def freed(self, node: str, tokens: int) -> None:
+        """Room a release freed on ``node``: it pays the node's over-commit back first."""
+        paid = min(tokens, self.debt.get(node, 0))
+        if paid:
+            self.debt[node] -= paid
+        if node in self.free:
+            self.free[node] += tokens - paid
+
+    def pay_back(self) -> None:
+        """1. Over-committed nodes first: on reservations, or (``payback_context``) on
+        contexts."""
+        snapshot, rules = self.snapshot, self.rules
+        owed = snapshot.pressure if rules.payback_context else self.debt
+        for node, need in sorted(owed.items()):
+            on_node = [c for c in snapshot.interrupts if c.node == node]
+            if need <= 0 or not on_node:
+                continue
+            if rules.payback_context:  # what a release frees of the contexts: tokens + headroom
+                on_node = [replace(c, weight=c.tokens + rules.payback_headroom) for c in on_node]
+                if rules.payback_smallest:  # value order without credit and readiness: by tokens
+                    on_node = [replace(c, credit=0, ready=0) for c in on_node]
+            if rules.payback:
+                first = select_releases(on_node, need)
+            else:
+                first = select_interrupts(on_node, need, 0)
+            self.take(first.interrupt, "payback")
+            for sid in first.interrupt:
+                self.freed(node, self.by_id[sid].weight)
+
+    def age(self, pool: Sequence[TickCandidate]) -> list[Move]:
+        """2. Sessions waiting too long go first: their admissions, oldest first."""
+        snapshot, rules, free, blocked = self.snapshot, self.rules, self.free, self.blocked
+        starving = sorted(
+            (
+                c
+                for c in pool
+                if c.waiting_since is not None and snapshot.now - c.waiting_since >= rules.starve_s
+            ),
+            key=lambda c: (c.waiting_since, c.id),
+        )
+        early: list[Move] = []
+        for c in starving:
+            room = [
+                b for b in sorted(c.eligible) if b not in blocked and c.weight <= free.get(b, 0)
+            ]
+            if not room and not rules.starve_clear:
+                continue
+            if not room:
+                target = _clear_for(c, snapshot.interrupts, self.chosen, free, blocked)
+                if target is None:
+                    continue
+                node, release_ids = target
+                self.take(release_ids, "aging")
+                for sid in release_ids:
+                    self.freed(node, self.by_id[sid].weight)
+                if c.weight > free[node]:
+                    if rules.starve_block:
+                        blocked.add(node)  # room accumulates here for the starving session
+                    continue
+                room = [node]
+            node = max(room, key=lambda b: (c.credit.get(b, 0), b == c.home, free[b], b))
+            free[node] -= c.weight
+            early.append(Move(c.id, node, c.weight, snapshot.versions[c.id]))
+        return early
+
+    def release_for(self, demand: int) -> None:
+        """3. The pool's demand (DESIGN 3.3), from the sessions not released above."""
+        snapshot, blocked = self.snapshot, self.blocked
+        rest = [
+            c
+            for c in snapshot.interrupts
+            if c.id not in self.chosen
+            and c.node not in blocked
+            and releasable(c, snapshot, self.rules)
+        ]
+        second = select_interrupts(
+            rest, demand, sum(v for b, v in self.free.items() if b not in blocked)
+        )
+        self.take(second.interrupt, "demand")
+        for node, tokens in second.freed_per_node.items():
+            self.freed(node, tokens)
+
+    def problem(self, pool: Sequence[TickCandidate]) -> Problem:
+        """4. The placement problem of ``pool`` on the room left."""
+        free = self.free
+        nodes = tuple(replace(nd, free=free[nd.id]) for nd in self.snapshot.nodes)
+        planned: list[Candidate] = []
+        for c in pool:
+            fits = frozenset(b for b in c.eligible if c.weight <= free.get(b, 0))
+            planned.append(
+                Candidate(
+                    id=c.id,
+                    weight=c.weight,
+                    tokens=c.tokens,
+                    ready=c.ready,
+                    credit={b: k for b, k in c.credit.items() if b in fits},
+                    eligible=fits,
+                    phase=c.phase,
+                )
+            )
+        return Problem(quantum=self.snapshot.quantum, nodes=nodes, candidates=tuple(planned))
 
 
 def _clear_for(

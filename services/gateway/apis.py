@@ -67,15 +67,22 @@ def _strip_reader(strip: bool) -> BodyReader:
     return lambda data: read_body(data, strip_ids=strip)
 
 
-def _harness(named: str | None, source: IdSource, headers: Mapping[str, str] | None) -> str | None:
-    """The harness named by ``X-TAO-Harness`` (:func:`.requests.harness_of`), else
-    ``claude-code`` when Claude Code's own id named the session, else the one the
-    ``User-Agent`` names (:func:`.requests.harness_from_agent`)."""
-    if named is not None:
-        return named
-    if source in ("metadata", "claude_header"):
-        return CLAUDE_CODE
-    return harness_from_agent(headers) if headers is not None else None
+class _SameHarness:
+    """What both APIs read alike: the harness that sent a request."""
+
+    __slots__ = ()
+
+    def harness(
+        self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
+    ) -> str | None:
+        """The harness named by ``X-TAO-Harness`` (:func:`.requests.harness_of`), else
+        ``claude-code`` when Claude Code's own id named the session, else the one the
+        ``User-Agent`` names (:func:`.requests.harness_from_agent`)."""
+        if named is not None:
+            return named
+        if source in ("metadata", "claude_header"):
+            return CLAUDE_CODE
+        return harness_from_agent(headers) if headers is not None else None
 
 
 class Api(Protocol):
@@ -123,7 +130,7 @@ class Api(Protocol):
     def harness(
         self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
     ) -> str | None:
-        """The harness that sent the request (:func:`_harness`)."""
+        """The harness that sent the request (:meth:`_SameHarness.harness`)."""
         ...
 
     def upstream(
@@ -142,7 +149,7 @@ class Api(Protocol):
 
 
 @dataclass(frozen=True, slots=True)
-class OpenAIApi:
+class OpenAIApi(_SameHarness):
     """Chat Completions or Completions: OpenAI's errors, the session from the headers, then
     ``user`` or ``program_id``; the node may be asked for token ids."""
 
@@ -167,11 +174,6 @@ class OpenAIApi:
     ) -> tuple[str, IdSource]:
         return session_identity(headers, body, new_id)
 
-    def harness(
-        self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
-    ) -> str | None:
-        return _harness(named, source, headers)
-
     def upstream(
         self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
     ) -> dict[str, Any]:
@@ -189,7 +191,7 @@ class OpenAIApi:
 
 
 @dataclass(frozen=True, slots=True)
-class AnthropicApi:
+class AnthropicApi(_SameHarness):
     """Messages: Anthropic's errors, the session from Claude Code's ``metadata.user_id``
     first; no token ids (the endpoint has none), and streams carry usage unasked."""
 
@@ -214,11 +216,6 @@ class AnthropicApi:
     ) -> tuple[str, IdSource]:
         claude = claude_session_id(body.get("metadata"))
         return session_identity(headers, body, new_id, claude_metadata=claude)
-
-    def harness(
-        self, named: str | None, source: IdSource, headers: Mapping[str, str] | None = None
-    ) -> str | None:
-        return _harness(named, source, headers)
 
     def upstream(
         self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool

@@ -117,6 +117,11 @@ class Forwarded:
     duration_s: float = 0.0
     error: ForwardError | None = None
 
+    @property
+    def error_text(self) -> str | None:
+        """The error as the log line and the session's response event carry it."""
+        return None if self.error is None else str(self.error)
+
     def restart(self) -> None:
         """Forget an answer before the request is sent again (same node)."""
         self.status = 0

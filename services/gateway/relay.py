@@ -485,7 +485,7 @@ class Relay:
             request_id=request_id,
             node_id=done.node_id,
             status=done.status,
-            error=None if done.error is None else str(done.error),
+            error=done.error_text,
             ttft_s=done.ttft_s,
             duration_s=done.duration_s,
         )
@@ -566,7 +566,7 @@ class Relay:
                 tool_calls=list(done.stats.tool_calls),
                 ttft_s=done.ttft_s,
                 duration_s=done.duration_s,
-                error=None if done.error is None else str(done.error),
+                error=done.error_text,
                 block_size=block_size if keys is not None else None,
                 block_keys=keys,
             )

@@ -41,6 +41,7 @@ from shared.core.rules import (
 from shared.core.session import Session, admit, release
 from shared.core.signature import eligibility_digest
 from shared.core.valuation import (
+    Ineligibility,
     NodeView,
     ValuationParams,
     build_nodes,
@@ -263,13 +264,10 @@ def value_snapshot(
         if rules.growth:  # never so large that it fits nowhere the fixed reserve would fit
             reserve = growth_reserve(s.growth_n, s.growth_mean, s.growth_m2, params.reserve, rules)
             weight = max(weight, min(session_weight(s.tokens, 0, reserve), largest))
-        ok = frozenset(
-            nv.id
-            for nv in nodes
-            if ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) is None
-        )
+        why = [ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) for nv in nodes]
+        ok = frozenset(nv.id for nv, no in zip(nodes, why, strict=True) if no is None)
         if not ok:
-            skipped[s.id] = skip_reason(nodes, s.model, weight, usable)
+            skipped[s.id] = skip_reason(why)
         cands.append(
             TickCandidate(
                 id=s.id,
@@ -308,12 +306,9 @@ def value_snapshot(
     )
 
 
-def skip_reason(
-    nodes: Sequence[NodeView], model: str | None, weight: int, usable: Mapping[str, int]
-) -> str:
-    """Why a session of ``model`` reserving ``weight`` fits on none of ``nodes``."""
-    reasons = {ineligibility(nv.healthy, nv.models, model, weight, usable[nv.id]) for nv in nodes}
-    return "+".join(sorted(r for r in reasons if r is not None)) or "no nodes"
+def skip_reason(why: Iterable[Ineligibility | None]) -> str:
+    """Why a session fits on no node, from each node's :func:`ineligibility` of it."""
+    return "+".join(sorted({r for r in why if r is not None})) or "no nodes"
 
 
 def context_pressure(

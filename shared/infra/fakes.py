@@ -201,8 +201,11 @@ class FakeBus:
         )
         return self._start(receiver, state)
 
-    def _start(self, receiver: Receiver[T], state: _ConsumerState | None) -> Receiver[T]:
+    def _start(
+        self, receiver: Receiver[T], state: _ConsumerState | None, queue: str | None = None
+    ) -> Receiver[T]:
         sub = _FakeSub(self, receiver, state)
+        sub.queue = queue
         receiver.sub = sub
         self._subs.append(sub)
         return receiver
@@ -234,9 +237,7 @@ class FakeBus:
         """Subscribe to ``subject`` (wildcards allowed); sees messages published from now on."""
         subjects.check_name(service, "service")
         receiver = Receiver(self, service, decode, handler, subject, jetstream=False)
-        started = self._start(receiver, None)
-        self._subs[-1].queue = queue
-        return started
+        return self._start(receiver, None, queue)
 
     async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
         """Ask the first responder serving ``subject`` (they take turns, as a queue group)."""

@@ -46,6 +46,7 @@ __all__ = [
     "Tracker",
     "UpstreamError",
     "anthropic_error_event",
+    "describe",
     "forward_json",
     "forward_stream",
     "openai_error_event",
@@ -92,8 +93,9 @@ class ForwardError:
     """Why one forward did not give the client a whole answer. ``kind`` is the outcome the
     request metrics count (``upstream_status_<n>``, ``upstream_<failure>`` of an
     :class:`UpstreamError`, ``upstream_incomplete``, ``unknown_node``, ``node_down``,
-    ``client_closed``); ``detail`` says more. ``str()`` is the text the log line and the
-    session's response event carry: ``"<kind>: <detail>"``, or the kind alone."""
+    ``client_closed``, ``internal_error``); ``detail`` says more. ``str()`` is the text the
+    log line and the session's response event carry: ``"<kind>: <detail>"``, or the kind
+    alone."""
 
     kind: str
     detail: str = ""
@@ -195,7 +197,8 @@ def _kind(exc: BaseException, abort: asyncio.Event | None) -> str:
     return "node_down" if isinstance(exc, NodeDown) or (abort and abort.is_set()) else "unreachable"
 
 
-def _describe(exc: BaseException) -> str:
+def describe(exc: BaseException) -> str:
+    """An exception as an error text: its type, and its message when it has one."""
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
@@ -225,7 +228,7 @@ async def forward_json(
             if watch is not None:
                 watch.cancel()
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamError(done.node_id, _kind(exc, abort), _describe(exc)) from exc
+        raise UpstreamError(done.node_id, _kind(exc, abort), describe(exc)) from exc
     finally:
         done.duration_s = clock() - start
     done.status = status
@@ -299,7 +302,7 @@ async def forward_stream(
                 watch.cancel()
             up.close()  # no-op once fully read; else drops the connection: the node aborts
     except (aiohttp.ClientError, TimeoutError) as exc:
-        raise UpstreamError(done.node_id, _kind(exc, abort), _describe(exc)) from exc
+        raise UpstreamError(done.node_id, _kind(exc, abort), describe(exc)) from exc
     finally:
         done.duration_s = clock() - start
 
@@ -346,7 +349,7 @@ async def _relay_events(
             if isinstance(exc, ConnectionResetError):  # writing to the client failed
                 raise
             kind = "node_down" if abort is not None and abort.is_set() else "broken"
-            done.error = ForwardError(f"upstream_{kind}", _describe(exc))
+            done.error = ForwardError(f"upstream_{kind}", describe(exc))
             await response.write(error_event("the model node broke off the stream"))
         await response.write_eof()
     except ConnectionResetError:

@@ -1,6 +1,8 @@
 """One model request through the gateway: register, hold until admitted, forward, report.
 
-Every path answers the client and reports exactly once (DESIGN §4, gateway):
+Every path answers the client and reports exactly once (DESIGN §4, gateway), and is counted
+once by its outcome, with one ``request_done`` log line (:class:`Outcome`, in
+:meth:`Relay.handle`):
 
 * registered: :class:`SessionRequest` (JetStream) before anything else;
 * never forwarded (hold timeout → 503 + ``Retry-After``; client gone while held; session ended
@@ -34,7 +36,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, NewType
 
 import aiohttp
 from aiohttp import web
@@ -74,6 +76,7 @@ from .proxy import (
     Forwarded,
     ForwardError,
     UpstreamError,
+    describe,
     forward_json,
     forward_stream,
     upstream_headers,
@@ -105,6 +108,37 @@ _tracer = tracing.tracer("services.gateway")
 GENERATED_PREFIX: Final = "gw-"
 CANCEL_SESSION_ENDED: Final = "session_ended"
 """SessionCancel reason of a held request whose session was ended (no END_* constant fits)."""
+INTERNAL_ERROR: Final = "internal_error"
+"""Outcome of a request that ended in an unexpected exception (aiohttp answers it 500)."""
+
+Answered = NewType("Answered", web.StreamResponse)
+"""A response whose outcome is recorded (:meth:`Outcome.answer`, or a forward's)."""
+
+
+@dataclass(slots=True)
+class Outcome:
+    """How one model request ended, filled in on its way. :meth:`Relay.handle` counts it (the
+    ``outcome`` of ``tao_gateway_requests_total``) and logs its ``request_done`` line once,
+    in one ``finally``, whichever way the request ended: answered, cancelled or failed."""
+
+    label: str | None = None
+    """The outcome of a request answered without a forward, set where that is decided."""
+    session_id: str | None = None
+    request_id: str | None = None
+    forwarded: Forwarded | None = None
+    """The forward, once the request is sent to a node: its error (or none, ``ok``) is the
+    outcome."""
+
+    def answer(self, label: str, response: web.StreamResponse) -> Answered:
+        """``response`` ends the request with outcome ``label``."""
+        self.label = label
+        return Answered(response)
+
+    def final(self) -> str:
+        """The outcome counted: the forward's, else the label, else an unexpected error."""
+        if self.forwarded is not None:
+            return "ok" if self.forwarded.error is None else self.forwarded.error.kind
+        return self.label or INTERNAL_ERROR
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +155,7 @@ class Turn:
     request_id: str
     one_turn: bool
     """The session was named by the gateway (no id from the client): it ends with the turn."""
+    outcome: Outcome
 
 
 class Relay:
@@ -243,65 +278,80 @@ class Relay:
     # --- one request -------------------------------------------------------------------------
 
     async def handle(self, request: web.Request, api: Api) -> web.StreamResponse:
-        """Serve one ``POST`` of ``api.path``, in a ``tao.turn`` span (shared.infra.tracing)."""
+        """Serve one ``POST`` of ``api.path``, in a ``tao.turn`` span (shared.infra.tracing);
+        count its outcome and log its ``request_done`` line, once (:class:`Outcome`)."""
+        out = Outcome()
         with _tracer.start_as_current_span(
             "tao.turn", kind=SpanKind.SERVER, attributes={"tao.endpoint": api.name}
         ) as span:
-            response = await self._handle(request, api)
+            try:
+                response = await self._handle(request, api, out)
+            except asyncio.CancelledError:  # the client left before it was answered
+                out.label = out.label or CLIENT_CLOSED.kind
+                raise
+            finally:
+                self._done(api.name, out)
             span.set_attribute("http.response.status_code", response.status)
             return response
 
     def unauthorized(self, api: Api, endpoint: str) -> web.Response:
-        """401 for a request without a known API key (:mod:`.auth`), counted."""
+        """401 for a ``DELETE`` or ``GET /v1/models`` without a known API key (:mod:`.auth`),
+        counted under ``endpoint`` (a model request's 401 is counted by :meth:`handle`)."""
         self.metrics.requests.inc(endpoint=endpoint, outcome="unauthorized")
+        return self._needs_key(api)
+
+    @staticmethod
+    def _needs_key(api: Api) -> web.Response:
         return api.error(
             401,
             "a valid API key is required (Authorization: Bearer <key>, or x-api-key)",
             api.auth_error_type,
         )
 
-    async def _handle(self, request: web.Request, api: Api) -> web.StreamResponse:
-        endpoint = api.name
+    async def _handle(self, request: web.Request, api: Api, out: Outcome) -> Answered:
         caller = self.auth.client(request.headers)
         if caller is None:
-            return self.unauthorized(api, endpoint)
+            return out.answer("unauthorized", self._needs_key(api))
         try:
             body = parse_body(await request.json())
             info = api.describe(body)
             named_harness = harness_of(request.headers)
         except web.HTTPRequestEntityTooLarge:
-            self.metrics.requests.inc(endpoint=endpoint, outcome="too_large")
             limit = self.settings.max_body_bytes
-            return api.error(
-                413, f"request body is larger than {limit} bytes (TAO_MAX_BODY_BYTES)",
-                "invalid_request_error",
-            )  # fmt: skip
+            message = f"request body is larger than {limit} bytes (TAO_MAX_BODY_BYTES)"
+            return out.answer("too_large", api.error(413, message, "invalid_request_error"))
         except BadRequest as exc:
-            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return api.error(400, exc.message, "invalid_request_error")
+            return out.answer("bad_request", api.error(400, exc.message, "invalid_request_error"))
         except ValueError as exc:
-            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return api.error(400, f"request body is not JSON: {exc}", "invalid_request_error")
+            return out.answer(
+                "bad_request",
+                api.error(400, f"request body is not JSON: {exc}", "invalid_request_error"),
+            )
         served = self.nodes.models()
         if served and info.model and info.model not in served:
             # As vLLM answers an unknown model: 404 at once, never a hold that cannot end.
-            self.metrics.requests.inc(endpoint=endpoint, outcome="model_not_found")
-            return api.error(404, f"The model `{info.model}` does not exist.", "NotFoundError")
+            return out.answer(
+                "model_not_found",
+                api.error(404, f"The model `{info.model}` does not exist.", "NotFoundError"),
+            )
         named_id, source = api.identity(
             request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
         )
         session_id = caller.session(named_id)
         if self._tenant_full(caller, session_id):
-            self.metrics.requests.inc(endpoint=endpoint, outcome="tenant_limit")
-            return api.error(
-                429,
-                "too many requests of this tenant are waiting for admission; retry later",
-                "rate_limit_error",
-                headers={"Retry-After": retry_after(self.settings.retry_after_s)},
+            return out.answer(
+                "tenant_limit",
+                api.error(
+                    429,
+                    "too many requests of this tenant are waiting for admission; retry later",
+                    "rate_limit_error",
+                    headers={"Retry-After": retry_after(self.settings.retry_after_s)},
+                ),
             )
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated"
+        out.session_id, out.request_id = session_id, request_id
         span = trace.get_current_span()
         span.set_attribute("tao.session_id", session_id)
         span.set_attribute("tao.request_id", request_id)
@@ -321,8 +371,9 @@ class Relay:
         try:
             subject_for(registered)  # the session id must fit a subject token
         except ContractError as exc:
-            self.metrics.requests.inc(endpoint=endpoint, outcome="bad_request")
-            return api.error(400, f"bad session id: {exc}", "invalid_request_error")
+            return out.answer(
+                "bad_request", api.error(400, f"bad session id: {exc}", "invalid_request_error")
+            )
         registering = self.report(session_id, registered)
         try:
             registered_ok = await asyncio.shield(registering)
@@ -330,23 +381,23 @@ class Relay:
             self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
             raise
         if not registered_ok:
-            self.metrics.requests.inc(endpoint=endpoint, outcome="bus_error")
-            return self._unavailable(api, "the scheduler cannot be reached; retry later")
+            return out.answer(
+                "bus_error", self._unavailable(api, "the scheduler cannot be reached; retry later")
+            )
         node = self.placements.node_of(session_id)  # hot path: no store read
         if node is None:
             try:
                 node = await self.stored.lookup(session_id, "arrival")
             except asyncio.CancelledError:  # the client left during the store read
-                self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
                 self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
                 raise
-        turn = Turn(request, api, body, info, caller, session_id, request_id, one_turn)
+        turn = Turn(request, api, body, info, caller, session_id, request_id, one_turn, out)
         if node is None:
             with _tracer.start_as_current_span(
                 "tao.hold", attributes={"tao.session_id": session_id}
             ) as held:
                 node_or_reply = await self._held(turn)
-                if isinstance(node_or_reply, web.Response):
+                if not isinstance(node_or_reply, str):
                     held.set_attribute("tao.outcome", f"answered {node_or_reply.status}")
                     return node_or_reply
                 node = node_or_reply
@@ -378,7 +429,7 @@ class Relay:
         held = self._held_by.get(tenant.name, 0)
         return held >= tenant.max_held and self.placements.node_of(session_id) is None
 
-    async def _held(self, turn: Turn) -> str | web.Response:
+    async def _held(self, turn: Turn) -> str | Answered:
         """:meth:`_hold`, counted against the caller's tenant while it waits."""
         if turn.caller.tenant is None:
             return await self._hold(turn)
@@ -391,9 +442,9 @@ class Relay:
             if not self._held_by[name]:
                 del self._held_by[name]
 
-    async def _hold(self, turn: Turn) -> str | web.Response:
+    async def _hold(self, turn: Turn) -> str | Answered:
         """Wait for the session's placement: its node, or the answer when none came."""
-        api, endpoint, one_turn = turn.api, turn.api.name, turn.one_turn
+        api, out, one_turn = turn.api, turn.outcome, turn.one_turn
         session_id, request_id = turn.session_id, turn.request_id
         started = self.clock()
         timeout = self.settings.hold_timeout_s
@@ -403,41 +454,46 @@ class Relay:
             node = await waiting
         except HoldEnded:
             self.metrics.hold_seconds.observe(self.clock() - started)
-            self.metrics.requests.inc(endpoint=endpoint, outcome="session_ended")
-            await self._reports_of(session_id)  # end_session reported the cancel
-            _log.info("held_session_ended", session_id=session_id, request_id=request_id)
-            return api.error(
-                409,
-                f"session {session_id!r} was ended while the request was held",
+            answered = out.answer(
                 CANCEL_SESSION_ENDED,
+                api.error(
+                    409,
+                    f"session {session_id!r} was ended while the request was held",
+                    CANCEL_SESSION_ENDED,
+                ),
             )
+            await self._reports_of(session_id)  # end_session reported the cancel
+            return answered
         except HoldTimeout:
             self.metrics.hold_seconds.observe(self.clock() - started)
             self.metrics.unavailable.inc()
-            self.metrics.requests.inc(endpoint=endpoint, outcome="wait_timeout")
+            answered = out.answer(
+                END_WAIT_TIMEOUT,
+                self._unavailable(
+                    api,
+                    f"session {session_id!r} was not admitted within {timeout:g} s; retry later",
+                ),
+            )
             self._cancel(session_id, request_id, END_WAIT_TIMEOUT, one_turn)
             await self._reports_of(session_id)
-            _log.info("hold_timeout", session_id=session_id, request_id=request_id)
-            return self._unavailable(
-                api, f"session {session_id!r} was not admitted within {timeout:g} s; retry later"
-            )
+            return answered
         except asyncio.CancelledError:
             self.metrics.hold_seconds.observe(self.clock() - started)
-            self.metrics.requests.inc(endpoint=endpoint, outcome="client_closed")
             if request_id not in self._ended_holds:  # else end_session reported its cancel
                 self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
-            _log.info("held_client_closed", session_id=session_id, request_id=request_id)
             raise
         finally:
             self._ended_holds.discard(request_id)
         self.metrics.hold_seconds.observe(self.clock() - started)
         return node
 
-    async def _forward(self, turn: Turn, node: str) -> web.StreamResponse:
-        """Send the turn to ``node``, report its response and count its outcome once."""
-        api, endpoint, info = turn.api, turn.api.name, turn.info
+    async def _forward(self, turn: Turn, node: str) -> Answered:
+        """Send the turn to ``node`` and report its response once; how it went (``done``) is
+        the request's outcome."""
+        api, info = turn.api, turn.info
         session_id, request_id, one_turn = turn.session_id, turn.request_id, turn.one_turn
         done = Forwarded(node_id=node)
+        turn.outcome.forwarded = done
         reported: list[asyncio.Task[bool]] = []
 
         def report_now() -> None:
@@ -464,30 +520,36 @@ class Relay:
             if not (reported and done.error is None):
                 done.error = done.error or CLIENT_CLOSED
             report_now()
-            self._done(endpoint, session_id, request_id, done)
+            raise
+        except Exception as exc:  # a bug or a closed client session: reported, then a 500
+            done.error = ForwardError(INTERNAL_ERROR, describe(exc))
+            report_now()
             raise
         report_now()
-        self._done(endpoint, session_id, request_id, done)
         if done.error is None:
             self.calibration.observe(
                 info.model, info.prompt_tokens_estimate, done.stats.usage.prompt_tokens
             )
         await asyncio.shield(reported[0])
-        return response
+        return Answered(response)
 
-    def _done(self, endpoint: str, session_id: str, request_id: str, done: Forwarded) -> None:
-        """Count one forwarded request by its outcome and log its ``request_done`` line."""
-        outcome = "ok" if done.error is None else done.error.kind
+    def _done(self, endpoint: str, out: Outcome) -> None:
+        """Count the request by its outcome and log its ``request_done`` line, the one line
+        of every model request (a forwarded one's with the node's answer)."""
+        outcome = out.final()
         self.metrics.requests.inc(endpoint=endpoint, outcome=outcome)
+        done = out.forwarded
         _log.info(
             "request_done",
-            session_id=session_id,
-            request_id=request_id,
-            node_id=done.node_id,
-            status=done.status,
-            error=done.error_text,
-            ttft_s=done.ttft_s,
-            duration_s=done.duration_s,
+            endpoint=endpoint,
+            outcome=outcome,
+            session_id=out.session_id,
+            request_id=out.request_id,
+            node_id=None if done is None else done.node_id,
+            status=None if done is None else done.status,
+            error=None if done is None else done.error_text,
+            ttft_s=None if done is None else done.ttft_s,
+            duration_s=None if done is None else done.duration_s,
         )
 
     def _asks_ids(self, api: Api, node: str) -> bool:

@@ -2,7 +2,7 @@
 planner admits the session, forwards them to the admitted node and reports what happened
 (DESIGN §4). Run it with ``python -m services.gateway``."""
 
-from .app import RELAY, create_app, main, serve
+from .app import NAME, RELAY, create_app, main, serve
 from .relay import Relay
 
-__all__ = ["RELAY", "Relay", "create_app", "main", "serve"]
+__all__ = ["NAME", "RELAY", "Relay", "create_app", "main", "serve"]

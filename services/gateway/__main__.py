@@ -2,6 +2,6 @@
 
 from shared.infra import run_service
 
-from .app import SERVICE, main
+from .app import NAME, main
 
-raise SystemExit(run_service(SERVICE, main, needs_redis=True))
+raise SystemExit(run_service(NAME, main, needs_redis=True))

@@ -18,7 +18,6 @@ alone. The service reads the store of ``settings.domain`` (read only).
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable, Mapping
 
@@ -26,7 +25,7 @@ import aiohttp
 import anyio
 from aiohttp import web
 
-from services._common import store_from
+from services._common import serve_forever, store_from
 from shared.contracts import NodeStatus, SessionEnd, decode, subjects
 from shared.infra import MessageBus, ServiceContext, Settings, Subscription, get_logger
 from shared.infra.store_types import StateStore
@@ -40,12 +39,11 @@ from .relay import Relay
 from .store_check import STORE_RECHECK_S
 from .tokenids import TokenIdNodes
 
-__all__ = ["RELAY", "SERVICE", "create_app", "main", "serve"]
+__all__ = ["NAME", "RELAY", "create_app", "main", "serve"]
 
-SERVICE = "gateway"
+NAME = "gateway"
 RELAY = web.AppKey("relay", Relay)
 _SUBSCRIPTIONS = web.AppKey("subscriptions", list[Subscription])
-_log = get_logger("services.gateway")
 
 
 def _decode_node_status(data: bytes) -> NodeStatus:
@@ -64,15 +62,17 @@ def create_app(
     clock: Callable[[], float] = time.time,
     store: StateStore | None = None,
     store_recheck_s: float = STORE_RECHECK_S,
+    name: str = NAME,
 ) -> web.Application:
     """The gateway app for ``settings`` on ``bus``; nodes from ``node_urls`` (else
     ``settings.nodes``) and from node status messages; admissions also read from ``store``
-    (module docstring)."""
+    (module docstring). Its lines are logged as ``component=name``, as each service's."""
     static = dict(node_urls) if node_urls is not None else {n.id: n.url for n in settings.nodes}
     relay = Relay(
         settings,
         bus,
         NodeDirectory(static),
+        log=get_logger(name),
         clock=clock,
         store=store,
         store_recheck_s=store_recheck_s,
@@ -92,7 +92,7 @@ def create_app(
     app.router.add_get("/healthz", http.healthz)
     app.router.add_get("/metrics", http.metrics)
     limiter = HookLimiter(settings.hook_rate, settings.hook_burst)
-    hooks.install(app, bus, relay.auth, relay.metrics, limiter)  # POST /hooks/{harness}
+    hooks.install(app, bus, relay.auth, relay.metrics, limiter, relay.log)  # /hooks/{harness}
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app
@@ -108,7 +108,7 @@ async def _start(app: web.Application) -> None:
     subs.append(
         await bus.consume(
             subjects.STREAM_PLACEMENT,
-            SERVICE,
+            NAME,
             decode_placement,
             on.on_placement,
             filter_subject=subjects.placement(relay.settings.gateway_id),
@@ -117,13 +117,11 @@ async def _start(app: web.Application) -> None:
         )
     )
     subs.append(
-        await bus.subscribe(
-            subjects.node_statuses(), SERVICE, _decode_node_status, on.on_node_status
-        )
+        await bus.subscribe(subjects.node_statuses(), NAME, _decode_node_status, on.on_node_status)
     )
     subs.append(
         await bus.subscribe(
-            subjects.session_events("end"), SERVICE, _decode_session_end, on.on_session_end
+            subjects.session_events("end"), NAME, _decode_session_end, on.on_session_end
         )
     )
 
@@ -155,16 +153,16 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:
     """Service entry point for ``shared.infra.runner.run_service``: serve until cancelled."""
-    app = create_app(settings, ctx.require_bus(), store=store_from(settings, ctx))
+    app = create_app(settings, ctx.require_bus(), store=store_from(settings, ctx), name=ctx.name)
     runner = await serve(app, settings.gateway_host, settings.gateway_port)
-    _log.info(
+    app[RELAY].log.info(
         "gateway_listening",
         host=settings.gateway_host,
         port=settings.gateway_port,
         gateway_id=settings.gateway_id,
     )
     try:
-        await asyncio.Event().wait()
+        await serve_forever()
     finally:
         with anyio.CancelScope(shield=True):  # the runner cancels through an anyio scope
             await runner.cleanup()

@@ -26,7 +26,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from shared.infra import get_logger
 from shared.infra.errors import ConfigFileError
 from shared.infra.tenants import (
     SecretKind,
@@ -41,7 +40,6 @@ from .requests import header
 __all__ = ["HOOK_TOKEN_HEADER", "OPEN", "Auth", "Caller"]
 
 HOOK_TOKEN_HEADER: Final = "X-TAO-Hook-Token"
-_log = get_logger("services.gateway.auth")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,16 +75,17 @@ class Auth:
 
     @classmethod
     def from_file(
-        cls, path: str | None, node_api_key: str | None, clock: Callable[[], float]
+        cls,
+        path: str | None,
+        node_api_key: str | None,
+        clock: Callable[[], float],
+        on_error: Callable[[ConfigFileError], None] | None = None,
     ) -> Auth:
-        """Auth from ``TAO_TENANTS_FILE`` (``None``: off); a bad file raises at start."""
+        """Auth from ``TAO_TENANTS_FILE`` (``None``: off); a bad file raises at start, a
+        reload that fails keeps the last good tenants and is passed to ``on_error``."""
         if path is None:
             return cls(None, node_api_key)
-
-        def invalid(exc: ConfigFileError) -> None:
-            _log.error("tenants_file_invalid", path=exc.path, reason=exc.reason, kept="last good")
-
-        return cls(TenantsWatch(path, clock=clock, on_error=invalid), node_api_key)
+        return cls(TenantsWatch(path, clock=clock, on_error=on_error), node_api_key)
 
     @property
     def enabled(self) -> bool:

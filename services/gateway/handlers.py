@@ -48,7 +48,7 @@ import orjson
 from aiohttp import web
 
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
-from shared.infra import Delivery, get_logger
+from shared.infra import Delivery
 
 from .apis import CHAT, COMPLETIONS, MESSAGES
 from .cluster_metrics import cluster_lines
@@ -56,7 +56,6 @@ from .relay import Relay
 
 __all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
 
-_log = get_logger("services.gateway")
 MODELS_TIMEOUT_S = 2.0
 
 
@@ -90,7 +89,7 @@ class HttpHandlers:
         named = request.match_info["session_id"]
         session_id = caller.session(named)
         released = await self.relay.end_session(session_id)
-        _log.info("session_deleted", session_id=session_id, held_released=released)
+        self.relay.log.info("session_deleted", session_id=session_id, held_released=released)
         return web.json_response({"id": named, "object": "session.deleted", "deleted": True})
 
     async def healthz(self, request: web.Request) -> web.Response:
@@ -133,7 +132,7 @@ class HttpHandlers:
                 async with client.get(url, timeout=timeout) as resp:
                     body = orjson.loads(await resp.read())
             except (aiohttp.ClientError, TimeoutError, orjson.JSONDecodeError) as exc:
-                _log.warning("models_unavailable", url=url, error=str(exc))
+                self.relay.log.warning("models_unavailable", url=url, error=str(exc))
                 return []
             data = body.get("data") if isinstance(body, dict) else None
             return [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
@@ -163,7 +162,7 @@ class BusHandlers:
             if result == "admitted" and placement.node_id:
                 woken = relay.holds.admit(placement.session_id, placement.node_id)
         relay.metrics.placements.inc(kind=placement.kind, result=result)
-        (_log.info if verdict == "ok" else _log.warning)(
+        (relay.log.info if verdict == "ok" else relay.log.warning)(
             "placement",
             session_id=placement.session_id,
             kind=placement.kind,

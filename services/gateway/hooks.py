@@ -36,6 +36,7 @@ from collections.abc import Callable
 from typing import Final
 
 from aiohttp import web
+from structlog.typing import FilteringBoundLogger
 
 from shared.contracts import subjects
 from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
@@ -72,8 +73,10 @@ class HookForwarder:
         metrics: GatewayMetrics | None = None,
         limiter: HookLimiter | None = None,
         clock: Callable[[], float] = time.time,
+        log: FilteringBoundLogger | None = None,
     ) -> None:
         self.bus = bus
+        self.log = _log if log is None else log
         self.auth = Auth(None) if auth is None else auth
         self.metrics = metrics
         self.limiter = HookLimiter(DEFAULT_RATE, DEFAULT_BURST) if limiter is None else limiter
@@ -116,7 +119,7 @@ class HookForwarder:
         except asyncio.QueueFull:
             self.dropped += 1
             self._count("dropped")
-            _log.warning("hook_dropped", harness=token, reason="queue full", size=len(body))
+            self.log.warning("hook_dropped", harness=token, reason="queue full", size=len(body))
         else:
             if self.worker is None or self.worker.done():
                 self.worker = asyncio.create_task(self._publish_all())
@@ -132,7 +135,9 @@ class HookForwarder:
             except Exception as exc:  # the agent was answered already: log and go on
                 self.dropped += 1
                 self._count("dropped")
-                _log.warning("hook_publish_failed", subject=subject, size=len(body), error=str(exc))
+                self.log.warning(
+                    "hook_publish_failed", subject=subject, size=len(body), error=str(exc)
+                )
             finally:
                 self.queue.task_done()
 
@@ -175,11 +180,13 @@ def install(
     auth: Auth | None = None,
     metrics: GatewayMetrics | None = None,
     limiter: HookLimiter | None = None,
+    log: FilteringBoundLogger | None = None,
 ) -> HookForwarder:
     """Serve ``POST /hooks/{harness}`` on ``app``, publishing on ``bus``; ``auth`` checks hook
     tokens (``None``: none needed), ``metrics`` counts the posts, ``limiter`` caps each
-    session's rate (:mod:`.hook_limit`; default 20/s, burst 200)."""
-    forwarder = HookForwarder(bus, auth=auth, metrics=metrics, limiter=limiter)
+    session's rate (:mod:`.hook_limit`; default 20/s, burst 200), ``log`` is the service's
+    logger (``None``: this module's, for a forwarder on its own)."""
+    forwarder = HookForwarder(bus, auth=auth, metrics=metrics, limiter=limiter, log=log)
     app.router.add_post("/hooks/{harness}", forwarder.post)
 
     async def _stop(_: web.Application) -> None:

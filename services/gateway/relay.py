@@ -42,6 +42,7 @@ import aiohttp
 from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+from structlog.typing import FilteringBoundLogger
 
 from shared.contracts import (
     ContractError,
@@ -58,7 +59,7 @@ from shared.contracts.session import (
     END_WAIT_TIMEOUT,
 )
 from shared.contracts.subjects import subject_for
-from shared.infra import MessageBus, Settings, get_logger, tracing
+from shared.infra import MessageBus, Settings, tracing
 from shared.infra.errors import ConfigFileError
 from shared.infra.signing import PlacementVerifier
 from shared.infra.store_types import StateStore
@@ -95,15 +96,10 @@ from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 
 
-def _keys_invalid(exc: ConfigFileError) -> None:
-    _log.error("placement_keys_invalid", path=exc.path, reason=exc.reason, kept="last good")
-
-
 def _maybe(f: Callable[[str], str], value: str | None) -> str | None:
     return None if value is None else f(value)
 
 
-_log = get_logger("services.gateway")
 _tracer = tracing.tracer("services.gateway")
 GENERATED_PREFIX: Final = "gw-"
 CANCEL_SESSION_ENDED: Final = "session_ended"
@@ -167,6 +163,7 @@ class Relay:
         bus: MessageBus,
         nodes: NodeDirectory,
         *,
+        log: FilteringBoundLogger,
         clock: Callable[[], float],
         new_id: Callable[[], str] | None = None,
         store: StateStore | None = None,
@@ -176,27 +173,40 @@ class Relay:
         self.settings = settings
         self.bus = bus
         self.nodes = nodes
+        self.log = log
         self.clock = clock
         self.new_id = new_id or (lambda: uuid.uuid4().hex)
         self.placements = PlacementMap()
         self.holds = Holds()
         self.metrics = GatewayMetrics(self.holds.held, self.placements.admitted_count)
         self.stored = StoreCheck(
-            store, self.placements, nodes, self.holds, self.metrics, every_s=store_recheck_s
+            store, self.placements, nodes, self.holds, self.metrics, log, every_s=store_recheck_s
         )
         self.client: aiohttp.ClientSession | None = None
         self.token_ids = token_ids or TokenIdNodes()
         self.calibration = PromptCalibration()
-        self.auth = Auth.from_file(settings.tenants_file, settings.node_api_key, clock)
+        self.auth = Auth.from_file(
+            settings.tenants_file, settings.node_api_key, clock, self._invalid("tenants_file")
+        )
         self.verifier = (
             None
             if settings.placement_keys is None
-            else PlacementVerifier(settings.placement_keys, clock=clock, on_error=_keys_invalid)
+            else PlacementVerifier(
+                settings.placement_keys, clock=clock, on_error=self._invalid("placement_keys")
+            )
         )
         self._held_by: dict[str, int] = {}  # tenant -> its requests held now
         self._ended_holds: set[str] = set()  # request ids whose cancel end_session reported
         self._reports: dict[str, asyncio.Task[bool]] = {}
         self._tasks: set[asyncio.Task[bool]] = set()
+
+    def _invalid(self, what: str) -> Callable[[ConfigFileError], None]:
+        """Logs a reload of ``what`` that failed (the last good contents are kept)."""
+
+        def log(exc: ConfigFileError) -> None:
+            self.log.error(f"{what}_invalid", path=exc.path, reason=exc.reason, kept="last good")
+
+        return log
 
     # --- reporting --------------------------------------------------------------------------
 
@@ -209,7 +219,7 @@ class Relay:
                 # the task runs in the turn's context: its span's traceparent goes along
                 await self.bus.publish_msg(msg, headers=tracing.inject() or None)
             except Exception as exc:  # the client gets its answer; log, never crash
-                _log.error("publish_failed", message=type(msg).__name__, error=str(exc))
+                self.log.error("publish_failed", message=type(msg).__name__, error=str(exc))
                 ok = False
         return ok
 
@@ -539,7 +549,7 @@ class Relay:
         outcome = out.final()
         self.metrics.requests.inc(endpoint=endpoint, outcome=outcome)
         done = out.forwarded
-        _log.info(
+        self.log.info(
             "request_done",
             endpoint=endpoint,
             outcome=outcome,
@@ -599,7 +609,9 @@ class Relay:
             response = await send(asked)
             refusal = response.body if isinstance(response, web.Response) else None
             if asked and isinstance(refusal, bytes) and rejects_field(done.status, refusal):
-                self.token_ids.refused(done.node_id, refusal.decode(errors="replace"))
+                if self.token_ids.refused(done.node_id):
+                    detail = refusal.decode(errors="replace")[:200]
+                    self.log.warning("token_ids_unsupported", node_id=done.node_id, detail=detail)
                 done.restart()
                 response = await send(False)
             return response

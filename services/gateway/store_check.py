@@ -24,7 +24,8 @@ from __future__ import annotations
 import asyncio
 from typing import Final, Literal
 
-from shared.infra import get_logger
+from structlog.typing import FilteringBoundLogger
+
 from shared.infra.store_types import StateStore
 
 from .holds import Holds
@@ -39,7 +40,6 @@ STORE_RECHECK_S: Final = 2.0
 limit, at one small Redis read per held session."""
 
 When = Literal["arrival", "held"]
-_log = get_logger("services.gateway")
 
 
 class StoreCheck:
@@ -52,6 +52,7 @@ class StoreCheck:
         nodes: NodeDirectory,
         holds: Holds,
         metrics: GatewayMetrics,
+        log: FilteringBoundLogger,
         *,
         every_s: float = STORE_RECHECK_S,
     ) -> None:
@@ -62,6 +63,7 @@ class StoreCheck:
         self.nodes = nodes
         self.holds = holds
         self.metrics = metrics
+        self.log = log
         self.every_s = every_s
         self._watchers: dict[str, asyncio.Task[None]] = {}
 
@@ -74,7 +76,7 @@ class StoreCheck:
         try:
             record = await self.store.get_session(session_id)
         except Exception as exc:  # any store failure: hold as without a store
-            _log.warning("store_read_failed", session_id=session_id, error=str(exc))
+            self.log.warning("store_read_failed", session_id=session_id, error=str(exc))
             return self.placements.node_of(session_id)
         if (
             record is not None
@@ -84,7 +86,7 @@ class StoreCheck:
             and self.placements.restore(session_id, record.version, record.node) == "admitted"
         ):
             self.metrics.store_admissions.inc(when=when)
-            _log.info(
+            self.log.info(
                 "admitted_from_store",
                 session_id=session_id,
                 node_id=record.node,
@@ -110,7 +112,7 @@ class StoreCheck:
                     return
                 node = await self.lookup(session_id, "held")
                 if node is not None and self.holds.admit(session_id, node):
-                    _log.info("held_released_from_store", session_id=session_id, node_id=node)
+                    self.log.info("held_released_from_store", session_id=session_id, node_id=node)
                     return
         finally:
             if self._watchers.get(session_id) is me:  # removed before the task completes

@@ -42,7 +42,6 @@ from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from shared.core.blockkeys import chain_keys
-from shared.infra import get_logger
 
 __all__ = [
     "FIELD",
@@ -56,7 +55,6 @@ __all__ = [
 FIELD: Final = "return_token_ids"
 _PROMPT: Final = "prompt_token_ids"
 _OUTPUT: Final = "token_ids"
-_log = get_logger("services.gateway")
 
 
 def client_wants_ids(body: Mapping[str, Any]) -> bool:
@@ -140,8 +138,10 @@ class TokenIdNodes:
         """Whether requests forwarded to ``node_id`` should carry ``return_token_ids``."""
         return node_id not in self._off
 
-    def refused(self, node_id: str, detail: str) -> None:
-        """``node_id`` refused the field: stop asking it (logged the first time)."""
-        if node_id not in self._off:
-            self._off[node_id] = "refused"
-            _log.warning("token_ids_unsupported", node_id=node_id, detail=detail[:200])
+    def refused(self, node_id: str) -> bool:
+        """``node_id`` refused the field: stop asking it; whether this is the first time (the
+        caller logs it then)."""
+        if node_id in self._off:
+            return False
+        self._off[node_id] = "refused"
+        return True

@@ -361,5 +361,6 @@ class TestLogLine:
             ("messages", "wait_timeout", "slow"),
             ("chat", "ok", "fast"),
         ]
+        assert {d["component"] for d in done} == {"gateway"}  # as each service names its own
         assert done[1]["node_id"] is None and done[2]["node_id"] == "sim"
         assert done[2]["status"] == 200 and done[2]["error"] is None

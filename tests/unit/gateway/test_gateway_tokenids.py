@@ -146,9 +146,9 @@ class TestFieldAndRefusal:
         """A refusing node and a disabled node are not asked; others are."""
         nodes = TokenIdNodes(["off"])
         assert nodes.ask("n1") and not nodes.ask("off")
-        nodes.refused("n1", "return_token_ids not permitted")
-        nodes.refused("n1", "again")  # idempotent
-        assert not nodes.ask("n1")
+        assert nodes.refused("n1") is True  # news: the caller logs it
+        assert nodes.refused("n1") is False  # idempotent, and not logged again
+        assert nodes.refused("off") is False and not nodes.ask("n1")
 
 
 class TestBlockKeys:

@@ -47,10 +47,8 @@ from typing import Any, Final
 import orjson
 from aiohttp import web
 
-from shared.contracts import ToolCallInfo, Usage
-
-from .requests import CLAUDE_SESSION_HEADER, BadRequest, RequestInfo
-from .responses import (
+from services.gateway.requests import CLAUDE_SESSION_HEADER, BadRequest, RequestInfo
+from services.gateway.responses import (
     ResponseStats,
     StreamedCall,
     calls_in_order,
@@ -58,6 +56,7 @@ from .responses import (
     int_or_zero,
     json_object,
 )
+from shared.contracts import ToolCallInfo, Usage
 
 __all__ = [
     "CLAUDE_CODE",

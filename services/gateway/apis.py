@@ -24,7 +24,7 @@ from typing import Any, Final, Literal, Protocol
 
 from aiohttp import web
 
-from .anthropic import (
+from services.gateway.anthropic import (
     CLAUDE_CODE,
     MessageStreamStats,
     anthropic_error,
@@ -32,8 +32,8 @@ from .anthropic import (
     describe_messages,
     read_message_body,
 )
-from .proxy import BodyReader, Tracker, anthropic_error_event, openai_error_event
-from .requests import (
+from services.gateway.proxy import BodyReader, Tracker, anthropic_error_event, openai_error_event
+from services.gateway.requests import (
     IdSource,
     RequestInfo,
     describe_request,
@@ -41,8 +41,8 @@ from .requests import (
     session_identity,
     upstream_body,
 )
-from .responses import StreamStats, read_body
-from .tokenids import client_wants_ids
+from services.gateway.responses import StreamStats, read_body
+from services.gateway.tokenids import client_wants_ids
 
 __all__ = [
     "CHAT",

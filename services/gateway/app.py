@@ -26,18 +26,20 @@ import anyio
 from aiohttp import web
 
 from services._common import serve_forever, store_from
+from services.gateway import hooks
+from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement
+from services.gateway.hook_limit import HookLimiter
+from services.gateway.nodes import NodeDirectory
+from services.gateway.proxy import CONNECT_TIMEOUT_S
+from services.gateway.relay import Relay
+from services.gateway.store_check import STORE_RECHECK_S
+from services.gateway.tokenids import TokenIdNodes
 from shared.contracts import NodeStatus, SessionEnd, decode, subjects
-from shared.infra import MessageBus, ServiceContext, Settings, Subscription, get_logger
+from shared.infra.busapi import MessageBus, Subscription
+from shared.infra.logging import get_logger
+from shared.infra.runner import ServiceContext
+from shared.infra.settings import Settings
 from shared.infra.store_types import StateStore
-
-from . import hooks
-from .handlers import BusHandlers, HttpHandlers, decode_placement
-from .hook_limit import HookLimiter
-from .nodes import NodeDirectory
-from .proxy import CONNECT_TIMEOUT_S
-from .relay import Relay
-from .store_check import STORE_RECHECK_S
-from .tokenids import TokenIdNodes
 
 __all__ = ["NAME", "RELAY", "create_app", "main", "serve"]
 

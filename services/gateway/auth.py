@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from services.gateway.requests import header
 from shared.infra.errors import ConfigFileError
 from shared.infra.tenants import (
     SecretKind,
@@ -34,8 +35,6 @@ from shared.infra.tenants import (
     qualify,
     unqualify,
 )
-
-from .requests import header
 
 __all__ = ["HOOK_TOKEN_HEADER", "OPEN", "Auth", "Caller"]
 

@@ -47,12 +47,11 @@ import aiohttp
 import orjson
 from aiohttp import web
 
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES
+from services.gateway.cluster_metrics import cluster_lines
+from services.gateway.relay import Relay
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
-from shared.infra import Delivery
-
-from .apis import CHAT, COMPLETIONS, MESSAGES
-from .cluster_metrics import cluster_lines
-from .relay import Relay
+from shared.infra.busapi import Delivery
 
 __all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
 

@@ -38,16 +38,16 @@ from typing import Final
 from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
+from services.gateway.auth import Auth
+from services.gateway.hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, session_of
+from services.gateway.metrics import GatewayMetrics
 from shared.contracts import subjects
 from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
 from shared.harness.hookclient import oversized_marker
 from shared.harness.registry import UnknownHarnessError, find
-from shared.infra import MessageBus, get_logger
+from shared.infra.busapi import MessageBus
+from shared.infra.logging import get_logger
 from shared.infra.tenants import TENANT_HEADER
-
-from .auth import Auth
-from .hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, session_of
-from .metrics import GatewayMetrics
 
 __all__ = ["QUEUE_LIMIT", "HookForwarder", "install"]
 

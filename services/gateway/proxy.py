@@ -33,7 +33,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from .responses import ResponseStats, SSESplitter, read_body
+from services.gateway.responses import ResponseStats, SSESplitter, read_body
 
 __all__ = [
     "CLIENT_CLOSED",

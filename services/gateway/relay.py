@@ -44,6 +44,34 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from structlog.typing import FilteringBoundLogger
 
+from services.gateway.apis import Api, openai_error
+from services.gateway.auth import Auth, Caller
+from services.gateway.calibration import PromptCalibration
+from services.gateway.holds import HoldEnded, Holds, HoldTimeout
+from services.gateway.hook_limit import retry_after
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.nodes import NodeDirectory
+from services.gateway.placements import PlacementMap
+from services.gateway.proxy import (
+    CLIENT_CLOSED,
+    Forwarded,
+    ForwardError,
+    UpstreamError,
+    describe,
+    forward_json,
+    forward_stream,
+    upstream_headers,
+)
+from services.gateway.requests import (
+    SESSION_HEADER,
+    BadRequest,
+    RequestInfo,
+    harness_of,
+    parent_session,
+    parse_body,
+)
+from services.gateway.store_check import STORE_RECHECK_S, StoreCheck
+from services.gateway.tokenids import TokenIdNodes, block_keys_of, rejects_field
 from shared.contracts import (
     ContractError,
     Message,
@@ -59,39 +87,12 @@ from shared.contracts.session import (
     END_WAIT_TIMEOUT,
 )
 from shared.contracts.subjects import subject_for
-from shared.infra import MessageBus, Settings, tracing
+from shared.infra import tracing
+from shared.infra.busapi import MessageBus
 from shared.infra.errors import ConfigFileError
+from shared.infra.settings import Settings
 from shared.infra.signing import PlacementVerifier
 from shared.infra.store_types import StateStore
-
-from .apis import Api, openai_error
-from .auth import Auth, Caller
-from .calibration import PromptCalibration
-from .holds import HoldEnded, Holds, HoldTimeout
-from .hook_limit import retry_after
-from .metrics import GatewayMetrics
-from .nodes import NodeDirectory
-from .placements import PlacementMap
-from .proxy import (
-    CLIENT_CLOSED,
-    Forwarded,
-    ForwardError,
-    UpstreamError,
-    describe,
-    forward_json,
-    forward_stream,
-    upstream_headers,
-)
-from .requests import (
-    SESSION_HEADER,
-    BadRequest,
-    RequestInfo,
-    harness_of,
-    parent_session,
-    parse_body,
-)
-from .store_check import STORE_RECHECK_S, StoreCheck
-from .tokenids import TokenIdNodes, block_keys_of, rejects_field
 
 __all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 

@@ -33,9 +33,8 @@ from typing import Any, Final
 
 import orjson
 
+from services.gateway.tokenids import take_ids
 from shared.contracts import ToolCallInfo, Usage
-
-from .tokenids import take_ids
 
 __all__ = [
     "DONE",

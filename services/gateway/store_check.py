@@ -26,12 +26,11 @@ from typing import Final, Literal
 
 from structlog.typing import FilteringBoundLogger
 
+from services.gateway.holds import Holds
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.nodes import NodeDirectory
+from services.gateway.placements import PlacementMap
 from shared.infra.store_types import StateStore
-
-from .holds import Holds
-from .metrics import GatewayMetrics
-from .nodes import NodeDirectory
-from .placements import PlacementMap
 
 __all__ = ["STORE_RECHECK_S", "StoreCheck"]
 

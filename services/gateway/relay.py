@@ -24,7 +24,10 @@ waits for its request's registration before anything else, so a bus that is down
 immediate 503. For a
 stream, the report is started before the final ``[DONE]`` reaches the client, so a client that
 answers at once cannot overtake it. Reports run as tasks, so a handler cancelled by a client
-disconnect still publishes them.
+disconnect still publishes them. They are asyncio tasks awaited through ``asyncio.shield``,
+not an anyio task group as in the other services: a report outlives the aiohttp handler that
+started it, and a group would have to live as long as the app, entered and left in aiohttp's
+start-up and clean-up, which need not run in one task (an anyio scope must).
 
 The endpoints differ only in what :class:`.apis.Api` says (request facts, session id, error
 format, token ids, response readers); the life of a request is this one.

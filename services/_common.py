@@ -1,18 +1,22 @@
 """Glue shared by the scheduler services (tools, telemetry, valuation, planner).
 
 Only what every service's ``app.py`` repeats: building the Redis-backed store from the runner's
-context and parking ``main`` until the runner cancels it.
+context, the leader election of the services that act alone in a domain, and parking ``main``
+until the runner cancels it.
 """
 
 from __future__ import annotations
 
 import anyio
 
+from shared.infra.busapi import MessageBus
+from shared.infra.lease import Leadership, default_instance, lease_key
+from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
 from shared.infra.store_types import StateStore
 
-__all__ = ["serve_forever", "store_from"]
+__all__ = ["leadership", "serve_forever", "store_from"]
 
 
 def store_from(settings: Settings, ctx: ServiceContext) -> StateStore:
@@ -27,3 +31,15 @@ def store_from(settings: Settings, ctx: ServiceContext) -> StateStore:
 async def serve_forever() -> None:
     """Park until cancelled: the runner cancels ``main`` on SIGINT/SIGTERM, then drains."""
     await anyio.sleep_forever()
+
+
+async def leadership(settings: Settings, bus: MessageBus, role: str) -> Leadership | None:
+    """This replica's side of the ``role`` lease of ``settings.domain`` (shared.infra.lease),
+    or None when election is off (``TAO_LEASE_TTL_S=0``: one replica per domain)."""
+    if settings.lease_ttl_s <= 0:
+        return None
+    table = await bus.lease_table(settings.lease_ttl_s, replicas=settings.replicas)
+    instance = settings.instance or default_instance(settings.service_name or role)
+    return Leadership(
+        table, lease_key(role, settings.domain), instance, log=get_logger(f"{role}.lease")
+    )

@@ -8,6 +8,10 @@ and wall-clock limit ``TAO_PLANNER_TIME_LIMIT_MS`` (under ``thunderagent`` /
 and the plan on ``tao.v1.plan``. The numba kernels
 are loaded (or compiled) once at start. Run: ``python -m services.planner`` (needs NATS and
 Redis).
+
+With ``TAO_LEASE_TTL_S`` > 0 (the default) replicas of the planner elect one leader per domain
+(:mod:`shared.infra.lease`): only the leader plans, each of its applies carries its epoch, and
+a new leader fences the domain at its epoch and re-publishes the admissions before it plans.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 import anyio
 import anyio.to_thread
 
-from services._common import store_from
+from services._common import leadership, store_from
 from services.planner.handlers import Planner, decode_snapshot
 from shared.contracts import subjects
 from shared.core.planner import warm_up
@@ -56,9 +60,15 @@ async def run(
     await anyio.to_thread.run_sync(warm_up, limiter=planner.limiter)
     planner.log.info("planner_warm", ms=round((anyio.current_time() - t0) * 1000, 1))
     await bus.subscribe(subjects.valuation_snapshot(), name, decode_snapshot, planner.on_snapshot)
-    await planner.resync()
-    await planner.run()
-    return planner
+    leader = planner.leader = await leadership(settings, bus, NAME)
+    if leader is None:
+        await planner.resync()
+        await planner.run()
+    else:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(leader.run, planner.on_leadership)
+            tg.start_soon(planner.run)
+    return planner  # pragma: no cover - the loops end only by cancellation
 
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:

@@ -40,6 +40,7 @@ from shared.core.thunder import SCHEDULER_INTERVAL_S
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
 from shared.infra import tracing
 from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.lease import Leadership
 from shared.infra.signing import PlacementSigner
 from shared.infra.store_types import StateStore
 
@@ -128,6 +129,10 @@ class Planner:
     thunder: ThunderState | None = None
     signer: PlacementSigner | None = None
     """Signs every placement published (``TAO_PLACEMENT_KEY``, :mod:`shared.infra.signing`)."""
+    leader: Leadership | None = None
+    """This replica's side of the domain's planner lease; None: the only planner (no election,
+    plans unfenced). While it does not lead, snapshots are dropped (:attr:`standby_skips`)."""
+    standby_skips: int = 0
 
     def __post_init__(self) -> None:
         if self.thunder is None and is_thunderagent(self.policy.name):
@@ -159,10 +164,32 @@ class Planner:
         options = PlanOptions(budget=self.budget, expired=lambda: time.monotonic() > deadline)
         return decide(snap, self.policy, options)
 
+    async def on_leadership(self, epoch: int) -> None:
+        """The lease was taken (``epoch`` > 0) or lost (0). On taking it: fence the domain at
+        the new epoch (a deposed leader's late applies are refused from now on), then re-publish
+        the admissions, as at start-up; a ThunderAgent state machine restarts from the next
+        snapshot, which lists every admitted session."""
+        if epoch <= 0:
+            return
+        if not await self.store.fence(epoch):
+            self.log.warning("lease_fence_refused", epoch=epoch)
+            return
+        if self.thunder is not None:
+            self.thunder = ThunderState.for_policy(self.policy.name, self.ta_interval_s)
+        await self.resync()
+
     async def plan_once(self, snap: Snapshot) -> Applied | None:
         """Solve, apply and publish one snapshot; ``None`` when there was nothing to plan
-        (under a ThunderAgent policy with no move: what the forced resume did, if anything)."""
+        (under a ThunderAgent policy with no move: what the forced resume did, if anything), or
+        when this replica does not hold the lease. The apply carries the lease's epoch as it
+        was when the solve began, so a lease lost meanwhile fences the plan out."""
         core = snap.core
+        epoch = 0
+        if self.leader is not None:
+            if not self.leader.leading:
+                self.standby_skips += 1
+                return None
+            epoch = self.leader.epoch
         await self.store.incr(ticks=1)
         forced: Applied | None = None
         ta = TAStep()
@@ -189,7 +216,7 @@ class Planner:
         r = decision.result
         tao_family = self.policy.name.startswith("tao")  # only the DP has a fallback
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
-            applied = await self.store.apply(decision, self.clock())
+            applied = await self.store.apply(decision, self.clock(), epoch=epoch)
             placed = await self._publish_placements(core.tick, applied)
         # Bookkeeping after the placements are out: it is off the tool-end -> placement path.
         await self.store.record_solve(
@@ -211,6 +238,8 @@ class Planner:
             released_by=dict(decision.released_by) or None,
             admitted=len(applied.admitted),
             discarded=applied.discarded,
+            fenced=applied.fenced or None,
+            epoch=epoch or None,
             changed=list(applied.changed) or None,
             truncated=applied.truncated,
             forced=len(forced.admitted) if forced is not None else None,

@@ -5,6 +5,9 @@ or an arrival was written) triggers an early tick after ``TAO_DEBOUNCE_S``, so a
 wake-ups costs one tick. The idle sweep runs in its own task every ``sweep_period`` seconds
 (:func:`sweep_loop`), so a long sweep never holds a tick back. Run:
 ``python -m services.valuation`` (needs NATS and Redis).
+
+With ``TAO_LEASE_TTL_S`` > 0 replicas elect one leader per domain (:mod:`shared.infra.lease`);
+the others stay subscribed and tick only once they lead.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ import time
 
 import anyio
 
-from services._common import store_from
+from services._common import leadership, store_from
 from services.planner.thunder import is_thunderagent
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
@@ -22,6 +25,7 @@ from shared.contracts.wake import Wake
 from shared.core.policies import get_policy
 from shared.core.tick import policy_rules
 from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.lease import Leadership
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
@@ -60,23 +64,34 @@ class Ticker:
         return reason
 
 
-async def sweep_loop(valuator: Valuator, every_s: float) -> None:
-    """Run the idle sweep every ``every_s`` seconds (first after one period), forever."""
+def _standby(leader: Leadership | None) -> bool:
+    return leader is not None and not leader.leading
+
+
+async def sweep_loop(valuator: Valuator, every_s: float, leader: Leadership | None = None) -> None:
+    """Run the idle sweep every ``every_s`` seconds (first after one period), forever (only
+    while ``leader`` leads, when given)."""
     while True:
         await anyio.sleep(every_s)
+        if _standby(leader):
+            continue
         try:
             await valuator.sweep_idle()
         except Exception:  # Redis or NATS hiccup: log it, sweep again next period
             valuator.log.exception("idle_sweep_failed", tick=valuator.tick)
 
 
-async def tick_loop(valuator: Valuator, ticker: Ticker, settings: Settings) -> None:
-    """Tick every ``tick_s``, early after a (debounced) wake-up, forever."""
+async def tick_loop(
+    valuator: Valuator, ticker: Ticker, settings: Settings, leader: Leadership | None = None
+) -> None:
+    """Tick every ``tick_s``, early after a (debounced) wake-up, forever (a standby, while
+    ``leader`` does not lead, only waits)."""
     reason = "start"
     while True:
         started = anyio.current_time()
         try:
-            await valuator.run_tick(reason)
+            if not _standby(leader):
+                await valuator.run_tick(reason)
         except Exception:  # Redis or NATS hiccup: log it, tick again next period
             valuator.log.exception("valuation_tick_failed", tick=valuator.tick)
         remaining = max(0.0, settings.tick_s - (anyio.current_time() - started))
@@ -99,10 +114,17 @@ async def run(
     )
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)
+    leader = await leadership(settings, bus, NAME)
     async with anyio.create_task_group() as tg:
-        tg.start_soon(sweep_loop, valuator, sweep_period(settings))
-        tg.start_soon(tick_loop, valuator, ticker, settings)
+        if leader is not None:
+            tg.start_soon(leader.run, _on_leadership)
+        tg.start_soon(sweep_loop, valuator, sweep_period(settings), leader)
+        tg.start_soon(tick_loop, valuator, ticker, settings, leader)
     return valuator  # pragma: no cover - the loops end only by cancellation
+
+
+async def _on_leadership(epoch: int) -> None:
+    """Nothing to hand over: a new leader's next tick reads everything from the store."""
 
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:

@@ -14,6 +14,9 @@ All subjects start with the versioned prefix ``tao.v1``; a breaking wire change 
     tao.v1.placement.<gateway>             Placement                   (stream TAO_V1_PLACEMENT)
     tao.v1.dlq.<service>                   DeadLetter                          (stream TAO_V1_DLQ)
 
+Leader election uses the JetStream KV bucket ``TAO_V1_LEASE`` (:data:`LEASE_BUCKET`; namespaced
+like the streams), key ``<role>.<domain>`` (shared/infra/lease.py).
+
 Streams hold what must not be lost (tool and session events, KV events, placements, dead
 letters); durable consumers let a restarted service resume. Node status, snapshots and plans are
 superseded every tick and go over core NATS.
@@ -49,6 +52,7 @@ from .wake import Wake
 __all__ = [
     "ALL_STREAMS",
     "KV_SEQ_HEADER",
+    "LEASE_BUCKET",
     "PREFIX",
     "RECEIVED_AT_HEADER",
     "STREAM_DLQ",
@@ -69,6 +73,7 @@ __all__ = [
     "inspect",
     "kv_events",
     "kv_events_all",
+    "lease_bucket",
     "node_status",
     "node_statuses",
     "placement",
@@ -85,6 +90,15 @@ __all__ = [
 ]
 
 PREFIX: Final = "tao.v1"
+LEASE_BUCKET: Final = "TAO_V1_LEASE"
+"""The leader-election KV bucket (``<namespace>_TAO_V1_LEASE`` on a namespaced bus)."""
+
+
+def lease_bucket(namespace: str) -> str:
+    """The lease bucket's name on a bus with ``namespace`` (prefixed as stream names are)."""
+    return f"{namespace}_{LEASE_BUCKET}" if namespace else LEASE_BUCKET
+
+
 MAX_TOKEN_LEN: Final = 512
 
 RECEIVED_AT_HEADER: Final = "Tao-Received-At"

@@ -168,13 +168,15 @@ class Decision:
 class Applied:
     """What the verify-and-apply step did.
 
-    ``discarded`` with ``changed`` naming the sessions whose version (or target node) moved;
+    ``discarded`` with ``changed`` naming the sessions whose version (or target node) moved,
+    or ``fenced`` when the plan came from a deposed leader (an older epoch than the store's);
     otherwise ``interrupted`` and the applied ``admitted`` prefix, ``truncated`` when live
     capacity cut the plan short. ``sessions`` holds the updated records.
     """
 
     discarded: bool
     changed: tuple[str, ...] = ()
+    fenced: bool = False
     interrupted: tuple[Move, ...] = ()
     admitted: tuple[Move, ...] = ()
     truncated: bool = False

@@ -113,6 +113,8 @@ class NatsGrant:
     """May create and update TAO's streams (every service does at start-up)."""
     responds: bool = False
     """Answers requests (``inspect``): may publish on the requester's reply subject."""
+    leases: bool = False
+    """Takes part in leader election: may create, read and write the lease bucket."""
     everything: bool = False
 
 
@@ -142,10 +144,12 @@ NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
     "valuation": NatsGrant(
         publish=(_S.valuation_snapshot(), _S.session_events("end"), _DLQ),
         subscribe=(_S.wake(),),
+        leases=True,
     ),
     "planner": NatsGrant(
         publish=(_S.placements(), _S.plan(), _DLQ),
         subscribe=(_S.valuation_snapshot(),),
+        leases=True,
     ),
     "gateway": NatsGrant(
         publish=(_S.session_events(), _S.tool_events(), _S.hook_events_all(), _S.wake(), _DLQ),
@@ -217,6 +221,12 @@ def _nats_permissions(role: str, namespaces: Iterable[str]) -> dict[str, object]
         if grant.streams:
             for verb in ("CREATE", "UPDATE"):
                 pub += [f"$JS.API.STREAM.{verb}.{_ns_stream(ns, s)}" for s in subjects.ALL_STREAMS]
+        if grant.leases:
+            bucket = subjects.lease_bucket(ns)
+            kv = f"KV_{bucket}"
+            pub += ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{kv}", f"$JS.API.STREAM.CREATE.{kv}"]
+            pub += [f"$KV.{bucket}.>", f"$JS.API.DIRECT.GET.{kv}.>"]
+            pub += [f"$JS.API.STREAM.MSG.GET.{kv}"]
         for stream in grant.consumes:
             name = _ns_stream(ns, stream)
             pub += [f"$JS.API.CONSUMER.*.{name}", f"$JS.API.CONSUMER.*.{name}.>"]

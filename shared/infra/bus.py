@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import ssl
-from collections.abc import Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import Any, Final, TypeVar
 from urllib.parse import parse_qs, unquote, urlsplit, urlunsplit
 
@@ -42,7 +43,9 @@ from .busapi import (
     stream_for_subject,
 )
 from .errors import BusError, RequestError
+from .lease import LeaseTable, bucket_name
 from .logging import get_logger
+from .natslease import open_lease_table
 from .receiver import Receiver
 from .settings import Settings
 
@@ -60,6 +63,15 @@ _DEFAULT_AGE: Final = 24 * HOUR
 _EPHEMERAL_IDLE_S: Final = 30.0
 _ATTEMPT_S: Final = 2.0  # one TCP + INFO/CONNECT attempt (nats-py's own default is 2 s)
 
+PUBLISH_RETRY_S: Final = 10.0
+"""How long a stream publish is retried while the server cannot take it (:meth:`Bus.publish`)."""
+_TRANSIENT: Final = (
+    nats.errors.TimeoutError,
+    nats.errors.ConnectionReconnectingError,
+    nats.js.errors.NoStreamResponseError,
+    nats.js.errors.ServiceUnavailableError,
+)
+
 _log = get_logger("shared.infra.bus")
 
 
@@ -75,6 +87,7 @@ class Bus:
         ack_wait_s: float = 30.0,
         retry_backoff_s: float = 0.5,
         max_backoff_s: float = 10.0,
+        replicas: int = 1,
     ) -> None:
         if max_deliver < 1:
             raise ValueError(f"max_deliver must be >= 1, got {max_deliver}")
@@ -85,6 +98,8 @@ class Bus:
         self.ack_wait_s = ack_wait_s
         self.retry_backoff_s = retry_backoff_s
         self.max_backoff_s = max_backoff_s
+        self.replicas = replicas
+        """Copies of each stream (``TAO_REPLICAS``; at most the NATS cluster's size)."""
         self._receivers: list[Receiver[Any]] = []
         self._responders: list[_Responder] = []
         self._tasks: set[asyncio.Task[None]] = set()
@@ -105,6 +120,7 @@ class Bus:
         connect_timeout_s: float = 5.0,
         allow_reconnect: bool = True,
         quiet: bool = False,
+        replicas: int = 1,
     ) -> Bus:
         """Connect to ``url`` as client ``name``; raise :class:`BusError` if it cannot within
         ``connect_timeout_s``.
@@ -151,6 +167,7 @@ class Bus:
             ack_wait_s=ack_wait_s,
             retry_backoff_s=retry_backoff_s,
             max_backoff_s=max_backoff_s,
+            replicas=replicas,
         )
 
     @classmethod
@@ -165,6 +182,7 @@ class Bus:
             max_deliver=settings.max_deliver,
             ack_wait_s=settings.ack_wait_s,
             retry_backoff_s=settings.retry_backoff_s,
+            replicas=settings.replicas,
         )
 
     # --- names ----------------------------------------------------------------------------
@@ -210,16 +228,20 @@ class Bus:
                 storage=api.StorageType.FILE,
                 discard=api.DiscardPolicy.OLD,
                 max_age=DEFAULT_MAX_AGE_S.get(stream.name, _DEFAULT_AGE),
+                num_replicas=self.replicas,
             )
             try:
-                try:
-                    await self._js.stream_info(config.name or "")
-                except nats.js.errors.NotFoundError:
-                    await self._js.add_stream(config)
-                else:
-                    await self._js.update_stream(config)
-            except nats.js.errors.Error as exc:
+                await _retrying(functools.partial(self._ensure, config), f"stream {config.name}")
+            except (nats.js.errors.Error, nats.errors.TimeoutError) as exc:
                 raise BusError(f"cannot create stream {config.name}: {exc}") from exc
+
+    async def _ensure(self, config: api.StreamConfig) -> None:
+        try:
+            await self._js.stream_info(config.name or "")
+        except nats.js.errors.NotFoundError:
+            await self._js.add_stream(config)
+        else:
+            await self._js.update_stream(config)
 
     async def delete_streams(self) -> None:
         """Delete this namespace's streams (tests); refused for the shared, empty namespace."""
@@ -228,6 +250,12 @@ class Bus:
         for stream in subjects.ALL_STREAMS:
             with contextlib.suppress(nats.js.errors.NotFoundError):
                 await self._js.delete_stream(self.stream_name(stream))
+        with contextlib.suppress(nats.js.errors.NotFoundError):
+            await self._js.delete_key_value(bucket_name(self._namespace))
+
+    async def lease_table(self, ttl_s: float, *, replicas: int = 1) -> LeaseTable:
+        """The leader-election bucket of this namespace (:mod:`shared.infra.natslease`)."""
+        return await open_lease_table(self._js, self._namespace, ttl_s, replicas=replicas)
 
     # --- publishing -----------------------------------------------------------------------
 
@@ -244,11 +272,18 @@ class Bus:
                 return
             hdrs = hdrs or {}
             hdrs.setdefault(MSG_ID_HEADER, publish_id(subject, data, headers))  # stored once
-            await self._js.publish(wire, data, headers=hdrs)
+            await self._js_publish(wire, data, hdrs)
         except nats.errors.MaxPayloadError:
             raise BusError(
                 f"maximum payload exceeded: {len(data)} > {self.max_payload} bytes"
             ) from None
+
+    async def _js_publish(self, wire: str, data: bytes, hdrs: dict[str, str]) -> None:
+        """Publish to a stream, retrying for up to :data:`PUBLISH_RETRY_S` while the server
+        cannot store it (a reconnect after its server died, a stream without quorum while a
+        cluster elects a new leader): the ``Nats-Msg-Id`` makes a retry of a publish that did
+        land a duplicate the stream drops. The last error is raised after that."""
+        await _retrying(lambda: self._js.publish(wire, data, headers=hdrs), wire)
 
     async def publish_msg(self, msg: Message, headers: Mapping[str, str] | None = None) -> None:
         """Encode ``msg`` and publish it on ``subjects.subject_for(msg)``."""
@@ -510,6 +545,25 @@ def _tls_servers(url: str) -> tuple[list[str], ssl.SSLContext | None]:
         return servers, ssl.create_default_context(cafile=ca)
     except (OSError, ssl.SSLError) as exc:
         raise BusError(f"cannot read the CA {ca} of the NATS URL: {exc}") from None
+
+
+async def _retrying(op: Callable[[], Awaitable[object]], what: str) -> None:
+    """Run ``op``, again with backoff for up to :data:`PUBLISH_RETRY_S` while it fails with a
+    transient error (:data:`_TRANSIENT`: the server reconnecting or the cluster electing a
+    stream leader); the last error is raised after that."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + PUBLISH_RETRY_S
+    delay = 0.05
+    while True:
+        try:
+            await op()
+            return
+        except _TRANSIENT as exc:
+            if loop.time() + delay > deadline:
+                raise
+            _log.info("bus_retry", what=what, error=type(exc).__name__)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
 
 async def _on_error(exc: Exception) -> None:

@@ -32,6 +32,8 @@ from typing import Final, Literal, Protocol, TypeVar
 from shared.contracts import DeadLetter, Message, subjects
 from shared.contracts.subjects import Stream
 
+from .lease import LeaseTable
+
 __all__ = [
     "DEDUP_IDS",
     "DEFAULT_MAX_PAYLOAD",
@@ -205,6 +207,11 @@ class MessageBus(Protocol):
         """Answer requests on ``subject`` with ``await respond(body)`` (queue group
         ``service``, so one replica answers each). A ``respond`` that raises is logged and the
         request gets no reply (the requester times out)."""
+        ...
+
+    async def lease_table(self, ttl_s: float, *, replicas: int = 1) -> LeaseTable:
+        """The leader-election bucket (:mod:`shared.infra.lease`), created if absent with TTL
+        ``ttl_s`` and ``replicas`` copies; BusError if it exists with another TTL."""
         ...
 
     async def drain(self) -> None:

@@ -284,13 +284,18 @@ class FakeStore:
 
     # --- apply ------------------------------------------------------------------------------
 
-    async def apply(self, decision: Decision, at: float) -> Applied:
+    async def apply(self, decision: Decision, at: float, *, epoch: int = 0) -> Applied:
         moves = (*decision.interrupts, *decision.admits)
         if not moves:
             return Applied(discarded=False)
         for m in moves:
             check_session_id(m.session)
             check_node_id(m.node)
+        if epoch > 0:
+            if epoch < self._counters.get("epoch", 0):
+                self._count("plans_fenced", 1)
+                return Applied(discarded=True, fenced=True)
+            self._counters["epoch"] = epoch
         live = {m.session: self._sessions[m.session] for m in moves if m.session in self._sessions}
         free = live_free(await self.node_views())
         applied = apply_decision(decision, live, free, at)
@@ -305,6 +310,12 @@ class FakeStore:
         if applied.truncated:
             self._count("plans_truncated", 1)
         return applied
+
+    async def fence(self, epoch: int) -> bool:
+        if epoch < self._counters.get("epoch", 0):
+            return False
+        self._counters["epoch"] = int(epoch)
+        return True
 
     # --- counters and status ----------------------------------------------------------------
 

@@ -45,6 +45,7 @@ from .busapi import (
     subject_matches,
 )
 from .errors import BusError, RequestError
+from .lease import LeaseTable, MemoryLeaseTable
 from .logging import get_logger
 from .receiver import Receiver
 
@@ -98,6 +99,7 @@ class FakeBus:
         self.max_payload = DEFAULT_MAX_PAYLOAD
         """As a server's: a larger publish raises :class:`BusError` (nats-py raises
         ``MaxPayloadError``)."""
+        self._lease: MemoryLeaseTable | None = None
 
     @property
     def namespace(self) -> str:
@@ -319,6 +321,14 @@ class FakeBus:
                     return
                 continue
             await asyncio.gather(*(sub.idle.wait() for sub in busy))
+
+    async def lease_table(self, ttl_s: float, *, replicas: int = 1) -> LeaseTable:
+        """One in-memory lease table per bus (every service on it shares it), as the bucket."""
+        if self._lease is None:
+            self._lease = MemoryLeaseTable(ttl_s)
+        elif self._lease.ttl_s != ttl_s:
+            raise BusError(f"lease table has TTL {self._lease.ttl_s:g} s, asked for {ttl_s:g} s")
+        return self._lease
 
     async def drain(self) -> None:
         """Stop every subscription and close."""

@@ -45,6 +45,12 @@ message names the variable, what is wrong and what was given
 |                           |           | or expired placements are rejected and counted          |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
+| TAO_INSTANCE              | (host)    | this replica's name in leader election (lease.py);      |
+|                           |           | default `<hostname>-<service>`; unique per replica      |
+| TAO_LEASE_TTL_S           | 2         | planner/valuation lease TTL, s (>= 0.2; 0: no election, |
+|                           |           | one replica per domain, plans unfenced)                 |
+| TAO_REPLICAS              | 1         | copies of each stream and the lease bucket, 1–5 (on a   |
+|                           |           | NATS cluster, 3: a server may fail; docs/scale-out.md)  |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
 | TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
 | TAO_NODES_FILE            | (unset)   | node inventory, TOML `[[node]]` tables (nodesfile.py)   |
@@ -123,6 +129,9 @@ class Settings:
     placement_keys: str | None = None
     idle_timeout_s: float = 300.0
     service_name: str | None = None
+    instance: str | None = None
+    lease_ttl_s: float = 2.0
+    replicas: int = 1
     log_level: str = "info"
     log_format: str = "json"
     nodes: tuple[NodeSpec, ...] = field(default_factory=tuple)
@@ -290,6 +299,14 @@ def _nodes_file(path: str, also_inline: bool) -> tuple[NodeSpec, ...]:
 
 _POSITIVE: Final = _number(lo=0.0, lo_open=True)
 
+
+def _lease_ttl(variable: str, raw: str) -> float:
+    value = _number(lo=0.0, lo_open=False)(variable, raw)
+    if 0 < value < 0.2:
+        raise SettingsError(variable, raw, "must be 0 (no election) or a number >= 0.2")
+    return float(value)
+
+
 _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "nats_url": ("TAO_NATS_URL", _url("nats", "tls", "ws", "wss")),
     "redis_url": ("TAO_REDIS_URL", _url("redis", "rediss", "unix", "valkey")),
@@ -323,6 +340,9 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "placement_keys": ("TAO_PLACEMENT_KEYS", _text),
     "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
     "service_name": ("TAO_SERVICE_NAME", _name),
+    "instance": ("TAO_INSTANCE", _name),
+    "lease_ttl_s": ("TAO_LEASE_TTL_S", _lease_ttl),
+    "replicas": ("TAO_REPLICAS", _integer(lo=1, hi=5)),
     "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),
     "log_format": ("TAO_LOG_FORMAT", _choice(LOG_FORMATS)),
     "nodes": ("TAO_NODES", _nodes),

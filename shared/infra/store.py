@@ -96,6 +96,14 @@ def load_script(name: str) -> str:
 
 _APPLY: Final = load_script("apply")
 _PROBE: Final = load_script("probe")
+_FENCE: Final = """
+local have = tonumber(redis.call('HGET', KEYS[1], 'epoch') or '0')
+local want = tonumber(ARGV[1])
+if want < have then return 0 end
+redis.call('HSET', KEYS[1], 'epoch', want)
+return 1
+"""
+"""Raise the planner epoch (field ``epoch`` of the planner hash) unless it is already higher."""
 _BATCH_READ: Final = load_script("batch_read")
 _BATCH_WRITE: Final = load_script("batch_write")
 _CHAIN_PAGE: Final = 256  # chains read per MGET on restore
@@ -109,6 +117,7 @@ class Store:
         self.domain = self.keys.domain
         self._r = redis
         self._apply = redis.register_script(_APPLY)
+        self._fence = redis.register_script(_FENCE)
         self._probe = redis.register_script(_PROBE)
         self._batch_read = redis.register_script(_BATCH_READ)
         self._batch_write = redis.register_script(_BATCH_WRITE)
@@ -502,11 +511,13 @@ class Store:
 
     # --- apply ------------------------------------------------------------------------------
 
-    async def apply(self, decision: Decision, at: float) -> Applied:
+    async def apply(self, decision: Decision, at: float, *, epoch: int = 0) -> Applied:
         """Verify-and-apply ``decision`` atomically: exactly
         ``apply_decision(decision, live sessions, live_free(node_views()), at)`` on the live
         state, plus reserved totals, indexes and the planner counters. An empty decision
-        changes nothing and counts nothing."""
+        changes nothing and counts nothing. A non-zero ``epoch`` (the planner's lease,
+        :mod:`shared.infra.lease`) below the domain's :meth:`fence` changes nothing either
+        (``Applied.fenced``)."""
         moves = (*decision.interrupts, *decision.admits)
         if not moves:
             return Applied(discarded=False)
@@ -521,7 +532,10 @@ class Store:
         args += [len(decision.interrupts), len(decision.admits), *sids]
         for m in moves:
             args += [index[m.session], m.node, int(m.weight), int(m.version)]
+        args.append(int(epoch))
         reply = await self._apply(keys=keys, args=args)
+        if int(reply[0]) == 2:
+            return Applied(discarded=True, fenced=True)
         if int(reply[0]) == 0:
             changed = tuple(sids[int(i) - 1] for i in reply[1])
             return Applied(discarded=True, changed=changed)
@@ -541,6 +555,11 @@ class Store:
             truncated=truncated,
             sessions=out,
         )
+
+    async def fence(self, epoch: int) -> bool:
+        """Raise the domain's planner epoch to ``epoch`` (a new leader, on taking over), so
+        plans of older epochs are refused; False when a newer one is already there."""
+        return bool(await self._fence(keys=[self.keys.planner], args=[int(epoch)]))
 
     # --- counters and status ----------------------------------------------------------------
 

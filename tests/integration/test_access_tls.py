@@ -37,6 +37,7 @@ from shared.infra.access import (
 )
 from shared.infra.embedded import find_nats_server, free_port, nats_answers, stop_processes
 from shared.infra.errors import BusError
+from shared.infra.lease import Leadership, lease_key
 
 DEADLINE_S = 15.0
 
@@ -159,3 +160,35 @@ class TestTls:
                 await asyncio.wait_for(untrusted.ping(), DEADLINE_S)
         finally:
             await untrusted.aclose()
+
+
+class TestLeaseGrant:
+    async def test_the_planner_and_valuation_roles_may_elect_others_may_not(
+        self, servers: tuple[Access, bool]
+    ) -> None:
+        """The lease bucket (leader election) is open to the planner and valuation users under
+        their own permissions: create the bucket, take, renew, read and release a lease. The
+        gateway user may not touch it."""
+        access, _ = servers
+        for role in ("planner", "valuation"):
+            bus = await Bus.connect(access.nats(role), name=f"{role}-lease", allow_reconnect=False)
+            try:
+                table = await bus.lease_table(2.0)
+                member = Leadership(table, lease_key(role, "d1"), "i1")
+                assert await member.step() and member.leading
+                assert await member.step()  # renewed
+                got = await table.get(member.key)
+                assert got is not None and got[1] == member.revision
+                await member.release()
+                assert await table.get(member.key) is None
+            finally:
+                await bus.drain()
+        bus = await Bus.connect(access.nats("gateway"), name="gw-lease", allow_reconnect=False,
+                                quiet=True)  # fmt: skip
+        try:
+            with pytest.raises(Exception):  # noqa: B017 - a permissions violation (no reply)
+                async with asyncio.timeout(5):
+                    table = await bus.lease_table(2.0)
+                    await table.create(lease_key("planner", "d1"), b"{}")
+        finally:
+            await bus.drain()

@@ -231,3 +231,29 @@ class TestApplyMatchesReference:
                 await close()
 
         asyncio.run(run())
+
+
+class TestFence:
+    async def test_a_plan_below_the_fenced_epoch_changes_nothing(self, store: StateStore) -> None:
+        """After a new leader fenced the domain at its epoch, a deposed leader's plan (an older
+        epoch) is refused whole and counted; the new leader's applies; epoch 0 is unfenced."""
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=4000, target_utilisation=1.0,
+                                    healthy=True))  # fmt: skip
+        a, b = await _pool(store, "a"), await _pool(store, "b")
+        assert await store.fence(7)
+        assert not await store.fence(5)  # a lower epoch never lowers the fence
+        late = _decision(admits=(Move("a", "n1", 1000, a.version),))
+        out = await store.apply(late, 3.0, epoch=5)
+        assert out.discarded and out.fenced and out.admitted == ()
+        rec = await store.get_session("a")
+        assert rec is not None and rec.node is None and rec.version == a.version
+        node = await store.get_node("n1")
+        assert node is not None and node.reserved == 0
+        stats = await store.planner_stats()
+        assert (stats["plans_fenced"], stats["epoch"]) == (1, 7)
+        ok = await store.apply(_decision(admits=(Move("b", "n1", 1000, b.version),)), 3.0, epoch=8)
+        assert not ok.discarded and not ok.fenced and len(ok.admitted) == 1
+        assert (await store.planner_stats())["epoch"] == 8  # a newer epoch raises the fence
+        stale = await store.apply(late, 3.5, epoch=7)
+        assert stale.fenced
+        await _check_consistent(store)

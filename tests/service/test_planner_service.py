@@ -23,6 +23,7 @@ from shared.core.valuation import ValuationParams
 from shared.infra.busapi import Delivery
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
+from shared.infra.lease import Leadership, MemoryLeaseTable, lease_key
 from shared.infra.logging import get_logger
 from shared.infra.store_types import NodeUpdate
 
@@ -269,3 +270,44 @@ class TestThunderAgentLive:
         assert ("interrupt", "big") in kinds
         rec = await store.get_session("big")
         assert rec is not None and rec.node is None and rec.pooled
+
+
+class TestLeadership:
+    async def test_standby_drops_snapshots_and_a_deposed_leaders_plan_is_fenced(
+        self, store: FakeStore
+    ) -> None:
+        """Two planner replicas on one lease: the standby plans nothing; after the leader
+        stalls past its lease the standby takes over, fences the domain and re-publishes the
+        admissions; the old leader's plan, applied late under its old epoch (its own clock
+        still says it leads: the race between its check and its apply), changes nothing and
+        publishes no placement, while the new leader's plan admits."""
+        now = [0.0]
+        table = MemoryLeaseTable(2.0, lambda: now[0])
+        frozen = Leadership(table, lease_key("planner", "default"), "a", clock=lambda: 0.0)
+        bus_a, bus_b = FakeBus(), FakeBus()
+        a, b = planner(store, bus_a), planner(store, bus_b)
+        a.leader = frozen
+        b.leader = Leadership(table, frozen.key, "b", clock=lambda: now[0])
+        assert await frozen.step() and not await b.leader.step()
+        await a.on_leadership(frozen.epoch)
+        await pool(store, 1000)
+        assert await b.plan_once(await snapshot(store, bus_b)) is None
+        assert b.standby_skips == 1 and placements(bus_b) == []
+        applied = await a.plan_once(await snapshot(store, bus_a))
+        assert applied is not None and [m.session for m in applied.admitted] == ["s0"]
+        s1, _ = on_request(
+            Session("s1"), "r", NOW, model="m", gateway_id="gw1", tokens_estimate=1000
+        )
+        await store.update_session("s1", lambda _o: s1)  # s1 arrives (s0 is admitted)
+        now[0] = 2.0  # a stopped renewing: the key lapsed
+        assert await b.leader.step() and b.leader.epoch > frozen.epoch
+        await b.on_leadership(b.leader.epoch)
+        assert [p.session_id for p in placements(bus_b)] == ["s0"]  # re-published admission
+        late = await a.plan_once(await snapshot(store, bus_a))
+        assert late is not None and late.fenced and late.admitted == ()
+        assert [p.session_id for p in placements(bus_a)] == ["s0"]  # nothing new from a
+        s1 = await store.get_session("s1")
+        assert s1 is not None and s1.node is None
+        won = await b.plan_once(await snapshot(store, bus_b))
+        assert won is not None and not won.fenced and [m.session for m in won.admitted] == ["s1"]
+        assert (await store.planner_stats())["plans_fenced"] == 1

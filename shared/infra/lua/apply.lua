@@ -6,9 +6,10 @@
 -- ARGV[1] at (repr float, stored as given), ARGV[2] node key prefix, ARGV[3] S,
 -- ARGV[4] NI (interrupts), ARGV[5] NA (admits), ARGV[5+i] raw id of session i,
 -- then per move (interrupts first, then admits in plan order) 4 values:
--- session index, node id, weight, version.
--- Returns {0, {changed session indexes}} when discarded, else
--- {1, admitted count, truncated 0/1, {session index, HGETALL of it, ...}}.
+-- session index, node id, weight, version; last, the planner's epoch (0: not fenced).
+-- Returns {2} when fenced (the epoch is below the domain's, field `epoch` of KEYS[3]: a
+-- deposed leader's late plan, shared/infra/lease.py), {0, {changed session indexes}} when
+-- discarded, else {1, admitted count, truncated 0/1, {session index, HGETALL of it, ...}}.
 -- Floats are never formatted here: `at` is copied, integers are added with HINCRBY.
 
 local at = ARGV[1]
@@ -31,6 +32,18 @@ for j = 1, NI + NA do
     wtext = ARGV[o + 3],
     version = tonumber(ARGV[o + 4]),
   }
+end
+
+local epoch = tonumber(ARGV[base + (NI + NA) * 4 + 1] or '0')
+if epoch > 0 then
+  local fence = tonumber(redis.call('HGET', KEYS[3], 'epoch') or '0')
+  if epoch < fence then
+    redis.call('HINCRBY', KEYS[3], 'plans_fenced', 1)
+    return {2}
+  end
+  if epoch > fence then
+    redis.call('HSET', KEYS[3], 'epoch', epoch)
+  end
 end
 
 local live = {}

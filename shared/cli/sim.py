@@ -119,6 +119,15 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
     p.add_argument("--trace", metavar="FILE", help="replay a session-trace JSONL file instead")
     p.add_argument("--nodes", type=_positive_int, default=2, metavar="N", help="nodes (default 2)")
     p.add_argument(
+        "--domains",
+        type=_positive_int,
+        default=1,
+        metavar="D",
+        help="split the nodes into D scheduling domains, each with its own planner, and place "
+        "each new session in the least-loaded one (TAO-family policies; routers and "
+        "ThunderAgent stay domain-less; default 1)",
+    )
+    p.add_argument(
         "--profile", type=_profile, default=DEFAULT_PROFILE, metavar="NAME",
         help=f"engine profile: {', '.join(PROFILES)} (default {DEFAULT_PROFILE})",
     )  # fmt: skip
@@ -235,7 +244,11 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
             os.makedirs(args.out, exist_ok=True)
         except OSError as exc:
             raise ProblemError("--out", f"cannot create {args.out!r}: {exc.strerror}") from None
-    config = SimConfig(nodes=args.nodes, profile=args.profile, budget=args.budget)
+    if args.domains > args.nodes:
+        raise ProblemError("--domains", f"at most --nodes ({args.nodes}), got {args.domains}")
+    config = SimConfig(
+        nodes=args.nodes, profile=args.profile, budget=args.budget, domains=args.domains
+    )
     seeds = list(range(args.seeds))
     progress = _Progress(len(seeds) * len(workers) * len(args.policies), sys.stderr, args.quiet)
     runs = run_grid(make, config, args.policies, seeds, workers, progress)
@@ -256,7 +269,10 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     else:
         from shared.sim.report import comparison_table, study_text
 
-        text = f"{desc}, {args.nodes} x {args.profile}\n{comparison_table(runs)}"
+        where = f"{args.nodes} x {args.profile}"
+        if args.domains > 1:
+            where += f" in {args.domains} domains"
+        text = f"{desc}, {where}\n{comparison_table(runs)}"
         if study is not None:
             text += "\n\n" + study_text(study)
         out.write(text + "\n")

@@ -26,9 +26,10 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
+from shared.core.domains import DomainLoad, choose_domain, session_demand
 from shared.core.policies import PlanOptions, Policy, get_policy
 from shared.core.problem import Candidate, Node, PlanResult, Problem
-from shared.core.session import admit, release, set_probe_mark
+from shared.core.session import Session, admit, release, set_probe_mark
 from shared.core.thunder import (
     BUFFER_PER_PROGRAM,
     WAIT_TIMEOUT_S,
@@ -51,7 +52,14 @@ from shared.core.valuation import NodeView, session_weight
 from shared.sim.des import Simulator
 from shared.sim.records import TickRecord
 
-__all__ = ["ROUTERS", "PooledScheduler", "RouterScheduler", "ThunderAgentScheduler", "scheduler"]
+__all__ = [
+    "ROUTERS",
+    "DomainScheduler",
+    "PooledScheduler",
+    "RouterScheduler",
+    "ThunderAgentScheduler",
+    "scheduler",
+]
 
 ROUTERS = frozenset({"rr", "cache-aware", "kv-aware"})
 """Policies simulated as request routers (no pool)."""
@@ -66,12 +74,14 @@ class _Base:
         self.sim = sim
         self.policy = get_policy(policy_name)
         self.options = PlanOptions(budget=sim.config.budget)
+        self.node_ids: tuple[str, ...] = sim.node_ids
+        """The nodes this scheduler places on (a domain's, under :class:`DomainScheduler`)."""
 
     def node_views(self) -> list[NodeView]:
         sim = self.sim
-        reserved = dict.fromkeys(sim.node_ids, 0)
+        reserved = dict.fromkeys(self.node_ids, 0)
         for s in sim.sessions.values():
-            if s.node is not None:
+            if s.node is not None and s.node in reserved:
                 reserved[s.node] += s.weight
         return [
             NodeView(
@@ -81,7 +91,7 @@ class _Base:
                 reserved=reserved[n],
                 running=sim.engines[n].running,
             )
-            for n in sim.node_ids
+            for n in self.node_ids
         ]
 
     def record_tick(
@@ -174,8 +184,21 @@ class PooledScheduler(_Base):
     flight at a time, as in the planner; a wake-up or tick meanwhile takes a new snapshot as
     soon as the plan in flight is applied (the planner keeps only the newest snapshot)."""
 
-    def __init__(self, sim: Simulator, policy_name: str) -> None:
+    def __init__(
+        self,
+        sim: Simulator,
+        policy_name: str,
+        *,
+        nodes: Sequence[str] | None = None,
+        tag: str = "",
+    ) -> None:
         super().__init__(sim, "tao" if policy_name == "oracle" else policy_name)
+        if nodes is not None:
+            self.node_ids = tuple(nodes)
+        self.members: dict[str, None] | None = None if nodes is None else {}
+        """The sessions of this scheduler's domain, in arrival order (None: every session)."""
+        self.tag = tag
+        """Prefix of this scheduler's timer names (a domain's, so they reach it)."""
         self.name = policy_name
         self.rules = policy_rules(self.policy)
         self.latency = sim.config.latency
@@ -186,15 +209,18 @@ class PooledScheduler(_Base):
         self.forwards: deque[tuple[str, ...]] = deque()
         self.recorder = _Recording(self.policy)
 
+    def timer(self, t: float, name: str) -> None:
+        self.sim.timer(t, self.tag + name)
+
     def start(self) -> None:
-        self.sim.timer(0.0, "tick")
+        self.timer(0.0, "tick")
 
     def wake(self, t: float) -> None:
         lat = self.latency
         at = t + lat.debounce_s + lat.hop_in_s
         if self.next_wake is None or at < self.next_wake:
             self.next_wake = at
-            self.sim.timer(at, "wake")
+            self.timer(at, "wake")
 
     def on_timer(self, name: str, t: float) -> None:
         sim = self.sim
@@ -206,7 +232,7 @@ class PooledScheduler(_Base):
             return
         if name == "tick":
             if not sim.finished:
-                sim.timer(t + sim.config.tick_s, "tick")
+                self.timer(t + sim.config.tick_s, "tick")
         elif self.next_wake is None or t != self.next_wake:
             return  # a superseded wake-up
         else:
@@ -229,13 +255,21 @@ class PooledScheduler(_Base):
     def on_task_end(self, sid: str, t: float) -> None:
         self.wake(t)
 
+    def sessions(self) -> list[Session]:
+        """The live sessions this scheduler values (its domain's, or all)."""
+        live = self.sim.sessions
+        if self.members is None:
+            return list(live.values())
+        return [live[sid] for sid in self.members if sid in live]
+
     def round(self, t: float) -> None:
         """Take a snapshot at ``t``, decide, and apply after the loop's latency."""
         sim = self.sim
         live = sim.sessions
+        mine = self.sessions()
         involved = [
-            (sid, s.node)
-            for sid, s in live.items()
+            (s.id, s.node)
+            for s in mine
             if s.pooled or (s.node is not None and s.activity == "tool")
         ]
         if not involved:
@@ -244,7 +278,7 @@ class PooledScheduler(_Base):
         started = time.perf_counter()
         residency = {sid: sim.residency(sid, node) for sid, node in involved}
         snap = value_snapshot(
-            live.values(),
+            mine,
             nodes,
             residency,
             sim.history,
@@ -273,7 +307,7 @@ class PooledScheduler(_Base):
         if delay <= 0:
             self.apply(t)
         else:
-            sim.timer(t + delay, "apply")
+            self.timer(t + delay, "apply")
 
     def apply(self, t: float) -> None:
         """Verify-and-apply the plan in flight against the live state at ``t``."""
@@ -301,7 +335,7 @@ class PooledScheduler(_Base):
                     self.forward(held)
                 else:
                     self.forwards.append(held)
-                    sim.timer(t + self.latency.forward_s, "forward")
+                    self.timer(t + self.latency.forward_s, "forward")
         if self.dirty or applied.discarded:
             self.dirty = False
             if not sim.finished:
@@ -406,6 +440,73 @@ class ThunderAgentScheduler(_Base):
         self.blocked_since.pop(sid, None)
         if self.variant.resume_on_event:
             self._apply(self.ta.resume(), t)
+
+
+class DomainScheduler:
+    """``domains`` scheduling domains, each a :class:`PooledScheduler` (its own planner, tick and
+    control loop) over a contiguous share of the nodes, with the upper-level choice of
+    :func:`shared.core.domains.choose_domain` for each new session: least loaded after it by
+    demand over capacity. A session stays in its domain for its life."""
+
+    def __init__(self, sim: Simulator, policy_name: str, domains: int) -> None:
+        n = len(sim.node_ids)
+        if not 1 <= domains <= n:
+            raise ValueError(
+                f"domains: must be in [1, {n}] (one node at least each), got {domains}"
+            )
+        bounds = [round(i * n / domains) for i in range(domains + 1)]
+        self.sim = sim
+        self.parts = [
+            PooledScheduler(
+                sim, policy_name, nodes=sim.node_ids[bounds[i] : bounds[i + 1]], tag=f"d{i}:"
+            )
+            for i in range(domains)
+        ]
+        self.rules = self.parts[0].rules
+        self.domain_of: dict[str, PooledScheduler] = {}
+
+    def start(self) -> None:
+        for part in self.parts:
+            part.start()
+
+    def on_timer(self, name: str, t: float) -> None:
+        tag, _, inner = name.partition(":")
+        self.parts[int(tag[1:])].on_timer(inner, t)
+
+    def _choose(self, sid: str) -> PooledScheduler:
+        sim = self.sim
+        reserve = sim.config.params.reserve
+        loads = [
+            DomainLoad(
+                part.tag,
+                sum(usable_capacity(nv) for nv in part.node_views() if nv.healthy),
+                session_demand(part.sessions(), reserve),
+            )
+            for part in self.parts
+        ]
+        s = sim.sessions[sid]
+        chosen = choose_domain(loads, session_weight(s.tokens, 0, reserve), s.model)
+        part = next(p for p in self.parts if p.tag == chosen)
+        assert part.members is not None
+        part.members[sid] = None
+        self.domain_of[sid] = part
+        return part
+
+    def on_request(self, sid: str, t: float) -> None:
+        part = self.domain_of.get(sid) or self._choose(sid)
+        part.on_request(sid, t)
+
+    def on_response(self, sid: str, t: float) -> None:
+        self.domain_of[sid].on_response(sid, t)
+
+    def on_tool_end(self, sid: str, t: float) -> None:
+        self.domain_of[sid].on_tool_end(sid, t)
+
+    def on_task_end(self, sid: str, t: float) -> None:
+        part = self.domain_of.pop(sid)
+        assert part.members is not None
+        part.members.pop(sid, None)
+        part.on_task_end(sid, t)
 
 
 def scheduler(policy_name: str) -> type[_Base]:

@@ -104,6 +104,9 @@ class SimConfig:
     scheduling time). False keeps the weight fixed at admission."""
     kv_tokens: int | None = None
     """Override the profile's KV capacity (tests, what-if runs)."""
+    domains: int = 1
+    """Scheduling domains the nodes are split into (:class:`shared.sim.cluster.DomainScheduler`;
+    TAO-family policies only: routers and ThunderAgent are domain-less)."""
     max_time_s: float = 1e7
 
 

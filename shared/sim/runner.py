@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 from shared.core.planner import warm_up
 from shared.core.policies import POLICY_NAMES
-from shared.sim.cluster import DP_POLICIES, scheduler
+from shared.sim.cluster import DP_POLICIES, DomainScheduler, PooledScheduler, scheduler
 from shared.sim.des import SimConfig, Simulator
 from shared.sim.lowerbound import lower_bound_metrics
 from shared.sim.metrics import compute_metrics
@@ -46,10 +46,16 @@ def simulate(
         raise ValueError(f"policy: cannot simulate {policy!r}")
     warm_up()  # load the numba kernels once, so the first round's solve time is not charged
     cls = scheduler(policy)
+
+    def make(s: Simulator) -> object:
+        if config.domains > 1 and cls is PooledScheduler:
+            return DomainScheduler(s, policy, config.domains)
+        return cls(s, policy)
+
     sim = Simulator(
         tasks,
         config,
-        lambda s: cls(s, policy),
+        make,
         policy=policy,
         seed=seed,
         oracle=policy == ORACLE,

@@ -100,6 +100,8 @@ class TestUsage:
             (["--trace", "/nope.jsonl"], "--trace"),
             (["--arrival-rate", "1", "--workers", "4"], "--arrival-rate"),
             (["--nodes", "-1"], "--nodes"),
+            (["--nodes", "2", "--domains", "3"], "--domains"),
+            (["--domains", "0"], "--domains"),
         ],
     )
     def test_one_line(

@@ -148,3 +148,33 @@ class TestReleaseRecords:
         m = compute_metrics(res, policy in DP_POLICIES)
         assert (m["recomputed_move"] + m["recomputed_release"] + m["recomputed_kept"]
                 == m["recomputed_tokens"])  # fmt: skip
+
+
+class TestDomains:
+    """``SimConfig.domains``: a planner per domain over its share of the nodes."""
+
+    def test_each_session_stays_on_its_domains_nodes_and_all_finish(self) -> None:
+        tasks = tiny_tasks(24, 2)
+        cfg = SimConfig(nodes=6, domains=3, workers=12, kv_tokens=16_000)
+        res = simulate(tasks, cfg, "tao", 2)
+        assert sorted(t.session for t in res.tasks) == sorted(t.id for t in tasks)
+        groups = ({"n0", "n1"}, {"n2", "n3"}, {"n4", "n5"})
+        served: dict[str, set[str]] = {}
+        for r in res.requests:
+            served.setdefault(r.session, set()).add(r.node)
+        assert all(any(nodes <= g for g in groups) for nodes in served.values())
+        used = {i for nodes in served.values() for i, g in enumerate(groups) if nodes <= g}
+        assert used == {0, 1, 2}  # the upper level spreads sessions over every domain
+
+    def test_one_domain_is_the_global_planner(self) -> None:
+        """``domains=1`` runs the same scheduler as before: identical records."""
+        tasks = tiny_tasks(10, 3)
+        cfg = SimConfig(nodes=2, workers=6, kv_tokens=16_000)
+        a = simulate(tasks, cfg, "tao", 3)
+        cls = scheduler("tao")
+        b = Simulator(tasks, cfg, lambda s: cls(s, "tao"), policy="tao", seed=3).run()
+        assert a.requests == b.requests and a.tasks == b.tasks
+
+    def test_more_domains_than_nodes_is_refused(self) -> None:
+        with pytest.raises(ValueError, match="domains"):
+            simulate(tiny_tasks(2), SimConfig(nodes=2, domains=3, workers=2), "tao", 0)

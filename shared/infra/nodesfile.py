@@ -11,12 +11,17 @@ One ``[[node]]`` table per inference node::
     model = "Qwen/Qwen3-32B"                      # optional; served model name
     capacity_tokens = 524288                      # optional; overrides vllm:cache_config_info
     return_token_ids = false                      # optional; default true (gateway asks for ids)
+    domain = "pool-a"                             # optional; scheduling domain (default "default")
 
 ``kv_events`` / ``kv_replay`` are the ``endpoint`` / ``replay_endpoint`` of vLLM's
 ``--kv-events-config`` as seen from the scheduler (``tcp://*:5557`` on the engine becomes
 ``tcp://<engine host>:5557`` here). A node without ``kv_events`` gets usage-based residency.
 Unknown keys are errors (a typo must not silently drop a setting); every error names the file,
 the node and the key.
+
+``domain`` names the node's scheduling domain (docs/scale-out.md): each domain's services
+(``TAO_DOMAIN``) see only its own nodes (:func:`domain_nodes`), so one file can describe the
+whole fleet.
 """
 
 from __future__ import annotations
@@ -31,8 +36,10 @@ from .errors import ConfigFileError
 from .tomlfile import read_toml, tables
 
 __all__ = [
+    "DEFAULT_DOMAIN",
     "NodeSpec",
     "NodesFileError",
+    "domain_nodes",
     "load_nodes_file",
     "parse_nodes",
     "render_nodes_file",
@@ -61,6 +68,7 @@ class NodeSpec:
     model: str | None = None
     capacity_tokens: int | None = None
     return_token_ids: bool = True
+    domain: str = "default"
 
     @property
     def metrics(self) -> str:
@@ -92,7 +100,9 @@ _KEYS: Final = (
     "model",
     "capacity_tokens",
     "return_token_ids",
+    "domain",
 )
+DEFAULT_DOMAIN: Final = "default"
 
 
 class NodesFileError(ConfigFileError):
@@ -144,7 +154,22 @@ def _node(raw: object, index: int) -> NodeSpec:
         if not isinstance(ask, bool):
             raise ValueError(f"{where}: return_token_ids must be true or false, got {ask!r}")
         values["return_token_ids"] = ask
+    if "domain" in raw:
+        domain = raw["domain"]
+        if not isinstance(domain, str) or not _ID_RE.fullmatch(domain):
+            raise ValueError(f"{where}: domain must match [A-Za-z0-9_-]{{1,128}}, got {domain!r}")
+        values["domain"] = domain
     return NodeSpec(**values)
+
+
+def domain_nodes(nodes: Iterable[NodeSpec], domain: str) -> tuple[NodeSpec, ...]:
+    """The nodes of ``domain``; ValueError naming the domains there are when it has none."""
+    nodes = tuple(nodes)
+    mine = tuple(n for n in nodes if n.domain == domain)
+    if nodes and not mine:
+        there = ", ".join(sorted({n.domain for n in nodes}))
+        raise ValueError(f"no node of domain {domain!r} (the file's domains: {there})")
+    return mine
 
 
 def parse_nodes(doc: Mapping[str, Any]) -> tuple[NodeSpec, ...]:
@@ -185,6 +210,9 @@ def render_nodes_file(nodes: Iterable[NodeSpec], header: str = "") -> str:
         lines.append("[[node]]")
         for key in _KEYS:
             value = getattr(spec, key)
-            if value is not None and not (key == "return_token_ids" and value):
+            default = (key == "return_token_ids" and value) or (
+                key == "domain" and value == DEFAULT_DOMAIN
+            )
+            if value is not None and not default:
                 lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"

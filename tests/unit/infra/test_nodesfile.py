@@ -98,3 +98,31 @@ def test_settings_reads_the_file(tmp_path: Path) -> None:
         )
     with pytest.raises(SettingsError, match="either TAO_NODES or TAO_NODES_FILE"):
         Settings.from_env({"TAO_NODES_FILE": str(path), "TAO_NODES": "a=http://x"})
+
+
+class TestDomains:
+    def test_each_domain_sees_only_its_nodes(self, tmp_path: Path) -> None:
+        """One file for the fleet: TAO_DOMAIN picks its pool; a domain with no node is a
+        settings error naming the domains there are; the domain key round-trips."""
+        path = tmp_path / "nodes.toml"
+        path.write_text(
+            '[[node]]\nid = "a1"\nurl = "http://a1:8000"\ndomain = "pool-a"\n\n'
+            '[[node]]\nid = "b1"\nurl = "http://b1:8000"\ndomain = "pool-b"\n\n'
+            '[[node]]\nid = "d1"\nurl = "http://d1:8000"\n'
+        )
+        env = {"TAO_NODES_FILE": str(path)}
+        by = {d: [n.id for n in Settings.from_env({**env, "TAO_DOMAIN": d}).nodes]
+              for d in ("pool-a", "pool-b", "default")}  # fmt: skip
+        assert by == {"pool-a": ["a1"], "pool-b": ["b1"], "default": ["d1"]}
+        with pytest.raises(SettingsError, match=r"no node of domain 'pool-c'.*pool-a, pool-b"):
+            Settings.from_env({**env, "TAO_DOMAIN": "pool-c"})
+        nodes = load_nodes_file(path)
+        again = tmp_path / "again.toml"
+        again.write_text(render_nodes_file(nodes))
+        assert load_nodes_file(again) == nodes
+
+    def test_a_bad_domain_name_names_the_node(self, tmp_path: Path) -> None:
+        path = tmp_path / "nodes.toml"
+        path.write_text('[[node]]\nid = "a1"\nurl = "http://a1:8000"\ndomain = "a b"\n')
+        with pytest.raises(NodesFileError, match="node 'a1': domain must match"):
+            load_nodes_file(path)

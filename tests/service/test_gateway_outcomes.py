@@ -16,13 +16,11 @@ made to fail in the way a test asks.
 from __future__ import annotations
 
 import asyncio
-import logging
-from collections.abc import AsyncIterator, Awaitable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
-import structlog
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from structlog.testing import capture_logs
@@ -332,19 +330,7 @@ class TestUnauthorized:
         assert await keyed.counted(before) == {("models", "unauthorized"): 1}
 
 
-@pytest.fixture
-def _info_lines_kept() -> Iterator[None]:
-    """Let info lines through whatever level an earlier test configured (``capture_logs``
-    swaps the processors only)."""
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
-
-
-@pytest.mark.usefixtures("_info_lines_kept")
+@pytest.mark.usefixtures("info_lines_kept")
 class TestLogLine:
     async def test_one_request_done_line_per_request_with_its_outcome(self, quick: Env) -> None:
         """Turned away, timed out while held, and answered by the node: one ``request_done``

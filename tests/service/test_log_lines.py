@@ -5,12 +5,9 @@ Each line is held with ``structlog.testing.capture_logs``, as a log reader would
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
 from structlog.testing import capture_logs
 
 from services.valuation.handlers import SKIPPED_LOGGED, Valuator
@@ -23,17 +20,7 @@ from shared.infra.logging import get_logger
 from shared.infra.store_types import NodeUpdate
 from tests.service.test_planner_service import NOW, planner, pool, snapshot
 
-
-@pytest.fixture(autouse=True)
-def _info_lines_kept() -> Iterator[None]:
-    """Let info lines through whatever level an earlier test configured (``capture_logs``
-    swaps the processors only; a filtering wrapper set to warning drops info before them)."""
-    saved = structlog.get_config()
-    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.DEBUG))
-    try:
-        yield
-    finally:
-        structlog.configure(**saved)
+pytestmark = pytest.mark.usefixtures("info_lines_kept")
 
 
 def lines(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:

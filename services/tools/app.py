@@ -22,6 +22,7 @@ from shared.infra.busapi import MessageBus, Subscription
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
+from shared.infra.shard import ONE, Shard
 from shared.infra.store_types import StateStore
 
 __all__ = ["NAME", "decode_session", "decode_tool", "main", "start"]
@@ -50,19 +51,23 @@ async def start(
     name: str = NAME,
     reserve: int | None = 512,
     rules: TaoRules | None = None,
+    shard: Shard = ONE,
 ) -> tuple[ToolsHandlers, list[Subscription]]:
     """Start both consumers; returns the handlers and the subscriptions (to stop them).
     ``reserve`` is ``TAO_RESERVE_TOKENS`` (``None``: admitted weights are never re-weighed);
-    ``rules`` the policy's (its growth rule sets the reserve from each session's history)."""
-    h = ToolsHandlers(store=store, bus=bus, log=get_logger(name), reserve=reserve, rules=rules)
+    ``rules`` the policy's (its growth rule sets the reserve from each session's history);
+    ``shard`` this process's share of the sessions (``TAO_SHARD``; its own durables)."""
+    log = get_logger(name)
+    h = ToolsHandlers(store=store, bus=bus, log=log, reserve=reserve, rules=rules, shard=shard)
+    member = shard.member(name)
+    hooks = HookIngest(h, bus, log, service=member, shard=shard)
     subs = [
-        await bus.consume_batch(subjects.STREAM_SESSION, name, decode_session, h.on_session_batch),
-        await bus.consume_batch(subjects.STREAM_TOOL, name, decode_tool, h.on_tool_batch),
+        await bus.consume_batch(
+            subjects.STREAM_SESSION, member, decode_session, h.on_session_batch
+        ),
+        await bus.consume_batch(subjects.STREAM_TOOL, member, decode_tool, h.on_tool_batch),
+        await bus.consume_batch(subjects.STREAM_HOOK, member, decode_hook, hooks.on_hook_batch),
     ]
-    hooks = HookIngest(h, bus, get_logger(name), service=name)
-    subs.append(
-        await bus.consume_batch(subjects.STREAM_HOOK, name, decode_hook, hooks.on_hook_batch)
-    )
     return h, subs
 
 
@@ -71,6 +76,11 @@ async def main(settings: Settings, ctx: ServiceContext) -> None:
     store = store_from(settings, ctx)
     rules = policy_rules(get_policy(settings.policy))
     await start(
-        store, ctx.require_bus(), name=ctx.name, reserve=settings.reserve_tokens, rules=rules
+        store,
+        ctx.require_bus(),
+        name=ctx.name,
+        reserve=settings.reserve_tokens,
+        rules=rules,
+        shard=settings.shard,
     )
     await serve_forever()

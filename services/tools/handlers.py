@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from structlog.typing import FilteringBoundLogger
 
@@ -37,11 +38,20 @@ from shared.core.rules import TaoRules
 from shared.core.session import Session, on_end
 from shared.infra import tracing
 from shared.infra.busapi import Delivery, MessageBus
+from shared.infra.shard import ONE, Shard
 from shared.infra.store_types import SessionFn, StateStore
 
 __all__ = ["ToolsHandlers"]
 
 _tracer = tracing.tracer("services.tools")
+
+
+class _OfSession(Protocol):
+    @property
+    def session_id(self) -> str: ...
+
+
+E = TypeVar("E", bound=_OfSession)
 
 
 _WAKE_OF: dict[type, str] = {
@@ -72,7 +82,20 @@ class ToolsHandlers:
     reserve: int | None = None
     rules: TaoRules | None = None
     """The policy's rules (``TAO_POLICY``): the growth rule sets the reserve."""
+    shard: Shard = ONE
+    """This process's share of the sessions (``TAO_SHARD``): events of other sessions are
+    acknowledged and left to their shard (:mod:`shared.infra.shard`)."""
     handled: int = 0
+    foreign: int = 0
+    """Events left to another shard."""
+
+    def mine(self, items: list[tuple[E, Delivery]]) -> list[tuple[E, Delivery]]:
+        """The events of this shard's sessions, in order (all of them when unsharded)."""
+        if self.shard.count == 1:
+            return items
+        kept = [(ev, d) for ev, d in items if self.shard.owns(ev.session_id)]
+        self.foreign += len(items) - len(kept)
+        return kept
 
     async def _wake(self, reason: str, sid: str | None) -> None:
         await self.bus.publish(
@@ -83,6 +106,9 @@ class ToolsHandlers:
         """SessionRequest / Response / Cancel → each record's transition, batched into one
         store transaction per run of events; a SessionEnd ends the run (``on_end``, then the
         record is deleted) so order holds. One wake-up per reason after the writes."""
+        items = self.mine(items)
+        if not items:
+            return
         outs = [Outcome() for _ in items]
         recs: list[Session | None] = [None] * len(items)
         run: list[tuple[int, str, SessionFn]] = []
@@ -156,6 +182,9 @@ class ToolsHandlers:
         """ToolStart / ToolEnd / ToolProgress → each record's transition, in stream order;
         ends with a duration feed the history; one wake-up if any call ended. Idempotent (a
         failed batch is replayed message by message by the bus)."""
+        items = self.mine(items)
+        if not items:
+            return
         outs = [Outcome() for _ in items]
         steps = [
             (ev.session_id, _tool_step(ev, out)) for (ev, _), out in zip(items, outs, strict=True)

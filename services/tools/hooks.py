@@ -44,6 +44,7 @@ from shared.harness.base import MAX_HOOK_BYTES, HookMapper
 from shared.harness.hookclient import OVERSIZED_MARKER
 from shared.harness.registry import UnknownHarnessError, mapper_for
 from shared.infra.busapi import Delivery, MessageBus, dead_letter_for, received_at
+from shared.infra.shard import ONE, Shard
 from shared.infra.tenants import TENANT_HEADER, qualify, valid_name
 
 __all__ = ["HookIngest", "HookPayload", "decode_hook", "received_at"]
@@ -93,6 +94,9 @@ class HookIngest:
     bus: MessageBus
     log: FilteringBoundLogger
     service: str = "tools"
+    shard: Shard = ONE
+    """This process's share of the sessions (``TAO_SHARD``): every shard maps every payload
+    (stateful mappers see them all), and keeps its own sessions' events and ends."""
     mappers: dict[str, HookMapper] = field(default_factory=dict)
     handled: int = 0
     rejected: int = 0
@@ -149,7 +153,8 @@ class HookIngest:
                 msgs = self._map(payload, d)
             except (ContractError, UnknownHarnessError) as exc:
                 self._remember(d.stream_seq, None)
-                await self._reject(payload, d, exc)
+                if self.shard.index == 0:  # one shard dead-letters what none can read
+                    await self._reject(payload, d, exc)
                 rejected.append(str(exc))
                 continue
             if msgs is None:  # dead-lettered when first delivered
@@ -160,9 +165,10 @@ class HookIngest:
                 elif isinstance(m, SessionEnd):
                     ends.append(m)
         if tool_items:
-            await self.tools.on_tool_batch(tool_items)
+            await self.tools.on_tool_batch(tool_items)  # keeps this shard's sessions only
         for end in ends:
-            await self.bus.publish_msg(end)
+            if self.shard.owns(end.session_id):
+                await self.bus.publish_msg(end)
         self.handled += len(items)
         self.rejected += len(rejected)
         self.log.info(

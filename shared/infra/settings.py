@@ -51,6 +51,8 @@ message names the variable, what is wrong and what was given
 |                           |           | one replica per domain, plans unfenced)                 |
 | TAO_REPLICAS              | 1         | copies of each stream and the lease bucket, 1–5 (on a   |
 |                           |           | NATS cluster, 3: a server may fail; docs/scale-out.md)  |
+| TAO_SHARD                 | 0/1       | tools: this process's share of the sessions, INDEX/COUNT|
+|                           |           | (by session-id hash; shard.py)                          |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
 | TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
 | TAO_NODES_FILE            | (unset)   | node inventory, TOML `[[node]]` tables (nodesfile.py)   |
@@ -83,6 +85,7 @@ from .nodesfile import (
     load_nodes_file,
     url_root,
 )
+from .shard import ONE, Shard, parse_shard
 
 __all__ = [
     "LOG_FORMATS",
@@ -140,6 +143,7 @@ class Settings:
     instance: str | None = None
     lease_ttl_s: float = 2.0
     replicas: int = 1
+    shard: Shard = ONE
     log_level: str = "info"
     log_format: str = "json"
     nodes: tuple[NodeSpec, ...] = field(default_factory=tuple)
@@ -312,6 +316,13 @@ def _nodes_file(path: str, also_inline: bool) -> tuple[NodeSpec, ...]:
 _POSITIVE: Final = _number(lo=0.0, lo_open=True)
 
 
+def _shard(variable: str, raw: str) -> Shard:
+    try:
+        return parse_shard(raw)
+    except ValueError as exc:
+        raise SettingsError(variable, raw, str(exc).split(", got")[0]) from None
+
+
 def _lease_ttl(variable: str, raw: str) -> float:
     value = _number(lo=0.0, lo_open=False)(variable, raw)
     if 0 < value < 0.2:
@@ -355,6 +366,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "instance": ("TAO_INSTANCE", _name),
     "lease_ttl_s": ("TAO_LEASE_TTL_S", _lease_ttl),
     "replicas": ("TAO_REPLICAS", _integer(lo=1, hi=5)),
+    "shard": ("TAO_SHARD", _shard),
     "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),
     "log_format": ("TAO_LOG_FORMAT", _choice(LOG_FORMATS)),
     "nodes": ("TAO_NODES", _nodes),

@@ -28,8 +28,11 @@ from shared.core.problem import ZERO, PlanResult
 from shared.core.session import INFERRED, Session
 from shared.core.tick import Decision, Move
 from shared.infra.busapi import MSG_ID_HEADER, Delivery
+from shared.infra.errors import SettingsError
 from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
+from shared.infra.settings import Settings
+from shared.infra.shard import Shard
 from shared.infra.store_types import NodeUpdate
 
 
@@ -401,3 +404,44 @@ class _DiesAfterFirstWrite:
             return await attr(*args, **kwargs)
 
         return write
+
+
+class TestShards:
+    async def test_each_session_is_handled_by_exactly_one_shard_in_order(self) -> None:
+        """Three tools processes with TAO_SHARD 0/3, 1/3, 2/3 on one bus and store: every
+        session's request, response, tool start and end are applied once, by its shard, in
+        order (the records end as one process would leave them); each shard takes only its
+        share."""
+        bus = FakeBus()
+        store = FakeStore()
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=100_000, healthy=True))
+        shards = [(await start(store, bus, shard=Shard(i, 3)))[0] for i in range(3)]
+        sids = [f"sess-{i}" for i in range(30)]
+        for sid in sids:
+            await bus.publish_msg(request(sid, "r1", 10.0))
+            await bus.publish_msg(response(sid, "r1", 11.0))  # calls c0 (bash)
+            await bus.publish_msg(ToolStart(session_id=sid, call_id="c0", tool="bash",
+                                            started_at=11.5, source=SOURCE_HOOK))  # fmt: skip
+            await bus.publish_msg(ToolEnd(session_id=sid, call_id="c0", ended_at=13.5,
+                                          source=SOURCE_HOOK))  # fmt: skip
+        await bus.settle()
+        for sid in sids:
+            s = await store.get_session(sid)
+            assert s is not None and s.tool is not None, sid
+            assert (s.tool.call_id, s.tool.completed_at, s.ended_calls) == ("c0", 13.5, ("c0",))
+            assert s.version == 4  # request, response, start, end: each applied once
+        owners = {sid: [i for i in range(3) if Shard(i, 3).owns(sid)] for sid in sids}
+        assert all(len(o) == 1 for o in owners.values())
+        for i, h in enumerate(shards):
+            share = sum(1 for o in owners.values() if o == [i])
+            assert h.handled == 4 * share  # its sessions' four events, nothing else
+            assert h.foreign == 4 * (len(sids) - share)
+        assert min(h.handled for h in shards) > 0  # 30 sessions spread over every shard
+        await bus.drain()
+
+    def test_the_shard_setting_and_consumer_names(self) -> None:
+        assert Settings.from_env({"TAO_SHARD": "1/4"}).shard == Shard(1, 4)
+        with pytest.raises(SettingsError, match="TAO_SHARD"):
+            Settings.from_env({"TAO_SHARD": "4/4"})
+        assert Shard().member("tools") == "tools"  # unsharded: the durables it always had
+        assert Shard(1, 4).member("tools") == "tools-1of4"

@@ -258,17 +258,29 @@ class Leadership:
             while True:
                 leading = await self.step()
                 if leading and self.epoch != was:
-                    was = self.epoch
                     self.log.info("lease_acquired", key=self.key, epoch=self.epoch)
-                    await on_change(self.epoch)
+                    if await self._tell(on_change, self.epoch):
+                        was = self.epoch  # else told again next period
                 elif not leading and was:
                     self.log.warning("lease_lost", key=self.key, epoch=was)
                     was = 0
-                    await on_change(0)
+                    await self._tell(on_change, 0)
                 await anyio.sleep(ttl / 3 if leading else ttl / 4)
         finally:
             with anyio.CancelScope(shield=True):
                 await self.release()
+
+    async def _tell(self, on_change: OnChange, epoch: int) -> bool:
+        """Run ``on_change(epoch)``; a failure (the store down during the hand-over) is logged
+        and reported, never raised: the caller tries again next period."""
+        try:
+            await on_change(epoch)
+        except Exception as exc:
+            self.log.warning(
+                "lease_handover_failed", key=self.key, epoch=epoch, error=str(exc) or repr(exc)
+            )
+            return False
+        return True
 
     async def release(self) -> None:
         """Give the lease up now (a clean stop), so a standby need not wait for it to lapse."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import anyio
 import orjson
 import pytest
 
@@ -131,3 +132,25 @@ class TestLeadership:
         assert await a.step()  # still valid
         clock.t += TTL
         assert not await a.step() and not a.leading
+
+
+class TestRun:
+    async def test_a_failed_hand_over_is_retried_and_a_stop_releases(
+        self, table: MemoryLeaseTable, clock: Clock
+    ) -> None:
+        """``run`` tells the new epoch again when the hand-over raised (the store was down),
+        and deletes the key when cancelled, so a standby need not wait for it to lapse."""
+        told: list[int] = []
+
+        async def on_change(epoch: int) -> None:
+            told.append(epoch)
+            if len(told) == 1:
+                raise ConnectionError("store down")
+
+        table.ttl_s = 0.3  # real sleeps between steps: keep them short
+        a = Leadership(table, lease_key("planner", "d1"), "a", clock=clock)
+        with anyio.move_on_after(0.5):
+            await a.run(on_change)
+        assert len(told) >= 2 and told[0] == told[1] > 0  # the same epoch, told again
+        assert a.takeovers == 1
+        assert a.epoch == 0 and await table.get(a.key) is None  # released on the way out

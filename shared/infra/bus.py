@@ -63,8 +63,11 @@ _DEFAULT_AGE: Final = 24 * HOUR
 _EPHEMERAL_IDLE_S: Final = 30.0
 _ATTEMPT_S: Final = 2.0  # one TCP + INFO/CONNECT attempt (nats-py's own default is 2 s)
 
-PUBLISH_RETRY_S: Final = 10.0
-"""How long a stream publish is retried while the server cannot take it (:meth:`Bus.publish`)."""
+PUBLISH_RETRY_S: Final = 20.0
+"""How long a stream publish is retried while the server cannot take it (:meth:`Bus.publish`):
+a replicated stream whose leader's server died waits 4–9 s for a new one (nats-server
+``minElectionTimeoutDefault`` .. ``maxElectionTimeoutDefault``, server/raft.go), so 20 s covers
+one election that times out and a second round."""
 _TRANSIENT: Final = (
     nats.errors.TimeoutError,
     nats.errors.ConnectionReconnectingError,

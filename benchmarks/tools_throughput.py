@@ -6,6 +6,7 @@ A script, not a test: it prints a markdown table to stdout (progress goes to std
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --events 20000 --runs 1
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --taskset 1     # pin the service
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --profile /tmp/tools.prof
+    PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --shards 1,2   # TAO_SHARD
 
 What one run does, in a fresh namespace and domain (streams and keys removed afterwards):
 
@@ -20,6 +21,11 @@ What one run does, in a fresh namespace and domain (streams and keys removed aft
    unacknowledged, over that time (process start-up is not counted);
 4. checks the result: every session record equals what the service's steps applied one by
    one in stream order give, and the tool statistics hold every recorded duration.
+
+``--shards N[,N…]``: per value, N tools processes with ``TAO_SHARD=i/N`` (each its own
+durable, ``tools-<i>of<N>-TAO_V1_TOOL``; shared/infra/shard.py) instead of one; the rate is
+the events over the time until every shard's durable has nothing pending nor unacknowledged
+(each shard receives every event and applies its own sessions').
 
 Servers: ``TAO_NATS_URL`` / ``TAO_REDIS_URL``, else 127.0.0.1:4222 / 6379 if they answer, else
 embedded ones (``shared.infra.embedded``); ``--embedded-nats`` always starts a fresh NATS (a
@@ -51,6 +57,7 @@ from shared.contracts import ToolEnd, ToolEvent, ToolProgress, ToolStart, encode
 from shared.core.predictor import History, ToolStats, update
 from shared.core.session import Session, on_request, on_response
 from shared.infra import Bus, EmbeddedServers, nats_answers, redis_answers
+from shared.infra.shard import Shard
 from shared.infra.store import Store
 
 LOCAL_NATS = "nats://127.0.0.1:4222"
@@ -143,28 +150,45 @@ async def publish_all(bus: Bus, evs: list[ToolEvent], window: int = 512) -> None
         await asyncio.gather(*(bus.publish(s, d) for s, d in items[start : start + window]))
 
 
+@dataclass(frozen=True)
+class _Info:
+    num_pending: int
+    num_ack_pending: int
+
+
 class Stalled(RuntimeError):
     """The consumer stopped making progress (see the report: a JetStream push delivery stall)."""
 
 
-async def wait_consumed(bus: Bus, total: int, proc: subprocess.Popen[bytes]) -> float:
-    """Events/s between the first sight of the tools durable and nothing left to ack.
-    Raises :class:`Stalled` when fewer than 1 % of the events were acked in the last 3 s."""
+async def wait_consumed(
+    bus: Bus, total: int, procs: list[subprocess.Popen[bytes]], shards: int = 1
+) -> float:
+    """Events/s between the first sight of every shard's durable and nothing left to ack on
+    any (the slowest shard's ack floor counts). Raises :class:`Stalled` when fewer than 1 % of
+    the events were acked in the last 3 s."""
     js = bus.nc.jetstream()
     stream = bus.stream_name(subjects.STREAM_TOOL)
-    durable = subjects.durable_name("tools", subjects.STREAM_TOOL)
+    durables = [
+        subjects.durable_name(Shard(i, shards).member("tools"), subjects.STREAM_TOOL)
+        for i in range(shards)
+    ]
     t0: float | None = None
     acked0 = 0
     while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"tools service exited with {proc.returncode}")
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"tools service exited with {proc.returncode}")
         try:
-            info = await js.consumer_info(stream, durable)
+            infos = [await js.consumer_info(stream, d) for d in durables]
         except NotFoundError:
             await asyncio.sleep(0.01)
             continue
         now = time.perf_counter()
-        acked = info.ack_floor.stream_seq if info.ack_floor else 0
+        floors = [i.ack_floor.stream_seq if i.ack_floor else 0 for i in infos]
+        acked = min(f or 0 for f in floors)
+        info = _Info(
+            sum(i.num_pending or 0 for i in infos), sum(i.num_ack_pending or 0 for i in infos)
+        )
         if t0 is None:
             t0, acked0 = now, acked or 0
             mark = (now, acked0)
@@ -181,12 +205,12 @@ async def wait_consumed(bus: Bus, total: int, proc: subprocess.Popen[bytes]) -> 
         await asyncio.sleep(0.01)
 
 
-async def one_run(args: argparse.Namespace, srv: Servers) -> float:
+async def one_run(args: argparse.Namespace, srv: Servers, shards: int = 1) -> float:
     ns, domain = "b" + uuid.uuid4().hex[:12], "b" + uuid.uuid4().hex[:12]
     r = aioredis.Redis.from_url(srv.redis)
     store = Store(r, domain)
     bus = await Bus.connect(srv.nats, name="bench-tools", namespace=ns)
-    proc: subprocess.Popen[bytes] | None = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
         await bus.ensure_streams()
         start = {s.id: s for s in map(initial, range(args.sessions))}
@@ -204,10 +228,14 @@ async def one_run(args: argparse.Namespace, srv: Servers) -> float:
         if args.taskset is not None:
             cmd = ["taskset", "-c", args.taskset, *cmd]
         log = open(args.service_log, "ab") if args.service_log else subprocess.DEVNULL  # noqa: SIM115
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log)
-        rate = await wait_consumed(bus, len(evs), proc)
-        proc.terminate()
-        proc.wait(30)
+        for i in range(shards):
+            shard_env = dict(env, TAO_SHARD=f"{i}/{shards}")
+            procs.append(subprocess.Popen(cmd, env=shard_env, stdout=log, stderr=log))
+        rate = await wait_consumed(bus, len(evs), procs, shards)
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
         want, want_hist = expected(start, evs)
         got = {s.id: s for s in await store.sessions()}
         bad = [sid for sid in want if got.get(sid) != want[sid]]
@@ -219,9 +247,10 @@ async def one_run(args: argparse.Namespace, srv: Servers) -> float:
             )
         return rate
     finally:
-        if proc is not None and proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
         await store.clear()
         await r.aclose()
         await bus.delete_streams()
@@ -231,21 +260,24 @@ async def one_run(args: argparse.Namespace, srv: Servers) -> float:
 async def run(args: argparse.Namespace) -> int:
     srv = servers(args.embedded_nats)
     load0 = os.getloadavg()[0]
-    rates: list[float] = []
+    counts = [int(x) for x in args.shards.split(",")]
+    rates: dict[int, list[float]] = {n: [] for n in counts}
     stalls: list[str] = []
     try:
         for i in range(args.runs):
-            print(
-                f"run {i + 1}/{args.runs}: {args.events} events, {args.sessions} sessions",
-                file=sys.stderr,
-            )
-            try:
-                rates.append(await one_run(args, srv))
-            except Stalled as exc:
-                stalls.append(str(exc))
-                print(f"  {exc}", file=sys.stderr)
-                continue
-            print(f"  {rates[-1]:,.0f} events/s", file=sys.stderr)
+            for n in counts:  # alternate the variants, so drift hits each alike
+                print(
+                    f"run {i + 1}/{args.runs}, {n} shard(s): {args.events} events, "
+                    f"{args.sessions} sessions",
+                    file=sys.stderr,
+                )
+                try:
+                    rates[n].append(await one_run(args, srv, n))
+                except Stalled as exc:
+                    stalls.append(f"{n} shard(s): {exc}")
+                    print(f"  {exc}", file=sys.stderr)
+                    continue
+                print(f"  {rates[n][-1]:,.0f} events/s", file=sys.stderr)
     finally:
         if srv.embedded is not None:
             srv.embedded.stop()
@@ -256,12 +288,14 @@ async def run(args: argparse.Namespace) -> int:
     print(f"load average (1 min) {load0:.2f} before, {load1:.2f} after\n")
     print("| measure | median events/s | best events/s |")
     print("|---|---:|---:|")
-    if rates:
-        med, best = statistics.median(rates), max(rates)
-        print(f"| tools service, end to end ({len(rates)} runs) | {med:,.0f} | {best:,.0f} |")
+    for n, got in rates.items():
+        if got:
+            what = "tools service" if n == 1 else f"{n} tools processes (TAO_SHARD)"
+            med, best = statistics.median(got), max(got)
+            print(f"| {what}, end to end ({len(got)} runs) | {med:,.0f} | {best:,.0f} |")
     for stall in stalls:
         print(f"| run STALLED: {stall} | - | - |")
-    return 0 if rates else 1
+    return 0 if any(rates.values()) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -274,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-level", default="info", help="TAO_LOG_LEVEL of the service")
     p.add_argument("--embedded-nats", action="store_true", help="a fresh nats-server for the run")
     p.add_argument("--service-log", default=None, help="append the service's stderr here")
+    p.add_argument("--shards", default="1", help="tools processes per run, e.g. 1,2 (TAO_SHARD)")
     args = p.parse_args(argv)
     if args.events < 1 or args.sessions < 1 or args.runs < 1:
         p.error("--events, --sessions and --runs must be >= 1")

@@ -11,7 +11,7 @@ One ``[[node]]`` table per inference node::
     model = "Qwen/Qwen3-32B"                      # optional; served model name
     capacity_tokens = 524288                      # optional; overrides vllm:cache_config_info
     return_token_ids = false                      # optional; default true (gateway asks for ids)
-    domain = "pool-a"                             # optional; scheduling domain (default "default")
+    domain = "pool-a"                             # optional; scheduling domain (default: any)
 
 ``kv_events`` / ``kv_replay`` are the ``endpoint`` / ``replay_endpoint`` of vLLM's
 ``--kv-events-config`` as seen from the scheduler (``tcp://*:5557`` on the engine becomes
@@ -20,8 +20,9 @@ Unknown keys are errors (a typo must not silently drop a setting); every error n
 the node and the key.
 
 ``domain`` names the node's scheduling domain (docs/scale-out.md): each domain's services
-(``TAO_DOMAIN``) see only its own nodes (:func:`domain_nodes`), so one file can describe the
-whole fleet.
+(``TAO_DOMAIN``) see only its own nodes and the nodes that name no domain (:func:`domain_nodes`),
+so one file can describe the whole fleet, and a file without the key is one domain's, whatever
+that domain is called.
 """
 
 from __future__ import annotations
@@ -36,7 +37,6 @@ from .errors import ConfigFileError
 from .tomlfile import read_toml, tables
 
 __all__ = [
-    "DEFAULT_DOMAIN",
     "NodeSpec",
     "NodesFileError",
     "domain_nodes",
@@ -68,7 +68,7 @@ class NodeSpec:
     model: str | None = None
     capacity_tokens: int | None = None
     return_token_ids: bool = True
-    domain: str = "default"
+    domain: str | None = None
 
     @property
     def metrics(self) -> str:
@@ -102,7 +102,6 @@ _KEYS: Final = (
     "return_token_ids",
     "domain",
 )
-DEFAULT_DOMAIN: Final = "default"
 
 
 class NodesFileError(ConfigFileError):
@@ -163,11 +162,12 @@ def _node(raw: object, index: int) -> NodeSpec:
 
 
 def domain_nodes(nodes: Iterable[NodeSpec], domain: str) -> tuple[NodeSpec, ...]:
-    """The nodes of ``domain``; ValueError naming the domains there are when it has none."""
+    """The nodes of ``domain`` and those naming none; ValueError naming the domains there are
+    when that leaves none."""
     nodes = tuple(nodes)
-    mine = tuple(n for n in nodes if n.domain == domain)
+    mine = tuple(n for n in nodes if n.domain is None or n.domain == domain)
     if nodes and not mine:
-        there = ", ".join(sorted({n.domain for n in nodes}))
+        there = ", ".join(sorted({n.domain for n in nodes if n.domain is not None}))
         raise ValueError(f"no node of domain {domain!r} (the file's domains: {there})")
     return mine
 
@@ -210,9 +210,6 @@ def render_nodes_file(nodes: Iterable[NodeSpec], header: str = "") -> str:
         lines.append("[[node]]")
         for key in _KEYS:
             value = getattr(spec, key)
-            default = (key == "return_token_ids" and value) or (
-                key == "domain" and value == DEFAULT_DOMAIN
-            )
-            if value is not None and not default:
+            if value is not None and not (key == "return_token_ids" and value):
                 lines.append(f"{key} = {_toml_value(value)}")
     return "\n".join(lines) + "\n"

@@ -56,7 +56,7 @@ message names the variable, what is wrong and what was given
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
 | TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
 | TAO_NODES_FILE            | (unset)   | node inventory, TOML `[[node]]` tables (nodesfile.py)   |
-|                           |           | (only the nodes of TAO_DOMAIN, by their `domain` key)   |
+|                           |           | (a node's `domain` key: only TAO_DOMAIN's read it)      |
 | TAO_NODES                 | (empty)   | short form without KV events: `id=url,id=url`           |
 | TAO_MAX_DELIVER           | 5         | deliveries of a failing message before dead-lettering   |
 | TAO_ACK_WAIT_S            | 30        | JetStream redelivery after an unacked delivery, s (> 0) |
@@ -78,7 +78,6 @@ from typing import Any, Final
 from .access import redact
 from .errors import SettingsError
 from .nodesfile import (
-    DEFAULT_DOMAIN,
     NodesFileError,
     NodeSpec,
     domain_nodes,
@@ -165,7 +164,7 @@ class Settings:
         if "nodes_file" in values:
             nodes = _nodes_file(values["nodes_file"], "nodes" in values)
             try:
-                values["nodes"] = domain_nodes(nodes, values.get("domain", DEFAULT_DOMAIN))
+                values["nodes"] = domain_nodes(nodes, values.get("domain", "default"))
             except ValueError as exc:
                 raise SettingsError("TAO_NODES_FILE", values["nodes_file"], str(exc)) from None
         return cls(**values)

@@ -102,8 +102,9 @@ def test_settings_reads_the_file(tmp_path: Path) -> None:
 
 class TestDomains:
     def test_each_domain_sees_only_its_nodes(self, tmp_path: Path) -> None:
-        """One file for the fleet: TAO_DOMAIN picks its pool; a domain with no node is a
-        settings error naming the domains there are; the domain key round-trips."""
+        """One file for the fleet: TAO_DOMAIN picks its pool, and a node naming no domain is
+        every domain's; a domain left with no node is a settings error naming the domains
+        there are; the domain key round-trips."""
         path = tmp_path / "nodes.toml"
         path.write_text(
             '[[node]]\nid = "a1"\nurl = "http://a1:8000"\ndomain = "pool-a"\n\n'
@@ -111,11 +112,13 @@ class TestDomains:
             '[[node]]\nid = "d1"\nurl = "http://d1:8000"\n'
         )
         env = {"TAO_NODES_FILE": str(path)}
+        only = tmp_path / "pools.toml"  # every node names its domain
+        only.write_text(path.read_text().split('[[node]]\nid = "d1"')[0])
         by = {d: [n.id for n in Settings.from_env({**env, "TAO_DOMAIN": d}).nodes]
               for d in ("pool-a", "pool-b", "default")}  # fmt: skip
-        assert by == {"pool-a": ["a1"], "pool-b": ["b1"], "default": ["d1"]}
+        assert by == {"pool-a": ["a1", "d1"], "pool-b": ["b1", "d1"], "default": ["d1"]}
         with pytest.raises(SettingsError, match=r"no node of domain 'pool-c'.*pool-a, pool-b"):
-            Settings.from_env({**env, "TAO_DOMAIN": "pool-c"})
+            Settings.from_env({"TAO_NODES_FILE": str(only), "TAO_DOMAIN": "pool-c"})
         nodes = load_nodes_file(path)
         again = tmp_path / "again.toml"
         again.write_text(render_nodes_file(nodes))

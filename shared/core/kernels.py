@@ -1,4 +1,9 @@
-"""numba kernels for the planner. Each has a slow, obvious twin in :mod:`shared.core.reference`.
+"""numba kernels for the planner. Each public one has a slow, obvious twin in
+:mod:`shared.core.reference` with the same signature; the private helpers are steps of a
+kernel (:func:`expand_layer`: :func:`_bubble`, :func:`_probe`) and are checked through it.
+They are also ``inline="always"`` (numba inlines them before typing): :func:`expand_layer` is
+the planner's hot loop, and helpers there measured slower as calls, and slower still when they
+wrote the output rows (see ``docs/benchmarks.md``).
 
 Values are lexicographic 4-tuples ``(k, r, t, count)`` held as four int64 columns and compared
 component by component (:func:`lex_cmp`), never summed with weights. All kernels are
@@ -11,7 +16,17 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from shared.core.problem import I64
+from shared.core.problem import B1, I64
+
+BoundTables = tuple[I64, I64, int, I64, int]
+"""What :func:`bound_of` reads, as one argument: ``(node_table, node_tab_idx, g_node,
+agg_tables, g_agg)``, the suffix-knapsack tables per node and over pooled capacity with their
+capacity granularities (layout in :func:`bound_of`; the planner builds them). A plain tuple:
+numba dispatches it about as fast as separate arguments (≈0.1 µs more a call; a NamedTuple
+adds ≈0.9 µs)."""
+Candidate = tuple[int, B1, I64, int, int]
+"""The candidate :func:`expand_layer` places: ``(w, elig_row, k_row, r, t)``, its weight, its
+eligibility and credit per node, its readiness and tokens."""
 
 _HASH_MUL = np.uint64(0x9E3779B97F4A7C15)
 
@@ -141,19 +156,13 @@ def _hash_row(row: np.ndarray) -> np.uint64:
 
 
 @njit(cache=True, nogil=True)
-def bound_of(
-    rem: np.ndarray,
-    j: int,
-    node_table: np.ndarray,
-    node_tab_idx: np.ndarray,
-    g_node: int,
-    agg_tables: np.ndarray,
-    g_agg: int,
-) -> tuple[int, int, int, int]:
+def bound_of(rem: np.ndarray, j: int, tables: BoundTables) -> tuple[int, int, int, int]:
     """A lexicographic upper bound on what items ``j..`` can still add at remaining capacities
     ``rem``: every completion's value ``(Σk, Σr, Σt, count)`` is lexicographically ≤ it.
 
-    Tables are suffix knapsacks over the DP's candidate order, indexed ``[.., j, capacity]``.
+    ``tables`` is :data:`BoundTables` ``(node_table, node_tab_idx, g_node, agg_tables, g_agg)``:
+    suffix knapsacks over the DP's candidate order, indexed ``[.., j, capacity]``, per node at
+    capacity granularity ``g_node`` and over pooled capacity at ``g_agg``.
     ``node_tab_idx[b, 0]``: node ``b``'s credit table (-1: no credit there).
     ``node_tab_idx[b, 1]``: first of five tables for the sessions that may go anywhere, shared
     by every node (-1: none): lexicographic (r, t, count) planes, then max Σt, then max count.
@@ -180,6 +189,7 @@ def bound_of(
     componentwise maxima. Capacities are rounded up and weights down to each table's
     granularity, which keeps them bounds.
     """
+    node_table, node_tab_idx, g_node, agg_tables, g_agg = tables
     m = rem.shape[0]
     lam = m > 0 and node_tab_idx[0, 2] >= 0
     mixed = False
@@ -257,17 +267,7 @@ def bound_of(
 
 
 @njit(cache=True, nogil=True)
-def optimistic(
-    used: np.ndarray,
-    vals: I64,
-    cap: I64,
-    j: int,
-    node_table: np.ndarray,
-    node_tab_idx: I64,
-    g_node: int,
-    agg_tables: np.ndarray,
-    g_agg: int,
-) -> I64:
+def optimistic(used: np.ndarray, vals: I64, cap: I64, j: int, tables: BoundTables) -> I64:
     """Value plus :func:`bound_of` for every state: the beam's ranking key, shape (S, 4)."""
     s_count, m = used.shape
     out = np.empty((s_count, 4), dtype=np.int64)
@@ -275,12 +275,45 @@ def optimistic(
     for s in range(s_count):
         for b in range(m):
             rem[b] = cap[b] - used[s, b]
-        u0, u1, u2, u3 = bound_of(rem, j, node_table, node_tab_idx, g_node, agg_tables, g_agg)
+        u0, u1, u2, u3 = bound_of(rem, j, tables)
         out[s, 0] = vals[s, 0] + u0
         out[s, 1] = vals[s, 1] + u1
         out[s, 2] = vals[s, 2] + u2
         out[s, 3] = vals[s, 3] + u3
     return out
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _bubble(child: np.ndarray, p: int, g0: int) -> None:
+    """Restore canonical form after ``child[p]`` was raised: move it up past the smaller
+    coordinates before it in its group (nodes ``g0..``), which keeps the group descending."""
+    q = p
+    while q > g0 and child[q - 1] < child[q]:
+        tmp = child[q - 1]
+        child[q - 1] = child[q]
+        child[q] = tmp
+        q -= 1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _probe(table: np.ndarray, rows: np.ndarray, child: np.ndarray) -> np.uint64:
+    """Where ``child`` belongs in the open-addressing ``table`` (power-of-two size, ``-1`` free,
+    else a row of ``rows``): linear probing from its hash to the first slot that is free or
+    holds a row equal to ``child``."""
+    mask = np.uint64(table.shape[0] - 1)
+    h = _hash_row(child) & mask
+    while True:
+        slot = table[h]
+        if slot < 0:
+            return h
+        same = True
+        for b in range(child.shape[0]):
+            if rows[slot, b] != child[b]:
+                same = False
+                break
+        if same:
+            return h
+        h = (h + np.uint64(1)) & mask
 
 
 @njit(cache=True, nogil=True)
@@ -289,44 +322,38 @@ def expand_layer(
     vals: I64,
     cap: I64,
     group_start: I64,
-    wi: int,
-    elig_row: np.ndarray,
-    k_row: I64,
-    ri: int,
-    ti: int,
+    cand: Candidate,
     j_next: int,
-    node_table: np.ndarray,
-    node_tab_idx: I64,
-    g_node: int,
-    agg_tables: np.ndarray,
-    g_agg: int,
+    tables: BoundTables,
     lb: I64,
     max_out: int,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, int]:
     """Expand every state by one candidate: skip, or place it on each eligible node that fits.
 
-    ``used`` (S, m) holds capacity used per node in canonical form: within each group of
-    interchangeable nodes (contiguous, starting at ``group_start[b]``) the values are sorted in
-    descending order, so symmetric states collapse into one. A child is kept only if its value
-    plus the bound of what remains beats the incumbent ``lb`` (updated in place as children
-    improve it). Children with equal canonical vectors are merged, keeping the larger value
-    (the first one on ties, which keeps the result deterministic).
+    ``cand`` is :data:`Candidate` ``(w, elig_row, k_row, r, t)``: its weight, eligibility and
+    credit per node, readiness and tokens. ``used`` (S, m) holds capacity used per node in
+    canonical form: within each group of interchangeable nodes (contiguous, starting at
+    ``group_start[b]``) the values are sorted in descending order, so symmetric states collapse
+    into one (:func:`_bubble`). A child is kept only if its value plus the :func:`bound_of`
+    (over ``tables``, from item ``j_next``) of what remains beats the incumbent ``lb`` (updated
+    in place as children improve it). Children with equal canonical vectors are merged through
+    an open-addressing table (:func:`_probe`), keeping the larger value (the first one on ties,
+    which keeps the result deterministic).
 
     Returns ``(used, vals, parent, move, count, lb_slot)``; ``move`` is the canonical position
     placed (``-1`` for skip). ``count == -1`` means more than ``max_out`` children: budget
     exhausted. ``lb_slot`` is the child that last raised ``lb`` (or -1), so the caller can
     rebuild the incumbent even if that child's descendants are pruned later.
     """
+    wi, elig_row, k_row, ri, ti = cand
     s_count, m = used.shape
-    out_cap = max_out
-    n_used = np.empty((out_cap, m), dtype=used.dtype)
-    n_vals = np.empty((out_cap, 4), dtype=np.int64)
-    n_parent = np.empty(out_cap, dtype=np.int32)
-    n_move = np.empty(out_cap, dtype=np.int32)
-    size = 1
-    while size < 2 * out_cap + 2:
+    n_used = np.empty((max_out, m), dtype=used.dtype)
+    n_vals = np.empty((max_out, 4), dtype=np.int64)
+    n_parent = np.empty(max_out, dtype=np.int32)
+    n_move = np.empty(max_out, dtype=np.int32)
+    size = 1  # a power of two above 2 × max_out + 1: probes stay short and find a free slot
+    while size < 2 * max_out + 2:
         size *= 2
-    mask = np.uint64(size - 1)
     table = np.full(size, -1, dtype=np.int32)
     child = np.empty(m, dtype=used.dtype)
     rem = np.empty(m, dtype=np.int64)
@@ -340,6 +367,7 @@ def expand_layer(
                 # symmetry: within a group, place only on the first node of each used level
                 if p > group_start[p] and used[s, p - 1] == used[s, p]:
                     continue
+            # the child: the parent's row and value, plus the candidate on p
             for b in range(m):
                 child[b] = used[s, b]
             v0 = vals[s, 0]
@@ -352,66 +380,50 @@ def expand_layer(
                 v1 += ri
                 v2 += ti
                 v3 += 1
-                q = p
-                g0 = group_start[p]
-                while q > g0 and child[q - 1] < child[q]:
-                    tmp = child[q - 1]
-                    child[q - 1] = child[q]
-                    child[q] = tmp
-                    q -= 1
+                _bubble(child, p, group_start[p])
+            # prune: value + bound of the rest must beat the incumbent
             for b in range(m):
                 rem[b] = cap[b] - child[b]
-            u0, u1, u2, u3 = bound_of(
-                rem, j_next, node_table, node_tab_idx, g_node, agg_tables, g_agg
-            )
+            u0, u1, u2, u3 = bound_of(rem, j_next, tables)
             if lex_cmp(v0 + u0, v1 + u1, v2 + u2, v3 + u3, lb[0], lb[1], lb[2], lb[3]) <= 0:
                 continue
             improves = lex_cmp(v0, v1, v2, v3, lb[0], lb[1], lb[2], lb[3]) > 0
-            h = _hash_row(child) & mask
-            while True:
-                slot = table[h]
-                if slot < 0:
-                    if count >= out_cap:
-                        return n_used, n_vals, n_parent, n_move, -1, lb_slot
-                    table[h] = count
-                    slot = count
-                    for b in range(m):
-                        n_used[count, b] = child[b]
-                    n_vals[count, 0] = v0
-                    n_vals[count, 1] = v1
-                    n_vals[count, 2] = v2
-                    n_vals[count, 3] = v3
-                    n_parent[count] = s
-                    n_move[count] = p
-                    count += 1
-                    break
-                same = True
+            # merge: a new state takes the next row; an equal one keeps the larger value
+            h = _probe(table, n_used, child)
+            slot = table[h]
+            if slot < 0:
+                if count >= max_out:
+                    return n_used, n_vals, n_parent, n_move, -1, lb_slot
+                table[h] = count
+                slot = count
+                count += 1
                 for b in range(m):
-                    if n_used[slot, b] != child[b]:
-                        same = False
-                        break
-                if same:
-                    if (
-                        lex_cmp(
-                            v0,
-                            v1,
-                            v2,
-                            v3,
-                            n_vals[slot, 0],
-                            n_vals[slot, 1],
-                            n_vals[slot, 2],
-                            n_vals[slot, 3],
-                        )
-                        > 0
-                    ):
-                        n_vals[slot, 0] = v0
-                        n_vals[slot, 1] = v1
-                        n_vals[slot, 2] = v2
-                        n_vals[slot, 3] = v3
-                        n_parent[slot] = s
-                        n_move[slot] = p
-                    break
-                h = (h + np.uint64(1)) & mask
+                    n_used[slot, b] = child[b]
+                n_vals[slot, 0] = v0
+                n_vals[slot, 1] = v1
+                n_vals[slot, 2] = v2
+                n_vals[slot, 3] = v3
+                n_parent[slot] = s
+                n_move[slot] = p
+            elif (
+                lex_cmp(
+                    v0,
+                    v1,
+                    v2,
+                    v3,
+                    n_vals[slot, 0],
+                    n_vals[slot, 1],
+                    n_vals[slot, 2],
+                    n_vals[slot, 3],
+                )
+                > 0
+            ):
+                n_vals[slot, 0] = v0
+                n_vals[slot, 1] = v1
+                n_vals[slot, 2] = v2
+                n_vals[slot, 3] = v3
+                n_parent[slot] = s
+                n_move[slot] = p
             if improves:
                 lb[0] = v0
                 lb[1] = v1

@@ -44,6 +44,7 @@ import numpy as np
 
 from shared.core.heuristics import PORTFOLIO, Choice
 from shared.core.kernels import (
+    BoundTables,
     bound_of,
     expand_layer,
     improve,
@@ -145,6 +146,11 @@ class _Bounds:
     agg: np.ndarray
     g_agg: int
 
+    @property
+    def tables(self) -> BoundTables:
+        """The one argument the kernels take (:data:`shared.core.kernels.BoundTables`)."""
+        return (self.node_table, self.node_tab_idx, self.g_node, self.agg, self.g_agg)
+
 
 def _bounds(p: _Prepared) -> _Bounds:
     """Suffix-knapsack tables for :func:`shared.core.kernels.bound_of` (layout documented
@@ -239,7 +245,7 @@ def _granularity(cap: int, rows: int, cells: int) -> int:
 
 
 def _root_bound(p: _Prepared, bd: _Bounds) -> Objective:
-    u = bound_of(p.cap.copy(), 0, bd.node_table, bd.node_tab_idx, bd.g_node, bd.agg, bd.g_agg)
+    u = bound_of(p.cap.copy(), 0, bd.tables)
     return Objective(int(u[0]), int(u[1]), int(u[2]), int(u[3]))
 
 
@@ -273,9 +279,7 @@ def _trace(parents: list[np.ndarray], moves: list[np.ndarray], layer: int, slot:
 
 def _rank(p: _Prepared, bd: _Bounds, used: np.ndarray, vals: np.ndarray, j: int) -> np.ndarray:
     """Order states by optimistic value (value + bound), best first; ties by value, then index."""
-    opt = optimistic(
-        used, vals, p.cap, j, bd.node_table, bd.node_tab_idx, bd.g_node, bd.agg, bd.g_agg
-    )
+    opt = optimistic(used, vals, p.cap, j, bd.tables)
     keys = (
         np.arange(used.shape[0]),
         *(-vals[:, c] for c in (3, 2, 1, 0)),
@@ -329,6 +333,7 @@ def _search(
     moves: list[np.ndarray] = []
     states = 0
     path: list[int] | None = None
+    tables = bd.tables
     for j in range(n):
         if expired is not None and expired():
             return _Search(states, False, path, j)
@@ -339,24 +344,9 @@ def _search(
         examined = used.shape[0] * (m + 1)  # every state tries skip and each node
         if width == 0 and states + examined > budget:
             return _Search(states, False, path, j)
+        cand = (int(p.w[j]), p.elig[j], p.k[j], int(p.r[j]), int(p.t[j]))
         n_used, n_vals, n_parent, n_move, count, lb_slot = expand_layer(
-            used,
-            vals,
-            p.cap,
-            p.group_start,
-            int(p.w[j]),
-            p.elig[j],
-            p.k[j],
-            int(p.r[j]),
-            int(p.t[j]),
-            j + 1,
-            bd.node_table,
-            bd.node_tab_idx,
-            bd.g_node,
-            bd.agg,
-            bd.g_agg,
-            lb,
-            examined,
+            used, vals, p.cap, p.group_start, cand, j + 1, tables, lb, examined
         )
         if count < 0:  # cannot happen: max_out is every child this layer can make
             raise AssertionError("expand_layer overflowed its own bound")

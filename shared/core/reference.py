@@ -19,6 +19,10 @@ import numpy.typing as npt
 Value = tuple[int, int, int, int]
 Array = npt.NDArray[Any]
 State = tuple[int, ...]
+BoundTables = tuple[Array, Array, int, Array, int]
+"""``(node_table, node_tab_idx, g_node, agg_tables, g_agg)``, as the kernels take them."""
+Candidate = tuple[int, Array, Array, int, int]
+"""``(w, elig_row, k_row, r, t)``: the candidate a layer places, as the kernels take it."""
 
 
 def _ints(a: Array) -> list[int]:
@@ -105,17 +109,10 @@ def knapsack_lex(w: Array, vals: Array, cap: int) -> tuple[bool, ...]:
     return lex_knapsack_best(w, vals, cap)[0]
 
 
-def bound_of(
-    rem: Array,
-    j: int,
-    node_table: Array,
-    node_tab_idx: Array,
-    g_node: int,
-    agg_tables: Array,
-    g_agg: int,
-) -> Value:
+def bound_of(rem: Array, j: int, tables: BoundTables) -> Value:
     """The kernel's bound written out: the lexicographic minimum of ``(U_k, X)`` and, when
     credit nodes carry lexicographic planes, the mixed bound (see the kernel's docstring)."""
+    node_table, node_tab_idx, g_node, agg_tables, g_agg = tables
     rems = _ints(rem)
     m = len(rems)
     cols = [-(-left // g_node) for left in rems]
@@ -152,25 +149,13 @@ def bound_of(
     return best
 
 
-def optimistic(
-    used: Array,
-    vals: Array,
-    cap: Array,
-    j: int,
-    node_table: Array,
-    node_tab_idx: Array,
-    g_node: int,
-    agg_tables: Array,
-    g_agg: int,
-) -> list[Value]:
+def optimistic(used: Array, vals: Array, cap: Array, j: int, tables: BoundTables) -> list[Value]:
     """Per state: its value plus :func:`bound_of` at its remaining capacity."""
     out: list[Value] = []
     for s in range(used.shape[0]):
         rem = np.array([int(c) - int(u) for c, u in zip(cap, used[s], strict=True)])
         value: Value = (int(vals[s, 0]), int(vals[s, 1]), int(vals[s, 2]), int(vals[s, 3]))
-        out.append(
-            _add(value, bound_of(rem, j, node_table, node_tab_idx, g_node, agg_tables, g_agg))
-        )
+        out.append(_add(value, bound_of(rem, j, tables)))
     return out
 
 
@@ -197,18 +182,11 @@ class Move(NamedTuple):
 
 
 def _moves(
-    used: Array,
-    vals: Array,
-    cap: Array,
-    group_start: Array,
-    wi: int,
-    elig_row: Array,
-    k_row: Array,
-    ri: int,
-    ti: int,
+    used: Array, vals: Array, cap: Array, group_start: Array, cand: Candidate
 ) -> Iterator[Move]:
     """Every (parent, skip-or-node) child in the kernel's order: parents in order, skip first,
     then every eligible node with room (no symmetry shortcut), each child made canonical."""
+    wi, elig_row, k_row, ri, ti = cand
     caps, starts, ks = _ints(cap), _ints(group_start), _ints(k_row)
     oks = [bool(x) for x in np.asarray(elig_row).reshape(-1)]
     for s in range(used.shape[0]):
@@ -223,19 +201,11 @@ def _moves(
 
 
 def layer_children(
-    used: Array,
-    vals: Array,
-    cap: Array,
-    group_start: Array,
-    wi: int,
-    elig_row: Array,
-    k_row: Array,
-    ri: int,
-    ti: int,
+    used: Array, vals: Array, cap: Array, group_start: Array, cand: Candidate
 ) -> dict[State, Value]:
     """Every canonical child state of the layer with its best value (no bound, no pruning)."""
     best: dict[State, Value] = {}
-    for mv in _moves(used, vals, cap, group_start, wi, elig_row, k_row, ri, ti):
+    for mv in _moves(used, vals, cap, group_start, cand):
         if mv.state not in best or mv.value > best[mv.state]:
             best[mv.state] = mv.value
     return best
@@ -262,17 +232,9 @@ def expand_layer(
     vals: Array,
     cap: Array,
     group_start: Array,
-    wi: int,
-    elig_row: Array,
-    k_row: Array,
-    ri: int,
-    ti: int,
+    cand: Candidate,
     j_next: int,
-    node_table: Array,
-    node_tab_idx: Array,
-    g_node: int,
-    agg_tables: Array,
-    g_agg: int,
+    tables: BoundTables,
     lb: Sequence[int],
     max_out: int,
 ) -> Layer:
@@ -283,9 +245,9 @@ def expand_layer(
     incumbent: Value = (int(lb[0]), int(lb[1]), int(lb[2]), int(lb[3]))
     children: dict[State, Child] = {}
     last: State | None = None
-    for mv in _moves(used, vals, cap, group_start, wi, elig_row, k_row, ri, ti):
+    for mv in _moves(used, vals, cap, group_start, cand):
         rem = [c - u for c, u in zip(caps, mv.state, strict=True)]
-        bound = bound_of(np.array(rem), j_next, node_table, node_tab_idx, g_node, agg_tables, g_agg)
+        bound = bound_of(np.array(rem), j_next, tables)
         if _add(mv.value, bound) <= incumbent:
             continue
         node = mv.node

@@ -141,23 +141,23 @@ class LayerCase:
     lb: np.ndarray
     max_out: int
 
+    @property
+    def cand(self) -> kernels.Candidate:
+        return (self.wi, self.elig_row, self.k_row, self.ri, self.ti)
+
+    @property
+    def tables(self) -> kernels.BoundTables:
+        return (self.node_table, self.node_tab_idx, self.g_node, self.agg, self.g_agg)
+
     def args(self, lb: np.ndarray | None = None) -> tuple[Any, ...]:
         return (
             self.used,
             self.vals,
             self.cap,
             self.group_start,
-            self.wi,
-            self.elig_row,
-            self.k_row,
-            self.ri,
-            self.ti,
+            self.cand,
             self.j_next,
-            self.node_table,
-            self.node_tab_idx,
-            self.g_node,
-            self.agg,
-            self.g_agg,
+            self.tables,
             self.lb.copy() if lb is None else lb,
             self.max_out,
         )
@@ -260,9 +260,7 @@ def kernel_children(out: tuple[Any, ...]) -> dict[tuple[int, ...], reference.Chi
 
 def bound(case: LayerCase, state: tuple[int, ...]) -> reference.Value:
     rem = case.cap - i64(state)
-    return reference.bound_of(
-        rem, case.j_next, case.node_table, case.node_tab_idx, case.g_node, case.agg, case.g_agg
-    )
+    return reference.bound_of(rem, case.j_next, case.tables)
 
 
 def plus(a: reference.Value, b: reference.Value) -> reference.Value:
@@ -277,12 +275,8 @@ class TestBoundOf:
         for s in range(case.used.shape[0]):
             rem = case.cap - case.used[s].astype(np.int64)
             for j in range(case.node_table.shape[1]):
-                got = kernels.bound_of(
-                    rem, j, case.node_table, case.node_tab_idx, case.g_node, case.agg, case.g_agg
-                )
-                want = reference.bound_of(
-                    rem, j, case.node_table, case.node_tab_idx, case.g_node, case.agg, case.g_agg
-                )
+                got = kernels.bound_of(rem, j, case.tables)
+                want = reference.bound_of(rem, j, case.tables)
                 assert tuple(int(x) for x in got) == want
 
 
@@ -292,28 +286,8 @@ class TestOptimistic:
     def test_is_value_plus_bound_per_state(self, case: LayerCase) -> None:
         """Each row is the state's value plus the bound at its remaining capacity."""
         for j in range(case.node_table.shape[1]):
-            got = kernels.optimistic(
-                case.used,
-                case.vals,
-                case.cap,
-                j,
-                case.node_table,
-                case.node_tab_idx,
-                case.g_node,
-                case.agg,
-                case.g_agg,
-            )
-            want = reference.optimistic(
-                case.used,
-                case.vals,
-                case.cap,
-                j,
-                case.node_table,
-                case.node_tab_idx,
-                case.g_node,
-                case.agg,
-                case.g_agg,
-            )
+            got = kernels.optimistic(case.used, case.vals, case.cap, j, case.tables)
+            want = reference.optimistic(case.used, case.vals, case.cap, j, case.tables)
             assert [tuple(int(x) for x in row) for row in got] == want
 
 
@@ -340,17 +314,7 @@ class TestExpandLayer:
         each (the symmetry shortcut loses nothing)."""
         out = kernels.expand_layer(*case.args())
         got = {key: c.value for key, c in kernel_children(out).items()}
-        want = reference.layer_children(
-            case.used,
-            case.vals,
-            case.cap,
-            case.group_start,
-            case.wi,
-            case.elig_row,
-            case.k_row,
-            case.ri,
-            case.ti,
-        )
+        want = reference.layer_children(case.used, case.vals, case.cap, case.group_start, case.cand)
         assert got == want
 
     @given(layers())
@@ -365,15 +329,7 @@ class TestExpandLayer:
         kept = kernel_children(out)
         final = tuple(int(x) for x in lb)
         every = reference.layer_children(
-            case.used,
-            case.vals,
-            case.cap,
-            case.group_start,
-            case.wi,
-            case.elig_row,
-            case.k_row,
-            case.ri,
-            case.ti,
+            case.used, case.vals, case.cap, case.group_start, case.cand
         )
         for key, value in every.items():
             if plus(value, bound(case, key)) > final:
@@ -504,9 +460,8 @@ class TestBoundIsABound:
         od, bd = planner_bounds(d, node_cells, agg_cells)
         j = data.draw(st.integers(0, od.n))
         rem = [data.draw(st.integers(0, int(c))) for c in od.cap]
-        args = (bd.node_table, bd.node_tab_idx, bd.g_node, bd.agg, bd.g_agg)
-        got = kernels.bound_of(i64(rem), j, *args)
-        assert tuple(int(x) for x in got) == reference.bound_of(i64(rem), j, *args)
+        got = kernels.bound_of(i64(rem), j, bd.tables)
+        assert tuple(int(x) for x in got) == reference.bound_of(i64(rem), j, bd.tables)
         values = completion_values(od, j, rem)
         bound = tuple(int(x) for x in got)
         assert bound >= max(values)

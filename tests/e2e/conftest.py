@@ -533,3 +533,32 @@ def tight(e2e_factory: StartStack) -> E2E:
             "TAO_TICK_S": "0.25",
         },
     )
+
+
+_TELLING = (b'"level":"warning"', b'"level":"error"', b'"level":"critical"', b"Traceback")
+_TELLING_LINES = 60
+
+
+def telling_lines(log_dir: Path) -> str:
+    """The warning and error lines (and tracebacks' first lines) of every child's log under
+    ``log_dir``, the last :data:`_TELLING_LINES` of each, or ``""`` when there are none."""
+    out: list[str] = []
+    for log in sorted(log_dir.glob("*.log")):
+        lines = [ln for ln in log.read_bytes().splitlines() if any(t in ln for t in _TELLING)]
+        if lines:
+            out.append(f"-- {log.name}")
+            out.extend(ln.decode(errors="replace") for ln in lines[-_TELLING_LINES:])
+    return "\n".join(out)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    """A failed end-to-end test's report carries its stack's warnings and errors, so a CI log
+    says why a stream broke off or a session stalled (the log folders stay on the machine)."""
+    report = yield
+    if report.failed and call.when == "call":
+        for value in getattr(item, "funcargs", {}).values():
+            if isinstance(value, E2E):
+                found = telling_lines(value.log_dir)
+                report.sections.append((f"stack logs {value.log_dir}", found or "(nothing)"))
+    return report

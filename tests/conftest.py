@@ -3,7 +3,9 @@
 Servers, in order of preference: ``TAO_TEST_NATS_URL`` / ``TAO_TEST_REDIS_URL`` when set; the
 local servers at 127.0.0.1:4222 (JetStream on) and 127.0.0.1:6379 when they answer; else
 embedded servers (``shared.infra.embedded``) started once for the session, only when a test
-asks for them. So ``bash scripts/test.sh`` runs anywhere the project installs.
+asks for them. So ``bash scripts/test.sh`` runs anywhere the project installs. A Redis Cluster
+(``TAO_TEST_REDIS_CLUSTER_URL``, else 3 masters and 3 replicas of the embedded Valkey,
+:mod:`shared.infra.rediscluster`) starts the same way, for the tests that ask for one.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from shared.infra.embedded import EmbeddedServers, nats_answers, redis_answers
+from shared.infra.rediscluster import RedisClusterProcs
 
 LOCAL_NATS = "nats://127.0.0.1:4222"
 LOCAL_REDIS = "redis://127.0.0.1:6379/0"
@@ -46,6 +49,18 @@ def redis_url() -> Iterator[str]:
         with EmbeddedServers(nats=False, redis=True) as servers:
             assert servers.redis_url is not None
             yield servers.redis_url
+
+
+@pytest.fixture(scope="session")
+def redis_cluster_url() -> Iterator[str]:
+    """URL (``redis+cluster://``) of a Redis Cluster: configured, or 3 masters with a replica
+    each, started for the session."""
+    url = os.environ.get("TAO_TEST_REDIS_CLUSTER_URL")
+    if url:
+        yield url
+    else:
+        with RedisClusterProcs(masters=3, replicas=1) as cluster:
+            yield cluster.url
 
 
 @pytest.fixture

@@ -554,11 +554,10 @@ async def _wait_for_models(client: Any, wanted: str | None) -> list[str]:
 
 
 async def _planner_stats(url: str, domain: str) -> dict[str, Any]:
-    import redis.asyncio as aioredis
-
+    from shared.infra.redisconn import open_redis
     from shared.infra.store import Store
 
-    client = aioredis.from_url(url)
+    client = open_redis(url)
     try:
         return dict(await Store(client, domain).planner_stats())
     finally:

@@ -167,15 +167,15 @@ def add_state_parsers(targets: Any) -> None:
 async def _with_store(
     args: argparse.Namespace, read: Callable[[StateStore], Awaitable[dict[str, Any]]]
 ) -> dict[str, Any]:
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
     from shared.cli.ops import OpsError, redis_url
+    from shared.infra.redisconn import open_redis
     from shared.infra.store import Store
 
     url = redis_url(args)
     domain = args.domain or os.environ.get("TAO_DOMAIN") or "default"
-    client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    client = open_redis(url, socket_connect_timeout=2.0, socket_timeout=5.0)
     try:
         return await read(Store(client, domain))
     except (RedisError, OSError) as exc:

@@ -211,12 +211,12 @@ def redis_url(args: argparse.Namespace) -> str:
 
 
 async def _read_status(url: str, domain: str) -> dict[str, Any]:
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
 
+    from shared.infra.redisconn import open_redis
     from shared.infra.store import Store
 
-    client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    client = open_redis(url, socket_connect_timeout=2.0, socket_timeout=5.0)
     try:
         return await Store(client, domain).status()
     except (RedisError, OSError) as exc:

@@ -225,14 +225,14 @@ def _cbreak(fd: int) -> Iterator[None]:
 
 
 async def _run(url: str, domain: str, interval: float, once: bool, out: TextIO) -> int:
-    import redis.asyncio as aioredis
     from redis.exceptions import RedisError
     from rich.console import Console
     from rich.live import Live
 
+    from shared.infra.redisconn import open_redis
     from shared.infra.store import Store
 
-    client = aioredis.from_url(url, socket_connect_timeout=2.0, socket_timeout=5.0)
+    client = open_redis(url, socket_connect_timeout=2.0, socket_timeout=5.0)
     store = Store(client, domain)
     view = TopView()
     try:

@@ -76,9 +76,9 @@ async def _connect_bus(settings: Settings, name: str) -> MessageBus:
 
 
 async def _connect_redis(url: str) -> Any:
-    import redis.asyncio as aioredis  # only services that need Redis pay for the import
+    from .redisconn import open_redis  # only services that need Redis pay for the import
 
-    client = aioredis.Redis.from_url(url)
+    client = open_redis(url)
     await client.ping()
     return client
 

@@ -7,7 +7,8 @@ message names the variable, what is wrong and what was given
 | Variable                  | Default   | Meaning                                                 |
 |---------------------------|-----------|---------------------------------------------------------|
 | TAO_NATS_URL              | (unset)   | NATS URL (JetStream on); unset: `tao up` starts one     |
-| TAO_REDIS_URL             | (unset)   | Redis/Valkey URL; unset: `tao up` starts Valkey         |
+| TAO_REDIS_URL             | (unset)   | Redis/Valkey URL, or `redis+cluster://h:p,h:p` for a    |
+|                           |           | Redis Cluster; unset: `tao up` starts Valkey            |
 | TAO_NATS_URL_FILE         | (unset)   | file holding TAO_NATS_URL (with the role's credentials, |
 |                           |           | `tao keys access`); instead of TAO_NATS_URL             |
 | TAO_REDIS_URL_FILE        | (unset)   | file holding TAO_REDIS_URL, the same way                |
@@ -84,6 +85,7 @@ from .nodesfile import (
     load_nodes_file,
     url_root,
 )
+from .redisconn import CLUSTER_SCHEMES, is_cluster_url, startup_nodes
 from .shard import ONE, Shard, parse_shard
 
 __all__ = [
@@ -256,6 +258,20 @@ def _url(*schemes: str) -> Parser:
     return parse
 
 
+_REDIS_SCHEMES: Final = _url("redis", "rediss", "unix", "valkey", *CLUSTER_SCHEMES)
+
+
+def _redis_url(variable: str, raw: str) -> str:
+    """One server's URL, or a cluster URL whose startup nodes all read as ``host:port``."""
+    url = str(_REDIS_SCHEMES(variable, raw))
+    if is_cluster_url(url):
+        try:
+            startup_nodes(url)
+        except SettingsError as exc:
+            raise SettingsError(variable, redact(raw), exc.problem) from None
+    return url
+
+
 URL_FILES: Final = ("TAO_NATS_URL", "TAO_REDIS_URL")
 """Variables that may instead be read from the file ``<variable>_FILE`` names (the Docker
 secrets convention): a URL with a role's password stays out of the environment."""
@@ -331,7 +347,7 @@ def _lease_ttl(variable: str, raw: str) -> float:
 
 _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "nats_url": ("TAO_NATS_URL", _url("nats", "tls", "ws", "wss")),
-    "redis_url": ("TAO_REDIS_URL", _url("redis", "rediss", "unix", "valkey")),
+    "redis_url": ("TAO_REDIS_URL", _redis_url),
     "namespace": ("TAO_NAMESPACE", _namespace),
     "domain": ("TAO_DOMAIN", _name),
     "tick_s": ("TAO_TICK_S", _POSITIVE),

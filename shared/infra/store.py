@@ -235,7 +235,9 @@ class Store:
                     pipe.multi()
                     if folded.writes:
                         args = write_args(self.keys, keys, olds, stored, folded)
-                        pipe.evalsha(self._batch_write.sha, *args)
+                        # the command itself: redis-py's cluster pipeline blocks its evalsha()
+                        # method, not the command (every key here is in the domain's slot)
+                        pipe.execute_command("EVALSHA", self._batch_write.sha, *args)
                     if stats:
                         pipe.hset(self.keys.toolstats, mapping=stats)
                     await pipe.execute()
@@ -332,11 +334,11 @@ class Store:
         """Forget a node's status (a reservation still held there keeps ``reserved``)."""
         key = self.keys.node(node)
         async with self._pipe(True) as pipe:
-            pipe.hexists(key, "healthy")
-            pipe.hdel(key, *encode_node_fields(NodeRecord(id=node)).keys())
+            pipe.hget(key, "healthy")  # not HEXISTS: redis-py 8's cluster transaction breaks
+            pipe.hdel(key, *encode_node_fields(NodeRecord(id=node)).keys())  # on its reply
             pipe.srem(self.keys.nodes, node)
             existed, _, _ = await pipe.execute()
-        return bool(existed)
+        return existed is not None
 
     # --- residency --------------------------------------------------------------------------
 

@@ -13,7 +13,7 @@ import pytest
 
 from shared.infra import Bus, FakeBus, MessageBus
 from shared.infra.store_types import StateStore
-from tests.integration.stores import STORE_KINDS, open_store
+from tests.integration.stores import STORE_KINDS, open_store, url_for
 
 MAX_DELIVER = 3
 BACKOFF_S = 0.01
@@ -51,10 +51,9 @@ async def bus(request: pytest.FixtureRequest, namespace: str) -> AsyncIterator[M
 
 @pytest.fixture(params=STORE_KINDS)
 async def store(request: pytest.FixtureRequest) -> AsyncIterator[StateStore]:
-    """A store on a fresh uuid domain: in memory, or Redis with byte or text replies (the
-    Redis ones delete their keys afterwards)."""
-    url = request.getfixturevalue("redis_url") if request.param != "fake" else ""
-    opened, close = await open_store(request.param, url)
+    """A store on a fresh uuid domain: in memory, Redis with byte or text replies, or a Redis
+    Cluster (the Redis ones delete their keys afterwards)."""
+    opened, close = await open_store(request.param, url_for(request, request.param))
     try:
         yield opened
     finally:

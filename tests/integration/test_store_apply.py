@@ -12,7 +12,7 @@ from shared.core.problem import ZERO, PlanResult
 from shared.core.session import Activity, Session, admit, on_request, on_response
 from shared.core.tick import Applied, Decision, Move, apply_decision, live_free
 from shared.infra.store_types import NodeUpdate, StateStore
-from tests.integration.stores import open_store
+from tests.integration.stores import open_store, url_for
 
 _RESULT = PlanResult(assignments=(), objective=ZERO, exact=True, method="test")
 
@@ -212,19 +212,21 @@ async def _equivalence(store: StateStore, world: tuple[list[dict[str, object]], 
 
 
 class TestApplyMatchesReference:
-    @pytest.mark.parametrize("kind", ["fake", "redis"])
+    @pytest.mark.parametrize("kind", ["fake", "redis", "redis-cluster"])
     @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(world=_world())
     def test_random_decisions(
         self,
         kind: str,
-        redis_url: str,
+        request: pytest.FixtureRequest,
         world: tuple[list[dict[str, object]], list[Session], Decision, float],
     ) -> None:
         """apply() returns and writes exactly what shared.core.tick.apply_decision does."""
 
+        url = url_for(request, kind)
+
         async def run() -> None:
-            store, close = await open_store(kind, redis_url)
+            store, close = await open_store(kind, url)
             try:
                 await _equivalence(store, world)
             finally:

@@ -26,7 +26,7 @@ from shared.core.session import (
 )
 from shared.infra.store import Store
 from shared.infra.store_types import NodeUpdate, SessionFnWith, StateStore, StoreError
-from tests.integration.stores import open_store
+from tests.integration.stores import open_store, url_for
 
 Step = SessionFnWith[object]
 _NODES = ("n0", "n1", "n2")
@@ -312,21 +312,23 @@ async def _batch_equals_singles(
 
 
 class TestBatchEqualsSingles:
-    @pytest.mark.parametrize("kind", ["fake", "redis"])
+    @pytest.mark.parametrize("kind", ["fake", "redis", "redis-cluster"])
     @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(script=_script())
     def test_random_transitions(
         self,
         kind: str,
-        redis_url: str,
+        request: pytest.FixtureRequest,
         script: tuple[list[Session], list[tuple[str, Step]], list[int]],
     ) -> None:
         """Random transition sequences in random batches store, return and index exactly
         what the single updates in order do, reserved totals included."""
 
+        url = url_for(request, kind)
+
         async def run() -> None:
-            batched, close_b = await open_store(kind, redis_url)
-            single, close_s = await open_store(kind, redis_url)
+            batched, close_b = await open_store(kind, url)
+            single, close_s = await open_store(kind, url)
             try:
                 await _batch_equals_singles(batched, single, script)
             finally:
@@ -349,17 +351,18 @@ _samples = st.lists(
 
 
 class TestRecordTools:
-    @pytest.mark.parametrize("kind", ["fake", "redis"])
+    @pytest.mark.parametrize("kind", ["fake", "redis", "redis-cluster"])
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(items=_samples)
     def test_equals_sequential_records(
-        self, kind: str, redis_url: str, items: list[tuple[str, float, bool]]
+        self, kind: str, request: pytest.FixtureRequest, items: list[tuple[str, float, bool]]
     ) -> None:
         """record_tools stores exactly what record_tool per sample, in order, does."""
+        url = url_for(request, kind)
 
         async def run() -> None:
-            batched, close_b = await open_store(kind, redis_url)
-            single, close_s = await open_store(kind, redis_url)
+            batched, close_b = await open_store(kind, url)
+            single, close_s = await open_store(kind, url)
             try:
                 await batched.record_tool("bash", 2.0)
                 await single.record_tool("bash", 2.0)

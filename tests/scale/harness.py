@@ -1,6 +1,6 @@
-"""What the scale-out test and ``benchmarks/failover.py`` share: a domain's services as real
-processes on a NATS cluster and Redis, and the gateway's side played in-process (write waiting
-sessions, wake the valuation, read the placements)."""
+"""What the scale-out tests and ``benchmarks/failover.py`` share: a domain's services as real
+processes on a NATS cluster and Redis (one server or a Redis Cluster), and the gateway's side
+played in-process (write waiting sessions, wake the valuation, read the placements)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import IO
 
 import orjson
-import redis.asyncio as aioredis
 
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
@@ -28,6 +27,7 @@ from shared.infra.bus import Bus
 from shared.infra.busapi import Delivery
 from shared.infra.embedded import stop_processes
 from shared.infra.lease import LeaseTable, lease_key
+from shared.infra.redisconn import open_redis
 from shared.infra.store import Store
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -100,7 +100,9 @@ async def until(
 
 
 async def retrying(make: Callable[[], Awaitable[object]]) -> None:
-    """JetStream's meta leader is elected a moment after the servers answer: retry."""
+    """Retry ``make`` until it succeeds: JetStream's meta leader is elected a moment after the
+    servers answer, and a Redis Cluster's dead master is replaced a moment after it dies (a
+    service retries the same way, by nak and redelivery)."""
     async with asyncio.timeout(LIVENESS_S):
         while True:
             try:
@@ -136,8 +138,9 @@ class Domain:
             s, _ = on_request(
                 Session(sid), "r", 1.0, model="m", gateway_id=GATEWAY, tokens_estimate=tokens
             )
-            await self.store.update_session(sid, lambda _o, s=s: s)
-        await self.bus.publish(subjects.wake(), encode(Wake(reason="arrival", ts=1.0)))
+            await retrying(lambda sid=sid, s=s: self.store.update_session(sid, lambda _o: s))
+        wake = encode(Wake(reason="arrival", ts=1.0))
+        await retrying(lambda: self.bus.publish(subjects.wake(), wake))
 
     async def admitted(self, ids: list[str]) -> bool:
         for sid in ids:
@@ -166,7 +169,7 @@ async def domain(
         tables.append(await bus.lease_table(ttl_s, replicas=replicas))
 
     await retrying(lease)
-    client = aioredis.Redis.from_url(redis_url)
+    client = open_redis(redis_url)
     store = Store(client, name)
     base = {
         **os.environ,

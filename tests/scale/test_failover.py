@@ -16,7 +16,7 @@ time itself is measured by ``benchmarks/failover.py`` (docs/scale-out.md).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -26,12 +26,6 @@ from shared.infra.store_types import NodeUpdate
 from tests.scale.harness import Domain, domain, until
 
 TTL_S = 1.0
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[NatsCluster]:
-    with NatsCluster(3) as c:
-        yield c
 
 
 @pytest.fixture

@@ -31,9 +31,7 @@ class TestChooseDomain:
         assert choose_domain([*loads, DomainLoad("any", 50, 40)], 10, None) == "any"
 
     @given(
-        st.lists(
-            st.tuples(st.integers(1, 10**6), st.integers(0, 10**6)), min_size=1, max_size=8
-        ),
+        st.lists(st.tuples(st.integers(1, 10**6), st.integers(0, 10**6)), min_size=1, max_size=8),
         st.integers(0, 10**5),
     )
     @settings(max_examples=200, deadline=None)

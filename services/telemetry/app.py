@@ -4,7 +4,10 @@ Every ``TAO_SCRAPE_S`` (default 1 s) it scrapes each node of ``TAO_NODES`` (``id
 capacity, usage, queue lengths and prefix-cache counters from ``/metrics``, models from
 ``/v1/models``; writes the node record and publishes ``NodeStatus`` on
 ``tao.v1.node.status.<node>``. A scrape that finds the engine restarted clears the node's
-residency (:mod:`services.telemetry.handlers`).
+residency (:mod:`services.telemetry.handlers`). With ``TAO_SHARD=i/N`` the process takes the
+nodes whose id hashes to shard ``i`` (:mod:`shared.infra.shard`): it scrapes them, follows their
+KV events and answers ``tao inspect`` about them; every shard reads every response (the chains
+of all sessions, walked against its own nodes' blocks), and shard 0 stores the chains.
 Residency comes from a :class:`ResidencySource`: by default
 :class:`~services.telemetry.kvresidency.KvResidency` (vLLM KV events over ZMQ or bridged on
 NATS, walked against the sessions' block-key chains; usage-based observations where there are
@@ -16,6 +19,7 @@ Redis).
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import anyio
 from structlog.typing import FilteringBoundLogger
@@ -29,7 +33,7 @@ from services.telemetry.scrape import Fetch, HttpFetch
 from shared.infra.busapi import MessageBus
 from shared.infra.logging import get_logger
 from shared.infra.runner import ServiceContext
-from shared.infra.settings import Settings
+from shared.infra.settings import NodeSpec, Settings
 from shared.infra.store_types import StateStore
 
 __all__ = ["NAME", "main", "run"]
@@ -49,14 +53,24 @@ async def run(
     """Start the residency source and the inspection responder, then scrape forever (until
     cancelled). A :class:`KvResidency` source also runs its ZMQ feeds and flusher here."""
     log = get_logger(name)
-    source = residency if residency is not None else KvResidency(store, log, settings.nodes)
+    shard = settings.shard
+    member = shard.member(name)
+    nodes = tuple(n for n in settings.nodes if shard.owns(n.id))
+    if shard.count > 1:
+        log.info(
+            "telemetry_shard", shard=f"{shard.index}/{shard.count}", nodes=[n.id for n in nodes]
+        )
+    if residency is None:
+        residency = KvResidency(store, log, nodes, shard=shard)
     async with anyio.create_task_group() as tg:
-        await source.start(bus, name)
-        if isinstance(source, KvResidency):
-            tg.start_soon(source.run)
-            await Inspector(source.index, store, settings.nodes).start(bus, name)
-        on_restart = source.engine_restarted if isinstance(source, KvResidency) else _clearer(store)
-        await _scrape_forever(settings, store, bus, fetch, log, on_restart)
+        await residency.start(bus, member)
+        if isinstance(residency, KvResidency):
+            tg.start_soon(residency.run)
+            await Inspector(residency.index, store, nodes, shard=shard).start(bus, member)
+        on_restart = (
+            residency.engine_restarted if isinstance(residency, KvResidency) else _clearer(store)
+        )
+        await _scrape_forever(settings, nodes, store, bus, fetch, log, on_restart)
 
 
 def _clearer(store: StateStore) -> RestartHook:
@@ -70,6 +84,7 @@ def _clearer(store: StateStore) -> RestartHook:
 
 async def _scrape_forever(
     settings: Settings,
+    nodes: Sequence[NodeSpec],
     store: StateStore,
     bus: MessageBus,
     fetch: Fetch,
@@ -77,7 +92,7 @@ async def _scrape_forever(
     on_restart: RestartHook,
 ) -> None:
     scrapers = NodeScrapers(
-        nodes=settings.nodes,
+        nodes=nodes,
         fetch=fetch,
         store=store,
         bus=bus,

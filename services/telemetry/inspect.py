@@ -12,6 +12,9 @@ cannot be answered gets ``{"error": "..."}`` (the CLI prints it and exits 2).
   (the one its KV events report, else the store's record, else 16).
 
 A node is known when it is in the nodes file, has sent KV events, or has a store record.
+
+Sharded (``TAO_SHARD``), every shard gets each request and only the one owning the node's id
+replies, known node or not; an unreadable request is answered by shard 0.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from shared.core.blockkeys import DEFAULT_BLOCK_SIZE
 from shared.core.kvindex import KvIndex
 from shared.infra.busapi import MessageBus, Subscription
 from shared.infra.settings import NodeSpec
+from shared.infra.shard import ONE, Shard
 from shared.infra.store_types import NodeRecord, StateStore
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "Inspector"]
@@ -44,10 +48,13 @@ class _Unknown(LookupError):
 class Inspector:
     """Answers ``inspect.node`` and ``inspect.prefix`` from a :class:`KvIndex` and the store."""
 
-    def __init__(self, index: KvIndex, store: StateStore, nodes: Sequence[NodeSpec]) -> None:
+    def __init__(
+        self, index: KvIndex, store: StateStore, nodes: Sequence[NodeSpec], shard: Shard = ONE
+    ) -> None:
         self.index = index
         self.store = store
         self.specs = {n.id: n for n in nodes}
+        self.shard = shard
 
     async def start(self, bus: MessageBus, service: str) -> list[Subscription]:
         return [
@@ -65,11 +72,20 @@ class Inspector:
             raise _Unknown(f"unknown node {node!r}")
         return record
 
-    async def on_node(self, body: bytes) -> bytes:
+    def _answers(self, node: str | None) -> bool:
+        """Whether this shard replies about ``node`` (``None``: an unreadable request)."""
+        return self.shard.index == 0 if node is None else self.shard.owns(node)
+
+    async def on_node(self, body: bytes) -> bytes | None:
         try:
             node = decode_query(body, NodeQuery).node
+        except ContractError as exc:
+            return encode_body(InspectFailure(str(exc))) if self._answers(None) else None
+        if not self._answers(node):
+            return None
+        try:
             record = await self._record(node)
-        except (ContractError, _Unknown) as exc:
+        except _Unknown as exc:
             return encode_body(InspectFailure(str(exc)))
         spec = self.specs.get(node)
         capacity = spec.capacity_tokens if spec is not None else None
@@ -78,9 +94,14 @@ class Inspector:
         healthy = record is not None and record.healthy
         return encode_body(self.index.inspect_node(node, healthy, capacity))
 
-    async def on_prefix(self, body: bytes) -> bytes:
+    async def on_prefix(self, body: bytes) -> bytes | None:
         try:
             ask = decode_query(body, PrefixQuery)
+        except ContractError as exc:
+            return encode_body(InspectFailure(str(exc))) if self._answers(None) else None
+        if not self._answers(ask.node):
+            return None
+        try:
             record = await self._record(ask.node)
             bs = self.index.block_size(ask.node) or (
                 record.block_size if record is not None else DEFAULT_BLOCK_SIZE

@@ -27,6 +27,7 @@ from shared.core.blockkeys import KEY_MAX
 from shared.core.kvindex import ApplyResult, KvIndex
 from shared.infra.busapi import Delivery, MessageBus, Subscription, received_at
 from shared.infra.settings import NodeSpec
+from shared.infra.shard import ONE, Shard
 from shared.infra.store_types import StateStore
 
 __all__ = ["KV_RECEIVED_AT_HEADER", "KV_SEQ_HEADER", "FeedFactory", "KvResidency", "t_obs_for"]
@@ -132,8 +133,13 @@ class KvResidency:
         skew_s: float = DEFAULT_SKEW_S,
         path_idle_s: float = DEFAULT_PATH_IDLE_S,
         monotonic: Callable[[], float] = time.monotonic,
+        shard: Shard = ONE,
     ) -> None:
         self.store = store
+        self.shard = shard
+        """This process's nodes (``TAO_SHARD``): ``nodes`` are its own; every response's chain
+        is kept (walked against its nodes' blocks), bridged KV events of other nodes are
+        dropped, and only shard 0 stores the chains."""
         self.log = log
         self.nodes = list(nodes)
         self.feeds = feeds
@@ -234,18 +240,21 @@ class KvResidency:
             del self._ended[sid]  # the id was used again
         keys, bs = ev.block_keys, ev.block_size
         fault = chain_fault(ev)
+        mine = self.shard.owns(ev.node_id)  # else its node's shard records the residency
         if fault is not None:
-            self.counts["bad_chains"] += 1
-            self.log.warning("bad_chain", session=sid, node=ev.node_id, reason=fault)
+            if mine:  # one shard tells
+                self.counts["bad_chains"] += 1
+                self.log.warning("bad_chain", session=sid, node=ev.node_id, reason=fault)
         elif keys is not None and bs and ev.error is None:
             if not self.index.register(sid, keys, bs, ev.finished_at):
                 self.counts["stale_chains"] += 1  # older than the chain we hold: nothing new
                 return
             self.counts["chains"] += 1
-            self._chains_out[sid] = (bs, keys, ev.finished_at)
-            self._chains_gone.discard(sid)
+            if self.shard.index == 0:  # one shard stores the chains
+                self._chains_out[sid] = (bs, keys, ev.finished_at)
+                self._chains_gone.discard(sid)
             self._wake.set()
-            if self.is_kv_node(ev.node_id):
+            if mine and self.is_kv_node(ev.node_id):
                 self.index.touch(sid, ev.node_id, ev.finished_at)
                 self.log.info(
                     "residency",
@@ -256,6 +265,9 @@ class KvResidency:
                     resident_tokens=self.index.prefix_tokens(sid, ev.node_id),
                 )
                 return
+        if not mine:
+            self.counts["foreign_responses"] += 1
+            return
         self.counts["usage_fallbacks"] += 1
         await self.usage.on_response(ev, d)
 
@@ -263,7 +275,8 @@ class KvResidency:
         sid = ev.session_id
         self.index.forget(sid)
         self._chains_out.pop(sid, None)
-        self._chains_gone.add(sid)
+        if self.shard.index == 0:
+            self._chains_gone.add(sid)
         self._ended[sid] = ev.ended_at
         self._ended.move_to_end(sid)
         if len(self._ended) > ENDED_MEMORY:
@@ -333,6 +346,9 @@ class KvResidency:
 
     def _on_bridged_one(self, batch: KVEventBatch, d: Delivery) -> None:
         node = d.subject.rsplit(".", 1)[-1]
+        if not self.shard.owns(node):
+            self.counts["foreign_kv"] += 1  # its node's shard applies it
+            return
         try:
             seq = int(d.headers[KV_SEQ_HEADER])
         except (KeyError, ValueError):

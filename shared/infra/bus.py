@@ -510,7 +510,7 @@ class _Responder:
     async def on_msg(self, msg: Any) -> None:
         try:
             reply = await self.respond(bytes(msg.data))
-            if msg.reply:
+            if msg.reply and reply is not None:
                 await msg.respond(reply)
         except Exception as exc:  # the requester times out; the responder goes on
             _log.warning(

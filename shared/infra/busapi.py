@@ -93,8 +93,9 @@ def received_at(d: Delivery) -> float:
     return at if 0.0 < at < _MAX_EPOCH_S else d.received_at
 
 
-Responder = Callable[[bytes], Awaitable[bytes]]
-"""``async def respond(request_body) -> reply_body`` for :meth:`MessageBus.serve`."""
+Responder = Callable[[bytes], Awaitable[bytes | None]]
+"""``async def respond(request_body) -> reply_body`` for :meth:`MessageBus.serve`; ``None``
+sends no reply (the request is another shard's to answer)."""
 
 Handler = Callable[[T, Delivery], Awaitable[None]]
 """``async def handler(value, delivery) -> None``; raise to have the message retried."""
@@ -205,8 +206,9 @@ class MessageBus(Protocol):
 
     async def serve(self, subject: str, service: str, respond: Responder) -> Subscription:
         """Answer requests on ``subject`` with ``await respond(body)`` (queue group
-        ``service``, so one replica answers each). A ``respond`` that raises is logged and the
-        request gets no reply (the requester times out)."""
+        ``service``, so one replica answers each; every queue group gets each request, and
+        the requester takes the first reply). A ``respond`` that returns ``None`` sends no
+        reply; one that raises is logged and sends none either (the requester times out)."""
         ...
 
     async def lease_table(self, ttl_s: float, *, replicas: int = 1) -> LeaseTable:

@@ -242,26 +242,41 @@ class FakeBus:
         return self._start(receiver, None, queue)
 
     async def request(self, subject: str, data: bytes, timeout: float) -> bytes:
-        """Ask the first responder serving ``subject`` (they take turns, as a queue group)."""
+        """Ask one responder of each queue group serving ``subject`` (a group's members take
+        turns) and return the first reply; one that answers ``None`` or fails sends none (when
+        none replies, the fake says so at once where NATS would wait out the timeout)."""
         if self._closed:
             raise RuntimeError("FakeBus is closed")
-        for responder in self._responders:
-            if subject_matches(responder.subject, subject):
+        chosen: dict[str, _FakeResponder] = {}
+        for responder in list(self._responders):
+            if subject_matches(responder.subject, subject) and responder.service not in chosen:
+                chosen[responder.service] = responder
                 self._responders.remove(responder)
                 self._responders.append(responder)
-                try:
-                    return await asyncio.wait_for(responder.respond(bytes(data)), timeout)
-                except TimeoutError:
-                    raise RequestError(subject, f"no reply within {timeout:g} s") from None
-                except Exception as exc:
-                    _log.warning(
-                        "responder_failed",
-                        service=responder.service,
-                        subject=subject,
-                        error=f"{type(exc).__name__}: {exc}",
-                    )
-                    raise RequestError(subject, f"no reply within {timeout:g} s") from None
-        raise RequestError(subject, "no responders")
+        if not chosen:
+            raise RequestError(subject, "no responders")
+        pending = {asyncio.ensure_future(r.respond(bytes(data))): r for r in chosen.values()}
+        try:
+            async with asyncio.timeout(timeout):
+                while pending:
+                    done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        responder = pending.pop(task)
+                        if task.exception() is not None:
+                            _log.warning(
+                                "responder_failed",
+                                service=responder.service,
+                                subject=subject,
+                                error=f"{type(task.exception()).__name__}: {task.exception()}",
+                            )
+                        elif (reply := task.result()) is not None:
+                            return reply
+        except TimeoutError:
+            pass
+        finally:
+            for task in pending:
+                task.cancel()
+        raise RequestError(subject, f"no reply within {timeout:g} s")
 
     async def serve(self, subject: str, service: str, respond: Responder) -> _FakeResponder:
         """Answer requests on ``subject`` with ``respond``."""

@@ -52,8 +52,8 @@ message names the variable, what is wrong and what was given
 |                           |           | one replica per domain, plans unfenced)                 |
 | TAO_REPLICAS              | 1         | copies of each stream and the lease bucket, 1–5 (on a   |
 |                           |           | NATS cluster, 3: a server may fail; docs/scale-out.md)  |
-| TAO_SHARD                 | 0/1       | tools: this process's share of the sessions, INDEX/COUNT|
-|                           |           | (by session-id hash; shard.py)                          |
+| TAO_SHARD                 | 0/1       | this process's share, INDEX/COUNT: tools of the        |
+|                           |           | sessions, telemetry of the nodes (by id hash; shard.py) |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
 | TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
 | TAO_NODES_FILE            | (unset)   | node inventory, TOML `[[node]]` tables (nodesfile.py)   |

@@ -4,7 +4,9 @@
 The tools service shards by session id: every replica gets every event (durable consumers of
 its own, ``tools-<i>of<N>-<stream>``), decodes it and keeps those of its sessions, so one session's
 events are applied by one process in stream order while the store writes (the costly part)
-are split N ways. CRC-32 is stable across processes and Python runs (``hash()`` is salted).
+are split N ways. The telemetry service shards by node id: a shard scrapes its nodes, follows
+their KV-event feeds and keeps their block index (docs/scale-out.md). CRC-32 is stable across
+processes and Python runs (``hash()`` is salted).
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Shard:
             raise ValueError(f"need 0 <= INDEX < COUNT, got {self.index}/{self.count}")
 
     def owns(self, key: str) -> bool:
-        """Whether ``key`` (a session id) belongs to this shard."""
+        """Whether ``key`` (a session id, a node id) belongs to this shard."""
         return self.count == 1 or zlib.crc32(key.encode()) % self.count == self.index
 
     def member(self, service: str) -> str:

@@ -3,6 +3,8 @@ telemetry's inspection responder answering over it."""
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
+
 import orjson
 import pytest
 
@@ -42,6 +44,24 @@ class TestRequestReply:
         await bus.serve(subjects.inspect("broken"), "svc", broken)
         with pytest.raises(RequestError):
             await bus.request(subjects.inspect("broken"), b"{}", 0.5)
+
+    async def test_only_the_group_that_owns_the_request_replies(self, bus: MessageBus) -> None:
+        """Every queue group gets each request; a responder answering ``None`` sends nothing,
+        so the one group that owns the key answers (telemetry shards by node)."""
+
+        def shard(mine: bytes) -> Callable[[bytes], Awaitable[bytes | None]]:
+            async def respond(body: bytes) -> bytes | None:
+                return b"from " + mine if body == mine else None
+
+            return respond
+
+        await bus.serve(subjects.inspect("own"), "svc-0of2", shard(b"a"))
+        await bus.serve(subjects.inspect("own"), "svc-1of2", shard(b"b"))
+        for _ in range(3):  # whichever group is asked first
+            assert await bus.request(subjects.inspect("own"), b"a", TIMEOUT_S) == b"from a"
+            assert await bus.request(subjects.inspect("own"), b"b", TIMEOUT_S) == b"from b"
+        with pytest.raises(RequestError):
+            await bus.request(subjects.inspect("own"), b"c", 0.5)
 
     async def test_stopped_responder_no_longer_answers(self, bus: MessageBus) -> None:
         sub = await bus.serve(subjects.inspect("echo"), "svc", upper)

@@ -57,12 +57,14 @@ from services.planner.mapping import to_wire
 from services.planner.thunder import Held, held_sessions
 from shared.contracts import subjects
 from shared.contracts.codec import encode
+from shared.contracts.domain import DomainLoadReport
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
+from shared.core.domains import domain_load
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
 from shared.core.tick import Residency, TickSnapshot, context_pressure, value_snapshot
-from shared.core.valuation import ValuationParams
+from shared.core.valuation import NodeView, ValuationParams
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import Settings
 from shared.infra.store_reads import SessionReader, idle_candidates, is_idle
@@ -209,6 +211,23 @@ class Valuator:
         if self.reader is None:
             self.reader = SessionReader(self.store)
 
+    async def _report_load(self, views: list[NodeView], pool: list[Session], now: float) -> None:
+        """Publish the domain's load for the gateways' upper-level choice (a lost one is
+        superseded next tick)."""
+        load = domain_load(self.store.domain, views, pool, self.params.reserve)
+        report = DomainLoadReport(
+            domain=load.name,
+            ts=now,
+            tick=self.tick,
+            capacity=load.capacity,
+            demand=load.demand,
+            models=None if load.models is None else sorted(load.models),
+        )
+        try:
+            await self.bus.publish_msg(report)
+        except Exception as exc:
+            self.log.warning("domain_load_unpublished", error=f"{type(exc).__name__}: {exc}")
+
     async def run_tick(self, reason: str = "period") -> TickSnapshot:
         """Value the pool now (and the interrupt candidates when they can matter); persist
         changed probe marks; publish the snapshot if useful."""
@@ -286,6 +305,7 @@ class Valuator:
         self.last_nonempty = bool(
             snap.candidates or snap.overflow or snap.pressure or snap.stranded
         )
+        await self._report_load(views, pool, now)
         self.log.info(
             "valuation_tick",
             tick=self.tick,

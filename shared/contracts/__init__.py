@@ -17,6 +17,7 @@ from .codec import (
     encode,
 )
 from .deadletter import DeadLetter
+from .domain import DomainLoadReport
 from .errors import ContractError, DecodeError, FrameError, SubjectError
 from .frames import (
     REPLAY_END_SEQ,
@@ -75,6 +76,7 @@ __all__ = [
     "ContractError",
     "DeadLetter",
     "DecodeError",
+    "DomainLoadReport",
     "FrameError",
     "KVEncoding",
     "KVEvent",

@@ -14,6 +14,7 @@ import msgspec
 
 from .base import Message
 from .deadletter import DeadLetter
+from .domain import DomainLoadReport
 from .errors import DecodeError
 from .node import NodeStatus
 from .plan import Placement, Plan
@@ -48,6 +49,7 @@ AnyMessage = (
     | Placement
     | DeadLetter
     | Wake
+    | DomainLoadReport
 )
 """Every top-level TAO message, distinguished by its ``type`` tag."""
 
@@ -65,6 +67,7 @@ MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Placement,
     DeadLetter,
     Wake,
+    DomainLoadReport,
 )
 
 Buffer = bytes | bytearray | memoryview | str

@@ -11,6 +11,7 @@ All subjects start with the versioned prefix ``tao.v1``; a breaking wire change 
     tao.v1.valuation.snapshot              ValuationSnapshot                   (core NATS)
     tao.v1.plan                            Plan                                (core NATS)
     tao.v1.wake                            Wake                                (core NATS)
+    tao.v1.domain.load                     DomainLoadReport                    (core NATS)
     tao.v1.placement.<gateway>             Placement                   (stream TAO_V1_PLACEMENT)
     tao.v1.dlq.<service>                   DeadLetter                          (stream TAO_V1_DLQ)
 
@@ -41,6 +42,7 @@ from typing import Final, Literal, NamedTuple, get_args
 
 from .base import Message
 from .deadletter import DeadLetter
+from .domain import DomainLoadReport
 from .errors import SubjectError
 from .node import NodeStatus
 from .plan import Placement, Plan
@@ -66,6 +68,7 @@ __all__ = [
     "check_name",
     "dead_letter",
     "dead_letters",
+    "domain_load",
     "durable_name",
     "escape_token",
     "hook_events",
@@ -246,6 +249,11 @@ def wake() -> str:
     return f"{PREFIX}.wake"
 
 
+def domain_load() -> str:
+    """``tao.v1.domain.load``: the domain's load each valuation tick (the gateway's choice)."""
+    return f"{PREFIX}.domain.load"
+
+
 def placement(gateway_id: str) -> str:
     """``tao.v1.placement.<gateway>``: placements for the sessions this gateway holds."""
     return f"{PREFIX}.placement.{check_name(gateway_id, 'gateway id')}"
@@ -293,6 +301,8 @@ def subject_for(msg: Message) -> str:
             return dead_letter(msg.service)
         case Wake():
             return wake()
+        case DomainLoadReport():
+            return domain_load()
     raise TypeError(f"no subject for {type(msg).__name__}")
 
 

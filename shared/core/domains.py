@@ -24,9 +24,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from shared.core.session import Session
-from shared.core.valuation import session_weight
+from shared.core.tick import usable_capacity
+from shared.core.valuation import NodeView, session_weight
 
-__all__ = ["DomainLoad", "choose_domain", "session_demand"]
+__all__ = ["DomainLoad", "choose_domain", "domain_load", "session_demand"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +52,23 @@ def session_demand(sessions: Iterable[Session], reserve: int) -> int:
             continue
         total += s.weight if s.node is not None else session_weight(s.tokens, 0, reserve)
     return total
+
+
+def domain_load(
+    name: str, nodes: Sequence[NodeView], pool: Iterable[Session], reserve: int
+) -> DomainLoad:
+    """A live domain's load from one tick's reads: capacity from its healthy nodes, demand the
+    nodes' reserved totals (every admitted session's weight) plus the pooled sessions' demand.
+    (The simulator counts every live session; live, an idle session that is neither admitted
+    nor pooled holds and waits for nothing, so it is not counted.)"""
+    listed = [nv.models for nv in nodes]
+    models = None if None in listed else frozenset().union(*(m for m in listed if m is not None))
+    return DomainLoad(
+        name=name,
+        capacity=sum(usable_capacity(nv) for nv in nodes if nv.healthy),
+        demand=sum(nv.reserved for nv in nodes) + session_demand(pool, reserve),
+        models=models,
+    )
 
 
 def choose_domain(loads: Sequence[DomainLoad], weight: int, model: str | None = None) -> str | None:

@@ -15,7 +15,6 @@ from services.valuation.app import sweep_loop
 from services.valuation.handlers import Valuator, interrupts_matter, with_interrupts
 from shared.contracts.codec import decode
 from shared.contracts.session import SessionEnd
-from shared.contracts.valuation import ValuationSnapshot
 from shared.core.policies import get_policy
 from shared.core.predictor import History
 from shared.core.rules import DEFAULT_RULES, PAPER, TaoRules
@@ -26,6 +25,7 @@ from shared.infra.fake_store import FakeStore
 from shared.infra.fakes import FakeBus
 from shared.infra.logging import get_logger
 from shared.infra.store_types import NodeUpdate
+from tests.service.test_valuation_service import snapshots
 
 NOW = 1000.0
 PARAMS = ValuationParams()
@@ -173,7 +173,7 @@ class TestConditionalRead:
         snap = await _valuator(store, bus, rules=rules).run_tick()
         assert snap.pressure == {"n1": 2_488 + 100 + 4_600 + 100 - 7_000}
         assert [ic.id for ic in snap.interrupts] == ["a00"]
-        (msg,) = [decode(d, ValuationSnapshot) for _, d, _ in bus.published]
+        (msg,) = snapshots(bus)
         core = from_wire(msg)
         assert core.pressure == snap.pressure
         d = decide(core, get_policy("tao"))

@@ -10,11 +10,12 @@ from services.valuation.app import Ticker
 from services.valuation.handlers import Valuator
 from shared.contracts import subjects
 from shared.contracts.codec import decode
+from shared.contracts.domain import DomainLoadReport
 from shared.contracts.session import SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
 from shared.contracts.wake import Wake
 from shared.core.problem import ZERO, PlanResult
-from shared.core.session import Session, ToolCall, on_request, on_response
+from shared.core.session import Session, ToolCall, on_end, on_request, on_response
 from shared.core.tick import Decision, Move
 from shared.core.valuation import ValuationParams
 from shared.infra.busapi import Delivery
@@ -106,6 +107,31 @@ class TestValuationTick:
         inter = w.interrupt_candidates[0]
         assert (inter.node, inter.weight, inter.tokens) == ("n1", 3000, 2500)
         assert from_wire(w).versions == {"a": a.version, "b": b2.version + 1}
+
+    async def test_each_tick_reports_the_domains_load(self, store: FakeStore) -> None:
+        """The load report: capacity of the healthy nodes (usable: capacity × target), demand
+        the reserved totals plus each pooled session's weight; an idle session counts for
+        nothing; published each tick, empty pool or not."""
+        bus = FakeBus()
+        a, _ = on_request(Session("a"), "r1", 990.0, model="m", tokens_estimate=4000)
+        await put(store, a)
+        b, _ = on_request(Session("b"), "r1", 990.0, model="m")
+        await put(store, b)
+        await admit_on(store, "b", "n1", 3000, 991.0)
+        await put(store, Session("idle-one", version=1, activity="idle"))
+        v = valuator(store, bus)
+        await v.run_tick()
+        await put(store, on_end((await store.get_session("a")) or a, 999.0))
+        await v.run_tick()
+        reports = [
+            decode(d, DomainLoadReport)
+            for s, d, _ in bus.published
+            if s == subjects.domain_load()
+        ]
+        assert [(r.domain, r.tick, r.capacity, r.demand, r.models) for r in reports] == [
+            (store.domain, 1, 90_000, 3000 + 4000 + 512, None),
+            (store.domain, 2, 90_000, 3000, None),
+        ]
 
     async def test_empty_pool_publishes_once_then_nothing(self, store: FakeStore) -> None:
         """When the pool empties one empty snapshot goes out, then ticks publish nothing."""

@@ -10,6 +10,7 @@ from shared.contracts import (
     ContractError,
     DeadLetter,
     DecodeError,
+    DomainLoadReport,
     Message,
     NodeStatus,
     Placement,
@@ -68,6 +69,9 @@ SAMPLES: list[Message] = [
         duration_s=1.5,
     ),
     Wake(reason="tool_end", ts=1767225650.5, session_id="s1"),
+    DomainLoadReport(
+        domain="pool-a", ts=1767225650.5, tick=7, capacity=64_000, demand=51_200, models=["m"]
+    ),
     SessionCancel(
         session_id="s1", request_id="r2", cancelled_at=1767225650.0, reason="wait_timeout"
     ),

@@ -7,8 +7,9 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from shared.core.domains import DomainLoad, choose_domain, session_demand
+from shared.core.domains import DomainLoad, choose_domain, domain_load, session_demand
 from shared.core.session import Session, admit, on_request
+from shared.core.valuation import NodeView
 
 
 class TestChooseDomain:
@@ -48,3 +49,19 @@ def test_session_demand_counts_admitted_weights_and_waiting_tokens() -> None:
     held = admit(held, "n1", 2048, 2.0)
     gone = Session("e", ended=True, tokens=5000)
     assert session_demand([waiting, held, gone], reserve=512) == 1512 + 2048
+
+
+class TestDomainLoad:
+    def test_healthy_usable_capacity_reserved_plus_pooled_demand_and_the_models(self) -> None:
+        nodes = [
+            NodeView("n1", 10_000, 0.9, reserved=3000, models=frozenset({"m"})),
+            NodeView("n2", 5000, 1.0, reserved=700, healthy=False, models=frozenset({"q"})),
+        ]
+        waiting, _ = on_request(Session("w"), "r", 1.0, model="m", tokens_estimate=400)
+        load = domain_load("pool-a", nodes, [waiting], reserve=100)
+        assert load == DomainLoad("pool-a", 9000, 3000 + 700 + 500, frozenset({"m", "q"}))
+
+    def test_a_node_that_names_no_models_makes_the_domain_serve_any(self) -> None:
+        nodes = [NodeView("n1", 1000, models=frozenset({"m"})), NodeView("n2", 1000)]
+        assert domain_load("d", nodes, [], reserve=0).models is None
+        assert domain_load("d", [], [], reserve=0) == DomainLoad("d", 0, 0, frozenset())

@@ -19,33 +19,46 @@ alone. The service reads the store of ``settings.domain`` (read only).
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 import aiohttp
 import anyio
+import orjson
 from aiohttp import web
 
 from services._common import serve_forever, store_from
 from services.gateway import hooks
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, Api
+from services.gateway.cluster_metrics import cluster_lines
+from services.gateway.domains import DomainRouter
 from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement
 from services.gateway.hook_limit import HookLimiter
+from services.gateway.hook_limit import session_of as hook_session
+from services.gateway.metrics import labelled_union
 from services.gateway.nodes import NodeDirectory
 from services.gateway.proxy import CONNECT_TIMEOUT_S
 from services.gateway.relay import Relay
 from services.gateway.store_check import STORE_RECHECK_S
 from services.gateway.tokenids import TokenIdNodes
 from shared.contracts import NodeStatus, SessionEnd, decode, subjects
-from shared.infra.busapi import MessageBus, Subscription
+from shared.contracts.domain import DomainLoadReport
+from shared.infra.bus import Bus
+from shared.infra.busapi import Delivery, MessageBus, Subscription
 from shared.infra.logging import get_logger
+from shared.infra.nodesfile import domain_nodes
 from shared.infra.runner import ServiceContext
 from shared.infra.settings import Settings
 from shared.infra.store_types import StateStore
 
-__all__ = ["NAME", "RELAY", "create_app", "main", "serve"]
+__all__ = ["HOOKS", "NAME", "RELAY", "ROUTER", "create_app", "create_domains_app", "main", "serve"]
 
 NAME = "gateway"
 RELAY = web.AppKey("relay", Relay)
+HOOKS = web.AppKey("hooks", hooks.HookForwarder)
+ROUTER = web.AppKey("router", DomainRouter)
 _SUBSCRIPTIONS = web.AppKey("subscriptions", list[Subscription])
+_DOMAIN_APPS = web.AppKey("domain_apps", dict[str, web.Application])
 
 
 def _decode_node_status(data: bytes) -> NodeStatus:
@@ -94,7 +107,7 @@ def create_app(
     app.router.add_get("/healthz", http.healthz)
     app.router.add_get("/metrics", http.metrics)
     limiter = HookLimiter(settings.hook_rate, settings.hook_burst)
-    hooks.install(app, bus, relay.auth, relay.metrics, limiter, relay.log)  # /hooks/{harness}
+    app[HOOKS] = hooks.install(app, bus, relay.auth, relay.metrics, limiter, relay.log)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
     return app
@@ -140,6 +153,134 @@ async def _stop(app: web.Application) -> None:
         relay.client = None
 
 
+def create_domains_app(
+    settings: Settings,
+    links: Mapping[str, tuple[Settings, MessageBus, StateStore | None]],
+    *,
+    clock: Callable[[], float] = time.time,
+    name: str = NAME,
+) -> web.Application:
+    """One gateway for several domains (:mod:`.domains`): ``links`` maps each domain, in
+    order, to its settings (its nodes, namespace and domain), bus and store. Each domain gets
+    the app :func:`create_app` builds, started and cleaned up with this one; this app routes
+    each request to one of them."""
+    apps = {
+        d: create_app(dsettings, bus, store=store, clock=clock, name=name)
+        for d, (dsettings, bus, store) in links.items()
+    }
+    router = DomainRouter({d: a[RELAY] for d, a in apps.items()}, reserve=settings.reserve_tokens)
+    http = {d: HttpHandlers(a[RELAY]) for d, a in apps.items()}
+    front = web.Application(client_max_size=settings.max_body_bytes)
+    front[ROUTER] = router
+    front[_DOMAIN_APPS] = apps
+    front[_SUBSCRIPTIONS] = []
+
+    def model_endpoint(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            domain = await router.for_request(request, api, clock())
+            return await router.relays[domain].handle(request, api)
+
+        return handle
+
+    async def hook(request: web.Request) -> web.StreamResponse:
+        body = await hooks.read_capped(request)
+        domain = await router.for_hook(request.headers, hook_session(body), clock())
+        return await apps[domain][HOOKS].post(request, body)
+
+    async def delete_session(request: web.Request) -> web.StreamResponse:
+        first = router.relays[router.names[0]]
+        caller = first.auth.client(request.headers)
+        if caller is None:
+            return first.unauthorized(CHAT, "delete")
+        named = request.match_info["session_id"]
+        session_id = caller.session(named)
+        for domain in router.for_session(session_id):
+            relay = router.relays[domain]
+            released = await relay.end_session(session_id)
+            relay.log.info("session_deleted", session_id=session_id, held_released=released)
+        return web.json_response({"id": named, "object": "session.deleted", "deleted": True})
+
+    async def models(request: web.Request) -> web.StreamResponse:
+        merged: dict[str, Any] = {}
+        for handlers in http.values():
+            answer = await handlers.models(request)
+            if answer.status != 200:
+                return answer
+            assert isinstance(answer, web.Response) and isinstance(answer.body, bytes)
+            for model in orjson.loads(answer.body)["data"]:
+                merged.setdefault(str(model.get("id")), model)
+        return web.json_response({"object": "list", "data": [merged[k] for k in sorted(merged)]})
+
+    async def healthz(request: web.Request) -> web.StreamResponse:
+        per = {
+            d: {"held": r.holds.held(), "admitted": r.placements.admitted_count()}
+            for d, r in router.relays.items()
+        }
+        return web.json_response(
+            {
+                "status": "ok",
+                "gateway_id": settings.gateway_id,
+                "held": sum(p["held"] for p in per.values()),
+                "admitted": sum(p["admitted"] for p in per.values()),
+                "domains": per,
+            }
+        )
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        pages: dict[str, str] = {}
+        for d, r in router.relays.items():
+            cluster = await cluster_lines(r.stored.store)
+            pages[d] = r.metrics.render() + "".join(f"{line}\n" for line in cluster)
+        routed = [
+            "# HELP tao_gateway_routed_sessions_total Sessions routed to a domain, by reason."
+        ]
+        routed.append("# TYPE tao_gateway_routed_sessions_total counter")
+        for (d, reason), n in sorted(router.routed.items()):
+            routed.append(
+                f'tao_gateway_routed_sessions_total{{domain="{d}",reason="{reason}"}} {n}'
+            )
+        text = labelled_union(pages, "domain") + "\n".join(routed) + "\n"
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
+
+    for api in (CHAT, COMPLETIONS, MESSAGES):
+        front.router.add_post(api.path, model_endpoint(api))
+    front.router.add_get("/v1/models", models)
+    front.router.add_delete("/v1/sessions/{session_id}", delete_session)
+    front.router.add_get("/healthz", healthz)
+    front.router.add_get("/metrics", metrics)
+    front.router.add_post("/hooks/{harness}", hook)
+    front.on_startup.append(_start_domains)
+    front.on_cleanup.append(_stop_domains)
+    return front
+
+
+def _decode_load(data: bytes) -> DomainLoadReport:
+    return decode(data, DomainLoadReport)
+
+
+async def _start_domains(front: web.Application) -> None:
+    router = front[ROUTER]
+
+    async def on_load(report: DomainLoadReport, _: Delivery) -> None:
+        router.on_load(report)
+
+    for app in front[_DOMAIN_APPS].values():
+        app.freeze()
+        await app.startup()
+        bus = app[RELAY].bus
+        front[_SUBSCRIPTIONS].append(
+            await bus.subscribe(subjects.domain_load(), NAME, _decode_load, on_load)
+        )
+
+
+async def _stop_domains(front: web.Application) -> None:
+    for sub in front[_SUBSCRIPTIONS]:
+        await sub.stop()
+    front[_SUBSCRIPTIONS].clear()
+    for app in front[_DOMAIN_APPS].values():
+        await app.cleanup()
+
+
 async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
     """Start serving ``app`` on ``host:port`` (handler cancellation on); return the runner."""
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
@@ -154,17 +295,42 @@ async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
 
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:
-    """Service entry point for ``shared.infra.runner.run_service``: serve until cancelled."""
-    app = create_app(settings, ctx.require_bus(), store=store_from(settings, ctx), name=ctx.name)
-    runner = await serve(app, settings.gateway_host, settings.gateway_port)
-    app[RELAY].log.info(
-        "gateway_listening",
-        host=settings.gateway_host,
-        port=settings.gateway_port,
-        gateway_id=settings.gateway_id,
-    )
+    """Service entry point for ``shared.infra.runner.run_service``: serve until cancelled;
+    with ``TAO_GATEWAY_DOMAINS``, one app over each listed domain (:func:`create_domains_app`,
+    one bus connection per domain namespace, each closed on the way out)."""
+    buses: list[MessageBus] = []
+    if settings.gateway_domains:
+        links: dict[str, tuple[Settings, MessageBus, StateStore | None]] = {}
+        for domain in settings.gateway_domains:
+            local = settings.replace(
+                domain=domain, namespace=domain, nodes=domain_nodes(settings.nodes, domain)
+            )
+            bus = await Bus.from_settings(local, name=ctx.name)
+            buses.append(bus)
+            await bus.ensure_streams()
+            links[domain] = (local, bus, store_from(local, ctx))
+        app = create_domains_app(settings, links, name=ctx.name)
+        log = next(iter(app[ROUTER].relays.values())).log
+    else:
+        app = create_app(
+            settings, ctx.require_bus(), store=store_from(settings, ctx), name=ctx.name
+        )
+        log = app[RELAY].log
     try:
-        await serve_forever()
+        runner = await serve(app, settings.gateway_host, settings.gateway_port)
+        log.info(
+            "gateway_listening",
+            host=settings.gateway_host,
+            port=settings.gateway_port,
+            gateway_id=settings.gateway_id,
+            domains=list(settings.gateway_domains) or None,
+        )
+        try:
+            await serve_forever()
+        finally:
+            with anyio.CancelScope(shield=True):  # the runner cancels through an anyio scope
+                await runner.cleanup()
     finally:
-        with anyio.CancelScope(shield=True):  # the runner cancels through an anyio scope
-            await runner.cleanup()
+        with anyio.CancelScope(shield=True):
+            for opened in buses:
+                await opened.drain()

@@ -49,7 +49,7 @@ from shared.infra.busapi import MessageBus
 from shared.infra.logging import get_logger
 from shared.infra.tenants import TENANT_HEADER
 
-__all__ = ["QUEUE_LIMIT", "HookForwarder", "install"]
+__all__ = ["QUEUE_LIMIT", "HookForwarder", "install", "read_capped"]
 
 QUEUE_LIMIT: Final = 4096
 _STOP_WAIT_S: Final = 2.0
@@ -86,8 +86,10 @@ class HookForwarder:
         self.forwarded = 0
         self.dropped = 0
 
-    async def post(self, request: web.Request) -> web.Response:
-        """Queue the body for ``tao.v1.hook.<token>`` and answer 200 ``{}`` (404: no harness)."""
+    async def post(self, request: web.Request, body: bytes | None = None) -> web.Response:
+        """Queue the body for ``tao.v1.hook.<token>`` and answer 200 ``{}`` (404: no harness);
+        ``body``: already read by :func:`read_capped` (a gateway of several domains reads it
+        to route the post)."""
         name = request.match_info["harness"]
         caller = self.auth.hook(request.headers)
         if caller is None:
@@ -99,7 +101,8 @@ class HookForwarder:
             self._count("not_found")
             return _error(404, "not_found", str(exc))
         at = self.clock()
-        body = await _read_capped(request, MAX_HOOK_BYTES)
+        if body is None:
+            body = await read_capped(request)
         if len(body) > MAX_HOOK_BYTES:
             body = oversized_marker(body, len(body))
         tenant = caller.tenant.name if caller.tenant is not None else ""
@@ -157,7 +160,7 @@ class HookForwarder:
         self.worker = None
 
 
-async def _read_capped(request: web.Request, limit: int) -> bytes:
+async def read_capped(request: web.Request, limit: int = MAX_HOOK_BYTES) -> bytes:
     """Up to ``limit`` + 1 bytes of the body (more means oversized)."""
     chunks: list[bytes] = []
     got = 0

@@ -12,7 +12,7 @@ import bisect
 from collections.abc import Callable
 from typing import Final
 
-__all__ = ["HOLD_BUCKETS_S", "GatewayMetrics", "escape_label"]
+__all__ = ["HOLD_BUCKETS_S", "GatewayMetrics", "escape_label", "labelled_union"]
 
 HOLD_BUCKETS_S: Final = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 """Upper bounds of the hold-time histogram, seconds (default hold limit is 120 s)."""
@@ -130,3 +130,32 @@ class GatewayMetrics:
         ]
         lines += self.hold_seconds.render()
         return "\n".join(lines) + "\n"
+
+
+def labelled_union(pages: dict[str, str], label: str) -> str:
+    """One exposition page from several (``label`` value → page): each family's ``# HELP`` and
+    ``# TYPE`` once, then every page's samples with ``label="<value>"`` added (the gateway of
+    several domains: ``domain``). A sample belongs to the family of the comment lines before it
+    (each family of these pages has its own)."""
+    families: dict[str, tuple[list[str], list[str]]] = {}
+    for value, page in pages.items():
+        family = ""
+        tag = f'{label}="{escape_label(value)}"'
+        for line in page.splitlines():
+            if not line:
+                continue
+            if line.startswith("# "):
+                parts = line.split(" ", 3)
+                family = parts[2] if len(parts) > 2 else ""
+                head, _ = families.setdefault(family, ([], []))
+                if line not in head:
+                    head.append(line)
+                continue
+            name, brace, rest = line.partition("{")
+            if brace:
+                sample = f"{name}{{{tag},{rest}"
+            else:
+                metric, _, number = line.partition(" ")
+                sample = f"{metric}{{{tag}}} {number}"
+            families.setdefault(family or name.split(" ")[0], ([], []))[1].append(sample)
+    return "".join("\n".join(head + samples) + "\n" for head, samples in families.values())

@@ -32,6 +32,8 @@ message names the variable, what is wrong and what was given
 | TAO_GATEWAY_ID            | gw0       | this gateway's id, [A-Za-z0-9_-]{1,128}                 |
 | TAO_GATEWAY_HOST          | 127.0.0.1 | gateway listen address                                  |
 | TAO_GATEWAY_PORT          | 8000      | gateway listen port, 0–65535 (0: any free port)         |
+| TAO_GATEWAY_DOMAINS       | (empty)   | domains one gateway serves, `pool-a,pool-b` (each on    |
+|                           |           | namespace = its name; empty: TAO_DOMAIN only)           |
 | TAO_HOLD_TIMEOUT_S        | 120       | longest a request is held before a 503, s (> 0)         |
 | TAO_RETRY_AFTER_S         | 2         | Retry-After sent with the 503, s (> 0)                  |
 | TAO_MAX_BODY_BYTES        | 33554432  | largest request body the gateway reads (413 beyond it)  |
@@ -130,6 +132,7 @@ class Settings:
     gateway_id: str = "gw0"
     gateway_host: str = "127.0.0.1"
     gateway_port: int = 8000
+    gateway_domains: tuple[str, ...] = ()
     hold_timeout_s: float = 120.0
     retry_after_s: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
@@ -165,10 +168,14 @@ class Settings:
                 values[attr] = parse(variable, raw)
         if "nodes_file" in values:
             nodes = _nodes_file(values["nodes_file"], "nodes" in values)
-            try:
-                values["nodes"] = domain_nodes(nodes, values.get("domain", "default"))
+            served = values.get("gateway_domains") or (values.get("domain", "default"),)
+            try:  # each served domain must have nodes; a gateway of several keeps them all
+                for domain in served:
+                    values["nodes"] = domain_nodes(nodes, domain)
             except ValueError as exc:
                 raise SettingsError("TAO_NODES_FILE", values["nodes_file"], str(exc)) from None
+            if len(served) > 1:
+                values["nodes"] = nodes
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:
@@ -238,6 +245,18 @@ def _name(variable: str, raw: str) -> str:
     if not _NAME_RE.fullmatch(raw):
         raise SettingsError(variable, raw, "must match [A-Za-z0-9_-]{1,128}")
     return raw
+
+
+def _domains(variable: str, raw: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in raw.split(",") if n.strip())
+    for n in names:
+        if not _NAMESPACE_RE.fullmatch(n):
+            raise SettingsError(
+                variable, raw, f"{n!r}: each domain must match [A-Za-z0-9_-]{{1,64}}"
+            )
+    if len(set(names)) != len(names):
+        raise SettingsError(variable, raw, "a domain is listed twice")
+    return names
 
 
 def _namespace(variable: str, raw: str) -> str:
@@ -365,6 +384,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "planner_time_limit_ms": ("TAO_PLANNER_TIME_LIMIT_MS", _integer(lo=1)),
     "ta_interval_s": ("TAO_TA_INTERVAL_S", _POSITIVE),
     "gateway_id": ("TAO_GATEWAY_ID", _name),
+    "gateway_domains": ("TAO_GATEWAY_DOMAINS", _domains),
     "gateway_host": ("TAO_GATEWAY_HOST", _text),
     "gateway_port": ("TAO_GATEWAY_PORT", _integer(lo=0, hi=65535)),
     "hold_timeout_s": ("TAO_HOLD_TIMEOUT_S", _POSITIVE),

@@ -124,9 +124,7 @@ class TestValuationTick:
         await put(store, on_end((await store.get_session("a")) or a, 999.0))
         await v.run_tick()
         reports = [
-            decode(d, DomainLoadReport)
-            for s, d, _ in bus.published
-            if s == subjects.domain_load()
+            decode(d, DomainLoadReport) for s, d, _ in bus.published if s == subjects.domain_load()
         ]
         assert [(r.domain, r.tick, r.capacity, r.demand, r.models) for r in reports] == [
             (store.domain, 1, 90_000, 3000 + 4000 + 512, None),

@@ -422,7 +422,8 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         t0 = time.perf_counter()
         await valuator.run_tick("bench")
         t1 = time.perf_counter()
-        snap = decode_snapshot(fake.published[-1][1])
+        (data,) = [d for subj, d, _ in fake.published if subj == subjects.valuation_snapshot()]
+        snap = decode_snapshot(data)
         t2 = time.perf_counter()
         decision = await asyncio.to_thread(solve, snap.core)
         t3 = time.perf_counter()

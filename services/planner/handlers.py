@@ -190,7 +190,14 @@ class Planner:
                 self.standby_skips += 1
                 return None
             epoch = self.leader.epoch
-        await self.store.incr(ticks=1)
+        try:
+            return await self._plan(snap, epoch)
+        finally:  # bookkeeping, off the tool-end -> placement path
+            with anyio.CancelScope(shield=True):
+                await self.store.incr(ticks=1)
+
+    async def _plan(self, snap: Snapshot, epoch: int) -> Applied | None:
+        core = snap.core
         forced: Applied | None = None
         ta = TAStep()
         t_started = time.time()

@@ -61,6 +61,7 @@ from shared.contracts.domain import DomainLoadReport
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.domains import domain_load
+from shared.core.predictor import History
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
 from shared.core.tick import Residency, TickSnapshot, context_pressure, value_snapshot
@@ -206,6 +207,11 @@ class Valuator:
     tool end → placement path, only when it is older than this."""
     pressure: dict[str, int] = field(default_factory=dict)
     pressure_at: float | None = None
+    history: History | None = None
+    """The tool-duration history of the last tick that read it: a wake-up tick reuses one
+    younger than :attr:`pressure_every_s` (a second's new samples barely move the readiness
+    estimates; a periodic tick always reads it)."""
+    history_at: float | None = None
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -237,7 +243,11 @@ class Valuator:
         now = self.clock()
         pool, residency = await reader.index("pool")
         views = await self.store.node_views()
-        history = await self.store.history()
+        history = self.history
+        stale = self.history_at is None or now - self.history_at >= self.pressure_every_s
+        if history is None or reason != "wake" or stale:
+            history = self.history = await self.store.history()
+            self.history_at = now
 
         def value(sessions: list[Session], res: Residency) -> TickSnapshot:
             return value_snapshot(

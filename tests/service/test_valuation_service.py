@@ -131,6 +131,25 @@ class TestValuationTick:
             (store.domain, 2, 90_000, 3000, None),
         ]
 
+    async def test_a_wake_tick_reuses_a_history_younger_than_a_second(
+        self, store: FakeStore
+    ) -> None:
+        """Off the periodic tick, the tool-duration history read is skipped for a second."""
+        now = [NOW]
+        v = valuator(store, FakeBus())
+        v.clock = lambda: now[0]
+        await v.run_tick("period")
+        first = v.history
+        await store.record_tool("pytest", 2.0)
+        await v.run_tick("wake")
+        assert v.history is first
+        now[0] += 1.0
+        await v.run_tick("wake")
+        assert v.history is not None and v.history.of("pytest").count == 1
+        await store.record_tool("pytest", 3.0)
+        await v.run_tick("period")
+        assert v.history.of("pytest").count == 2
+
     async def test_empty_pool_publishes_once_then_nothing(self, store: FakeStore) -> None:
         """When the pool empties one empty snapshot goes out, then ticks publish nothing."""
         bus = FakeBus()

@@ -183,7 +183,6 @@ class Planner:
         (under a ThunderAgent policy with no move: what the forced resume did, if anything), or
         when this replica does not hold the lease. The apply carries the lease's epoch as it
         was when the solve began, so a lease lost meanwhile fences the plan out."""
-        core = snap.core
         epoch = 0
         if self.leader is not None:
             if not self.leader.leading:

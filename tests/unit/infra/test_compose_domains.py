@@ -65,23 +65,56 @@ def test_every_tao_service_parses_and_sees_only_its_domains_nodes(nodes_file: Pa
             continue
         s = _settings(name, nodes_file)
         assert s.replicas == 3 and s.nats_url is not None and s.nats_url.count("nats://") == 3
-        assert s.nodes and all(n.domain == s.domain for n in s.nodes), name
-        domains.add(s.domain)
+        served = set(s.gateway_domains) or {s.domain}
+        assert s.nodes and all(n.domain in served for n in s.nodes), name
+        domains |= served
     assert domains == {"pool-a", "pool-b"}
 
 
 def test_each_domain_has_its_own_namespace_services_and_two_planners(nodes_file: Path) -> None:
     by_domain: dict[str, dict[str, list[str]]] = {}
-    for kind in ("telemetry", "tools", "valuation", "planner", "gateway"):
+    for kind in ("telemetry", "tools", "valuation", "planner"):
         for name in _tao(kind):
             s = _settings(name, nodes_file)
             assert s.namespace == s.domain  # a domain's subjects and streams are its own
             by_domain.setdefault(s.domain, {}).setdefault(kind, []).append(name)
     for domain, kinds in by_domain.items():
         assert {k: len(v) for k, v in kinds.items()} == {
-            "telemetry": 1, "tools": 1, "valuation": 1, "planner": 2, "gateway": 1,
+            "telemetry": 1, "tools": 1, "valuation": 1, "planner": 2,
         }, domain  # fmt: skip
         instances = {_settings(p, nodes_file).instance for p in kinds["planner"]}
         assert len(instances) == 2  # distinct names: a standby never takes over a live leader
-    gateways = [_services()[g]["ports"][0] for g in _tao("gateway")]
-    assert len(set(gateways)) == len(gateways)
+
+
+def test_one_gateway_serves_both_domains(nodes_file: Path) -> None:
+    (gateway,) = _tao("gateway")
+    s = _settings(gateway, nodes_file)
+    assert s.gateway_domains == ("pool-a", "pool-b")
+    assert s.namespace in s.gateway_domains  # its own connection opens no other namespace
+    assert {n.domain for n in s.nodes} == {"pool-a", "pool-b"}
+    assert _services()[gateway]["ports"] == ["8000:8000"]
+
+
+def test_the_store_is_a_redis_cluster_of_three_masters_with_a_replica_each(
+    nodes_file: Path,
+) -> None:
+    servers = sorted(n for n in _services() if re.fullmatch(r"redis-\d", n))
+    assert len(servers) == 6
+    for name in servers:
+        cmd = _services()[name]["command"]
+        assert cmd[cmd.index("--cluster-enabled") + 1] == "yes"
+    init = " ".join(_services()["redis-init"]["command"])
+    assert "--cluster create --cluster-replicas 1" in init and "for n in 1 2 3 4 5 6" in init
+    assert set(_services()["redis-init"]["depends_on"]) == set(servers)
+    for name, svc in _services().items():
+        if svc.get("image") != "tao-scheduler:local" or svc["command"][1] == "simnode":
+            continue
+        url = _settings(name, nodes_file).redis_url
+        assert url == "redis+cluster://" + ",".join(f"{n}:6379" for n in servers), name
+        assert svc["depends_on"]["redis-init"] == {"condition": "service_completed_successfully"}
+
+
+def test_every_dollar_is_an_interpolation_or_escaped() -> None:
+    """Compose reads ``$`` as the start of a variable: a shell ``$`` must be written ``$$``."""
+    text = FILE.read_text().replace("$$", "")
+    assert not re.findall(r"\$(?![{A-Za-z_])", text)

@@ -34,7 +34,6 @@ import time
 from pathlib import Path
 
 from shared.infra.natscluster import NatsCluster
-from shared.infra.store_types import NodeUpdate
 from tests.scale.harness import Procs, domain, until
 
 VARIANTS = ("leader", "leader+nats")
@@ -43,18 +42,8 @@ VARIANTS = ("leader", "leader+nats")
 async def trial(variant: str, ttl: float, redis_url: str, logs: Path) -> dict[str, float]:
     with NatsCluster(3) as cluster:
         async with domain(cluster.url, redis_url, logs, ttl_s=ttl, replicas=3) as d:
-            await d.store.put_node_status(
-                "n1", NodeUpdate(capacity_tokens=200_000, target_utilisation=1.0, healthy=True)
-            )
-            d.procs.start("valuation", "v1")
-            d.procs.start("planner", "p1")
-            d.procs.start("planner", "p2")
+            await d.start_planners()
             first = [f"a{i}" for i in range(5)]
-
-            async def held() -> bool:
-                return await d.holder() is not None
-
-            await until("a leader", held)
             await d.add_sessions(first)
             await until("first admitted", lambda: d.admitted(first))
             await until("both planners up", lambda: _both_warm(d.procs))

@@ -13,16 +13,14 @@ Clients connect with :attr:`RedisCluster.url` (every server a startup node).
 
 from __future__ import annotations
 
-import shutil
 import socket
-import subprocess
-import tempfile
 import time
 from pathlib import Path
 from typing import IO
 
-from .embedded import find_valkey_server, free_port, stop_processes
+from .embedded import find_valkey_server, free_port
 from .errors import EmbeddedServerError
+from .serverset import ServerSet
 
 __all__ = ["SLOTS", "RedisClusterProcs", "key_slot"]
 
@@ -85,8 +83,10 @@ def _cluster_info(port: int) -> dict[str, str]:
     return dict(ln.strip().split(":", 1) for ln in text.splitlines() if ":" in ln)
 
 
-class RedisClusterProcs:
+class RedisClusterProcs(ServerSet):
     """``masters`` × (1 + ``replicas``) valkey-servers on free ports, one cluster."""
+
+    what = "valkey-server"
 
     def __init__(self, masters: int = 3, replicas: int = 1, node_timeout_ms: int = 1000) -> None:
         if masters < 1 or replicas < 0:
@@ -94,13 +94,10 @@ class RedisClusterProcs:
         self.masters = masters
         self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
-        self.size = masters * (1 + replicas)
+        super().__init__(masters * (1 + replicas), "tao-redis-cluster-")
         self.ports = [free_port() for _ in range(self.size)]
         self.bus_ports = [free_port() for _ in range(self.size)]
         """The cluster bus ports (given: the default, port + 10000, may be taken or > 65535)."""
-        self._root = Path(tempfile.mkdtemp(prefix="tao-redis-cluster-"))
-        self._procs: list[subprocess.Popen[bytes] | None] = [None] * self.size
-        self._logs: list[IO[bytes] | None] = [None] * self.size
 
     @property
     def url(self) -> str:
@@ -114,7 +111,7 @@ class RedisClusterProcs:
             for i in range(self.size):
                 self._spawn(i)
             for i in range(self.size):
-                self._wait_answers(i)
+                self._wait(i)
             self._form()
             self.wait_ok()
         except BaseException:
@@ -122,7 +119,7 @@ class RedisClusterProcs:
             raise
         return self
 
-    def _spawn(self, i: int) -> None:
+    def _command(self, i: int) -> tuple[list[str], Path]:
         folder = self._root / f"r{i}"
         folder.mkdir(exist_ok=True)
         cmd = [find_valkey_server(), "--port", str(self.ports[i]), "--bind", "127.0.0.1"]
@@ -130,20 +127,13 @@ class RedisClusterProcs:
         cmd += ["--cluster-port", str(self.bus_ports[i])]
         cmd += ["--cluster-node-timeout", str(self.node_timeout_ms)]
         cmd += ["--save", "", "--appendonly", "no", "--dir", str(folder)]
-        log = open(folder / "server.log", "ab")  # noqa: SIM115 - closed in stop()/kill()
-        self._logs[i] = log
-        try:
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=folder)
-        except OSError as exc:
-            raise EmbeddedServerError("valkey-server", f"cannot run {cmd[0]}: {exc}") from exc
-        self._procs[i] = proc
+        return cmd, folder
 
-    def _wait_answers(self, i: int) -> None:
+    def _wait(self, i: int) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
-            proc = self._procs[i]
-            if proc is None or proc.poll() is not None:
-                log = (self._root / f"r{i}" / "server.log").read_text("utf-8", "replace")
+            if not self.alive(i):
+                log = self.log_path(i).read_text("utf-8", "replace")
                 tail = " | ".join(log.strip().splitlines()[-3:])
                 raise EmbeddedServerError(f"valkey-server r{i}", f"exited: {tail}")
             try:
@@ -209,41 +199,3 @@ class RedisClusterProcs:
                         if lo.isdigit() and int(lo) <= slot <= int(hi or lo):
                             return i
         raise EmbeddedServerError("valkey cluster", f"no live master owns slot {slot}")
-
-    def kill(self, i: int) -> None:
-        """SIGKILL server ``i`` (its node file stays, for :meth:`restart`)."""
-        proc = self._procs[i]
-        if proc is not None:
-            proc.kill()
-            proc.wait()
-            self._procs[i] = None
-        log = self._logs[i]
-        if log is not None:
-            log.close()
-            self._logs[i] = None
-
-    def restart(self, i: int) -> None:
-        """Start server ``i`` again on its port and node file; it rejoins the cluster."""
-        self.kill(i)
-        self._spawn(i)
-        self._wait_answers(i)
-
-    def alive(self, i: int) -> bool:
-        proc = self._procs[i]
-        return proc is not None and proc.poll() is None
-
-    def stop(self) -> None:
-        """Stop every server and delete their folders."""
-        stop_processes([p for p in self._procs if p is not None])
-        self._procs = [None] * self.size
-        for log in self._logs:
-            if log is not None:
-                log.close()
-        self._logs = [None] * self.size
-        shutil.rmtree(self._root, ignore_errors=True)
-
-    def __enter__(self) -> RedisClusterProcs:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -29,6 +29,7 @@ from shared.infra.embedded import stop_processes
 from shared.infra.lease import LeaseTable, lease_key
 from shared.infra.redisconn import open_redis
 from shared.infra.store import Store
+from shared.infra.store_types import NodeUpdate
 
 ROOT = Path(__file__).resolve().parents[2]
 LIVENESS_S = 30.0
@@ -131,6 +132,21 @@ class Domain:
         """The instance holding the planner lease now, None if nobody does."""
         got = await self.table.get(self.planner_key)
         return None if got is None else str(orjson.loads(got[0])["instance"])
+
+    async def start_planners(self) -> None:
+        """Node ``n1`` with room for every session, valuation ``v1`` and planners ``p1`` and
+        ``p2``; returns once one of them holds the lease."""
+        await self.store.put_node_status(
+            "n1", NodeUpdate(capacity_tokens=200_000, target_utilisation=1.0, healthy=True)
+        )
+        self.procs.start("valuation", "v1")
+        self.procs.start("planner", "p1")
+        self.procs.start("planner", "p2")
+
+        async def held() -> bool:
+            return await self.holder() is not None
+
+        await until("a planner holds the lease", held)
 
     async def add_sessions(self, ids: list[str], tokens: int = 1000) -> None:
         """Write waiting sessions (as the tools service would) and wake the valuation."""

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from shared.infra.natscluster import NatsCluster
-from shared.infra.store_types import NodeUpdate
 from tests.scale.harness import Domain, domain, until
 
 TTL_S = 1.0
@@ -38,18 +37,8 @@ async def test_standby_takes_over_when_the_leader_and_a_nats_server_die(
     cluster: NatsCluster, world: Domain
 ) -> None:
     d = world
-    await d.store.put_node_status(
-        "n1", NodeUpdate(capacity_tokens=200_000, target_utilisation=1.0, healthy=True)
-    )
-    d.procs.start("valuation", "v1")
-    d.procs.start("planner", "p1")
-    d.procs.start("planner", "p2")
-
-    async def held() -> bool:
-        return await d.holder() is not None
-
+    await d.start_planners()
     first = [f"a{i}" for i in range(10)]
-    await until("a planner holds the lease", held)
     await d.add_sessions(first)
     await until("the first sessions are admitted", lambda: d.admitted(first))
     leader = await d.holder()

@@ -22,7 +22,6 @@ import pytest
 
 from shared.infra.natscluster import NatsCluster
 from shared.infra.rediscluster import RedisClusterProcs
-from shared.infra.store_types import NodeUpdate
 from tests.scale.harness import Domain, domain, until
 
 TTL_S = 1.0
@@ -48,17 +47,7 @@ async def test_nothing_is_lost_when_a_redis_master_and_a_nats_server_die(
     cluster: NatsCluster, redis_cluster: RedisClusterProcs, world: Domain
 ) -> None:
     d = world
-    await d.store.put_node_status(
-        "n1", NodeUpdate(capacity_tokens=200_000, target_utilisation=1.0, healthy=True)
-    )
-    d.procs.start("valuation", "v1")
-    d.procs.start("planner", "p1")
-    d.procs.start("planner", "p2")
-
-    async def held() -> bool:
-        return await d.holder() is not None
-
-    await until("a planner holds the lease", held)
+    await d.start_planners()
     master = redis_cluster.master_of(d.store.keys.pool)
     ids = [f"s{i}" for i in range(SESSIONS)]
     for i, sid in enumerate(ids):

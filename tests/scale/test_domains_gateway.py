@@ -1,7 +1,8 @@
 """One gateway process in front of two scheduling domains, all real processes.
 
-Two domains on the test NATS and Redis, each a namespace of its own with its telemetry, tools,
-valuation and planner, and a sim node of its own (one nodes file names each node's domain). One
+Two domains on the 3-server NATS cluster (streams with 3 replicas) and the Redis Cluster (3
+masters), each a namespace of its own with its telemetry, tools, valuation and planner, and a
+sim node of its own (one nodes file names each node's domain). One
 gateway serves both (``TAO_GATEWAY_DOMAINS``). Agent sessions through it complete; each lives
 in exactly one domain's store; the new sessions spread over both domains by the valuations'
 load reports; the gateway's metrics say where it routed them.
@@ -23,7 +24,9 @@ import pytest
 from shared.cli.stack import StackConfig, simnode_launch
 from shared.infra.bus import Bus
 from shared.infra.embedded import free_port, stop_processes
+from shared.infra.natscluster import NatsCluster
 from shared.infra.nodesfile import render_nodes_file
+from shared.infra.rediscluster import RedisClusterProcs
 from shared.infra.redisconn import open_redis
 from shared.infra.store import Store
 from tests.scale.harness import Procs, until
@@ -34,8 +37,11 @@ TURNS = 2
 
 
 @pytest.fixture
-def fleet(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[str, list[str]]]:
+def fleet(
+    cluster: NatsCluster, redis_cluster: RedisClusterProcs, tmp_path: Path
+) -> Iterator[tuple[str, list[str]]]:
     """The gateway's URL and the two domains' names, every process running."""
+    nats_url, redis_url = cluster.url, redis_cluster.url
     tag = uuid.uuid4().hex[:6]
     names = [f"da{tag}", f"db{tag}"]
     sims: list[subprocess.Popen[bytes]] = []
@@ -53,6 +59,7 @@ def fleet(nats_url: str, redis_url: str, tmp_path: Path) -> Iterator[tuple[str, 
         "TAO_NATS_URL": nats_url,
         "TAO_REDIS_URL": redis_url,
         "TAO_NODES_FILE": str(nodes),
+        "TAO_REPLICAS": "3",
         "TAO_TICK_S": "0.2",
         "TAO_SCRAPE_S": "0.5",
         "TAO_LOG_FORMAT": "json",
@@ -110,10 +117,10 @@ async def _turns(client: aiohttp.ClientSession, url: str, sid: str) -> int:
 
 
 async def test_one_gateway_spreads_sessions_over_two_domains(
-    fleet: tuple[str, list[str]], redis_url: str
+    fleet: tuple[str, list[str]], redis_cluster: RedisClusterProcs
 ) -> None:
     url, names = fleet
-    redis = open_redis(redis_url)
+    redis = open_redis(redis_cluster.url)
     stores = [Store(redis, n) for n in names]
     try:
 

@@ -15,7 +15,7 @@ Time bounds are liveness bounds (generous, for a loaded 2-core machine).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +27,6 @@ from tests.scale.harness import Domain, domain, until
 TTL_S = 1.0
 SESSIONS = 45
 KILL_AT = 15
-
-
-@pytest.fixture(scope="module")
-def redis_cluster() -> Iterator[RedisClusterProcs]:
-    with RedisClusterProcs(masters=3, replicas=1, node_timeout_ms=1000) as c:
-        yield c
 
 
 @pytest.fixture

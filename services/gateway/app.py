@@ -24,19 +24,15 @@ from typing import Any
 
 import aiohttp
 import anyio
+import orjson
 from aiohttp import web
 
 from services._common import serve_forever, store_from
 from services.gateway import hooks
 from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, Api
+from services.gateway.cluster_metrics import cluster_lines
 from services.gateway.domains import DomainRouter
-from services.gateway.handlers import (
-    BusHandlers,
-    HttpHandlers,
-    decode_placement,
-    metrics_response,
-    session_deleted,
-)
+from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement
 from services.gateway.hook_limit import HookLimiter
 from services.gateway.hook_limit import session_of as hook_session
 from services.gateway.metrics import labelled_union
@@ -181,8 +177,8 @@ def create_domains_app(
 
     def model_endpoint(api: Api) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
         async def handle(request: web.Request) -> web.StreamResponse:
-            domain, decoded = await router.for_request(request, api, clock())
-            return await router.relays[domain].handle(request, api, decoded)
+            domain = await router.for_request(request, api, clock())
+            return await router.relays[domain].handle(request, api)
 
         return handle
 
@@ -199,30 +195,52 @@ def create_domains_app(
         named = request.match_info["session_id"]
         session_id = caller.session(named)
         for domain in router.for_session(session_id):
-            await http[domain].end(session_id)
-        return session_deleted(named)
+            relay = router.relays[domain]
+            released = await relay.end_session(session_id)
+            relay.log.info("session_deleted", session_id=session_id, held_released=released)
+        return web.json_response({"id": named, "object": "session.deleted", "deleted": True})
 
     async def models(request: web.Request) -> web.StreamResponse:
-        first = router.relays[router.names[0]]
-        if first.auth.client(request.headers) is None:
-            return first.unauthorized(CHAT, "models")
         merged: dict[str, Any] = {}
         for handlers in http.values():
-            for model in await handlers.model_list():
+            answer = await handlers.models(request)
+            if answer.status != 200:
+                return answer
+            assert isinstance(answer, web.Response) and isinstance(answer.body, bytes)
+            for model in orjson.loads(answer.body)["data"]:
                 merged.setdefault(str(model.get("id")), model)
         return web.json_response({"object": "list", "data": [merged[k] for k in sorted(merged)]})
 
     async def healthz(request: web.Request) -> web.StreamResponse:
-        per = {d: h.counts() for d, h in http.items()}
-        totals = {k: sum(c[k] for c in per.values()) for k in ("held", "admitted")}
+        per = {
+            d: {"held": r.holds.held(), "admitted": r.placements.admitted_count()}
+            for d, r in router.relays.items()
+        }
         return web.json_response(
-            {"status": "ok", "gateway_id": settings.gateway_id, **totals, "domains": per}
+            {
+                "status": "ok",
+                "gateway_id": settings.gateway_id,
+                "held": sum(p["held"] for p in per.values()),
+                "admitted": sum(p["admitted"] for p in per.values()),
+                "domains": per,
+            }
         )
 
     async def metrics(request: web.Request) -> web.StreamResponse:
-        pages = {d: await h.page() for d, h in http.items()}
-        routed = "\n".join(router.routed_lines()) + "\n"
-        return metrics_response(labelled_union(pages, "domain") + routed)
+        pages: dict[str, str] = {}
+        for d, r in router.relays.items():
+            cluster = await cluster_lines(r.stored.store)
+            pages[d] = r.metrics.render() + "".join(f"{line}\n" for line in cluster)
+        routed = [
+            "# HELP tao_gateway_routed_sessions_total Sessions routed to a domain, by reason."
+        ]
+        routed.append("# TYPE tao_gateway_routed_sessions_total counter")
+        for (d, reason), n in sorted(router.routed.items()):
+            routed.append(
+                f'tao_gateway_routed_sessions_total{{domain="{d}",reason="{reason}"}} {n}'
+            )
+        text = labelled_union(pages, "domain") + "\n".join(routed) + "\n"
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     for api in (CHAT, COMPLETIONS, MESSAGES):
         front.router.add_post(api.path, model_endpoint(api))

@@ -34,8 +34,7 @@ from typing import Final
 from aiohttp import web
 
 from services.gateway.apis import Api
-from services.gateway.metrics import escape_label
-from services.gateway.relay import Decoded, Relay
+from services.gateway.relay import Relay
 from services.gateway.requests import parse_body
 from shared.contracts.domain import DomainLoadReport
 from shared.core.domains import DomainLoad, choose_domain
@@ -93,15 +92,14 @@ class DomainRouter:
             del self.pending[report.domain]
 
     def _serves(self, domain: str, model: str | None) -> bool:
-        """Whether ``domain``'s nodes serve ``model``, by its last report, else by the node
-        statuses its relay heard (a domain that names no models serves any)."""
         if model is None:
             return True
         report = self.loads.get(domain)
-        models = report.models if report is not None else None
+        models = report.models if report is not None and report.models is not None else None
         if models is None:
-            models = self.relays[domain].nodes.models()
-        return not models or model in models
+            known = self.relays[domain].nodes.models()
+            models = known or None
+        return models is None or model in models
 
     def _load(self, domain: str) -> DomainLoad:
         report = self.loads.get(domain)
@@ -170,27 +168,23 @@ class DomainRouter:
                 self.remembered.popitem(last=False)
         return route
 
-    async def for_request(
-        self, request: web.Request, api: Api, now: float
-    ) -> tuple[str, Decoded | None]:
-        """The domain of a model request, and its body's JSON for that domain's relay (read
-        once). A request the first relay cannot even read (no key, bad JSON, no model) goes to
-        it, which answers the error as a one-domain gateway."""
+    async def for_request(self, request: web.Request, api: Api, now: float) -> str:
+        """The domain of a model request. A request the first relay cannot even read (no key,
+        bad JSON, no model) goes to it, which answers the error as a one-domain gateway."""
         first = self.names[0]
         caller = self.relays[first].auth.client(request.headers)
         if caller is None:
-            return first, None
+            return first
         try:
-            decoded = Decoded(await request.json())
-            body = parse_body(decoded.value)
+            body = parse_body(await request.json())
             info = api.describe(body)
         except Exception:  # the relay answers 400/413 itself
-            return first, None
+            return first
         named, source = api.identity(request.headers, body, lambda: "")
         session = None if source == "generated" else caller.session(named)
         pinned = request.headers.get(DOMAIN_HEADER)
         route = await self.route(session, info.model, info.prompt_tokens_estimate, pinned, now)
-        return route.domain, decoded
+        return route.domain
 
     async def for_hook(self, headers: Mapping[str, str], session: str, now: float) -> str:
         """The domain whose tools service gets a hook post naming ``session`` ('' none)."""
@@ -200,14 +194,6 @@ class DomainRouter:
             return first
         route = await self.route(caller.session(session), None, 0, headers.get(DOMAIN_HEADER), now)
         return route.domain
-
-    def routed_lines(self) -> list[str]:
-        """``tao_gateway_routed_sessions_total{domain, reason}`` in the exposition format."""
-        name = "tao_gateway_routed_sessions_total"
-        lines = [f"# HELP {name} Sessions routed to a domain, by reason.", f"# TYPE {name} counter"]
-        for (domain, reason), n in sorted(self.routed.items()):
-            lines.append(f'{name}{{domain="{escape_label(domain)}",reason="{reason}"}} {n}')
-        return lines
 
     def for_session(self, session_id: str) -> Sequence[str]:
         """The domains to end ``session_id`` in: its own if known, else every one."""

@@ -53,7 +53,7 @@ from services.gateway.relay import Relay
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
 from shared.infra.busapi import Delivery
 
-__all__ = ["BusHandlers", "HttpHandlers", "decode_placement", "metrics_response", "session_deleted"]
+__all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
 
 MODELS_TIMEOUT_S = 2.0
 
@@ -64,16 +64,6 @@ def decode_placement(data: bytes) -> Placement:
     if placement.kind == "admit" and not placement.node_id:
         raise DecodeError("Placement", "admit without node_id")
     return placement
-
-
-def session_deleted(named: str) -> web.Response:
-    """The answer to ``DELETE /v1/sessions/{named}``."""
-    return web.json_response({"id": named, "object": "session.deleted", "deleted": True})
-
-
-def metrics_response(text: str) -> web.Response:
-    """A Prometheus text page."""
-    return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
 
 class HttpHandlers:
@@ -96,43 +86,36 @@ class HttpHandlers:
         if caller is None:
             return self.relay.unauthorized(CHAT, "delete")
         named = request.match_info["session_id"]
-        await self.end(caller.session(named))
-        return session_deleted(named)
-
-    async def end(self, session_id: str) -> None:
-        """End ``session_id`` now (its held requests answered) and log it."""
+        session_id = caller.session(named)
         released = await self.relay.end_session(session_id)
         self.relay.log.info("session_deleted", session_id=session_id, held_released=released)
-
-    def counts(self) -> dict[str, int]:
-        """Requests held and sessions admitted now."""
-        relay = self.relay
-        return {"held": relay.holds.held(), "admitted": relay.placements.admitted_count()}
+        return web.json_response({"id": named, "object": "session.deleted", "deleted": True})
 
     async def healthz(self, request: web.Request) -> web.Response:
+        relay = self.relay
         return web.json_response(
-            {"status": "ok", "gateway_id": self.relay.settings.gateway_id, **self.counts()}
+            {
+                "status": "ok",
+                "gateway_id": relay.settings.gateway_id,
+                "held": relay.holds.held(),
+                "admitted": relay.placements.admitted_count(),
+            }
         )
 
-    async def page(self) -> str:
-        """The metrics page: the gateway's series, then the domain's from the store."""
-        cluster = await cluster_lines(self.relay.stored.store)
-        return self.relay.metrics.render() + "".join(f"{line}\n" for line in cluster)
-
     async def metrics(self, request: web.Request) -> web.Response:
-        return metrics_response(await self.page())
+        cluster = await cluster_lines(self.relay.stored.store)
+        text = self.relay.metrics.render() + "".join(f"{line}\n" for line in cluster)
+        return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
     async def models(self, request: web.Request) -> web.Response:
         if self.relay.auth.client(request.headers) is None:
             return self.relay.unauthorized(CHAT, "models")
-        return web.json_response({"object": "list", "data": await self.model_list()})
-
-    async def model_list(self) -> list[dict[str, Any]]:
-        """The models the nodes serve (as reported; else asked of each node)."""
         known = self.relay.nodes.models()
         if known:
-            return [{"id": m, "object": "model", "created": 0, "owned_by": "tao"} for m in known]
-        return await self._ask_nodes()
+            data = [{"id": m, "object": "model", "created": 0, "owned_by": "tao"} for m in known]
+        else:
+            data = await self._ask_nodes()
+        return web.json_response({"object": "list", "data": data})
 
     async def _ask_nodes(self) -> list[dict[str, Any]]:
         """No node reported its models yet: ask each node's ``/v1/models`` and merge."""

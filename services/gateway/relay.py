@@ -97,7 +97,7 @@ from shared.infra.settings import Settings
 from shared.infra.signing import PlacementVerifier
 from shared.infra.store_types import StateStore
 
-__all__ = ["CANCEL_SESSION_ENDED", "Decoded", "Relay", "openai_error"]
+__all__ = ["CANCEL_SESSION_ENDED", "Relay", "openai_error"]
 
 
 def _maybe(f: Callable[[str], str], value: str | None) -> str | None:
@@ -139,13 +139,6 @@ class Outcome:
         if self.forwarded is not None:
             return "ok" if self.forwarded.error is None else self.forwarded.error.kind
         return self.label or INTERNAL_ERROR
-
-
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """A request body's JSON value, read once (any JSON value, ``null`` included)."""
-
-    value: Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,19 +291,15 @@ class Relay:
 
     # --- one request -------------------------------------------------------------------------
 
-    async def handle(
-        self, request: web.Request, api: Api, decoded: Decoded | None = None
-    ) -> web.StreamResponse:
+    async def handle(self, request: web.Request, api: Api) -> web.StreamResponse:
         """Serve one ``POST`` of ``api.path``, in a ``tao.turn`` span (shared.infra.tracing);
-        count its outcome and log its ``request_done`` line, once (:class:`Outcome`).
-        ``decoded``: the body's JSON, when a caller already read it (a gateway of several
-        domains reads it to route the request)."""
+        count its outcome and log its ``request_done`` line, once (:class:`Outcome`)."""
         out = Outcome()
         with _tracer.start_as_current_span(
             "tao.turn", kind=SpanKind.SERVER, attributes={"tao.endpoint": api.name}
         ) as span:
             try:
-                response = await self._handle(request, api, out, decoded)
+                response = await self._handle(request, api, out)
             except asyncio.CancelledError:  # the client left before it was answered
                 out.label = out.label or CLIENT_CLOSED.kind
                 raise
@@ -333,14 +322,12 @@ class Relay:
             api.auth_error_type,
         )
 
-    async def _handle(
-        self, request: web.Request, api: Api, out: Outcome, decoded: Decoded | None
-    ) -> Answered:
+    async def _handle(self, request: web.Request, api: Api, out: Outcome) -> Answered:
         caller = self.auth.client(request.headers)
         if caller is None:
             return out.answer("unauthorized", self._needs_key(api))
         try:
-            body = parse_body(decoded.value if decoded is not None else await request.json())
+            body = parse_body(await request.json())
             info = api.describe(body)
             named_harness = harness_of(request.headers)
         except web.HTTPRequestEntityTooLarge:

@@ -13,10 +13,8 @@ Clients connect with :attr:`RedisCluster.url` (every server a startup node).
 
 from __future__ import annotations
 
-import functools
 import socket
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
@@ -160,17 +158,17 @@ class RedisClusterProcs(ServerSet):
         ids = [self.node_id(m) for m in range(self.masters)]
         for r in range(self.masters, self.size):
             master = ids[(r - self.masters) % self.masters]
-            self._until(f"r{r} knows its master", functools.partial(self._knows, r, master))
+            self._until(f"r{r} knows its master", lambda r=r, m=master: self._knows(r, m))
             _command(self.ports[r], "CLUSTER", "REPLICATE", master)
 
     def _knows(self, i: int, node: str) -> bool:
         return node in _command(self.ports[i], "CLUSTER", "NODES")
 
-    def _until(self, what: str, ok: Callable[[], bool]) -> None:
+    def _until(self, what: str, ok: object) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while time.monotonic() < deadline:
             try:
-                if ok():
+                if ok():  # type: ignore[operator]
                     return
             except (OSError, EmbeddedServerError):
                 pass
@@ -178,8 +176,8 @@ class RedisClusterProcs(ServerSet):
         raise EmbeddedServerError("valkey cluster", f"{what}: not within {_START_TIMEOUT_S} s")
 
     def wait_ok(self) -> None:
-        """Until every live server reports ``cluster_state:ok`` (after a start, a kill or a
-        restart)."""
+        """Until every live server reports ``cluster_state:ok`` and knows every live peer's
+        role (after a start, a kill or a restart)."""
 
         def ok() -> bool:
             live = [i for i in range(self.size) if self.alive(i)]

@@ -170,10 +170,12 @@ class Settings:
             nodes = _nodes_file(values["nodes_file"], "nodes" in values)
             served = values.get("gateway_domains") or (values.get("domain", "default"),)
             try:  # each served domain must have nodes; a gateway of several keeps them all
-                kept = [domain_nodes(nodes, domain) for domain in served]
+                for domain in served:
+                    values["nodes"] = domain_nodes(nodes, domain)
             except ValueError as exc:
                 raise SettingsError("TAO_NODES_FILE", values["nodes_file"], str(exc)) from None
-            values["nodes"] = kept[0] if len(kept) == 1 else nodes
+            if len(served) > 1:
+                values["nodes"] = nodes
         return cls(**values)
 
     def replace(self, **changes: Any) -> Settings:

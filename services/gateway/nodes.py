@@ -7,10 +7,11 @@ status with a URL overrides the static one (telemetry sees the node that actuall
 node no status has described has no known block size: the gateway then makes no block keys
 for it (:mod:`.tokenids`).
 
-Health: a status saying ``healthy=false`` (telemetry: three failed scrapes in a row) sets the
-node's :meth:`NodeDirectory.down` event, which aborts every forward in flight to it and turns
-away new ones (:mod:`.relay`), so a frozen or dead engine holds no client past its detection;
-a later healthy status gives the node a fresh event.
+Health: a status saying ``healthy=false`` (telemetry: three failed scrapes in a row, at least
+3 s since the last good one) sets the node's :meth:`NodeDirectory.down` event, which aborts
+every forward in flight to it and turns away new ones (:mod:`.relay`), so a frozen or dead
+engine holds no client past its detection; a later healthy status gives the node a fresh
+event.
 """
 
 from __future__ import annotations

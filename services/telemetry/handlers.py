@@ -131,7 +131,7 @@ class NodeScrapers:
                 capacity_known=spec.capacity_tokens is not None,
             )
         except ScrapeError as exc:
-            health.failed()
+            health.failed(self.clock())
             error = str(exc)
             rec = await self.store.put_node_status(
                 spec.id,
@@ -143,7 +143,7 @@ class NodeScrapers:
                 ),
             )
         else:
-            health.ok()
+            health.ok(self.clock())
             m = res.metrics
             bad_lines = res.bad_lines
             restarted = self.restart_reason(spec.id, m)

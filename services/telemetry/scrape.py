@@ -4,10 +4,13 @@ The fetch is injected (:data:`Fetch`), so tests drive the scraper without a serv
 service uses :class:`HttpFetch` (one shared aiohttp session, a total timeout per request).
 
 Health: a node is healthy after a successful scrape and stays healthy through up to
-``MAX_FAILURES - 1`` failed scrapes in a row; the ``MAX_FAILURES``-th consecutive failure marks
-it unhealthy (the planner then treats it as ineligible). A node never scraped successfully is
-unhealthy. A page whose metrics do not parse at all, or that has no KV capacity, counts as a
-failed scrape.
+``MAX_FAILURES - 1`` failed scrapes in a row; it turns unhealthy at the ``MAX_FAILURES``-th
+consecutive failure once the failures also span at least :data:`DOWN_AFTER_S` since its last
+good scrape (the planner then treats it as ineligible, and the gateway ends the forwards in
+flight to it). Counting alone would make the rule depend on the scrape period: at 0.5 s, a
+1.5 s stall of a loaded machine, where every node answered late, aborted every stream on every
+node. A node never scraped successfully is unhealthy. A page whose metrics do not parse at
+all, or that has no KV capacity, counts as a failed scrape.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from services.telemetry.prom import parse_lenient
 from services.telemetry.vllm_metrics import VllmMetrics, from_samples
 
 __all__ = [
+    "DOWN_AFTER_S",
     "MAX_FAILURES",
     "Fetch",
     "HttpFetch",
@@ -34,6 +38,10 @@ __all__ = [
 
 MAX_FAILURES: Final = 3
 """Consecutive failed scrapes that mark a node unhealthy (services issue)."""
+
+DOWN_AFTER_S: Final = 3.0
+"""The least time from a node's last good scrape to the failure that marks it unhealthy (the
+default 1 s scrape reaches it with its third failure anyway)."""
 
 Fetch = Callable[[str], Awaitable[bytes]]
 """``await fetch(url)`` → the response body; raises on a transport error or a non-2xx status."""
@@ -101,21 +109,28 @@ async def scrape_node(
 
 @dataclass(slots=True)
 class NodeHealth:
-    """The consecutive-failure counter of one node."""
+    """The consecutive-failure counter of one node, with the times of its last good scrape and
+    its last failure (seconds on the scraper's clock)."""
 
     failures: int = 0
     seen_ok: bool = False
+    ok_at: float = 0.0
+    failed_at: float = 0.0
 
-    def ok(self) -> None:
+    def ok(self, now: float) -> None:
         self.failures = 0
         self.seen_ok = True
+        self.ok_at = now
 
-    def failed(self) -> None:
+    def failed(self, now: float) -> None:
         self.failures += 1
+        self.failed_at = now
 
     @property
     def healthy(self) -> bool:
-        return self.seen_ok and self.failures < MAX_FAILURES
+        if not self.seen_ok:
+            return False
+        return self.failures < MAX_FAILURES or self.failed_at - self.ok_at < DOWN_AFTER_S
 
 
 class HttpFetch:

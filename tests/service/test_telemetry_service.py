@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 from aiohttp import web
@@ -42,7 +42,9 @@ class StubFetch:
         return self.pages[url]
 
 
-def scrapers(store: FakeStore, bus: FakeBus, fetch: object) -> NodeScrapers:
+def scrapers(
+    store: FakeStore, bus: FakeBus, fetch: object, clock: Callable[[], float] = lambda: 100.0
+) -> NodeScrapers:
     return NodeScrapers(
         nodes=[NodeSpec("n1", "http://n1")],
         fetch=fetch,  # type: ignore[arg-type]
@@ -50,7 +52,7 @@ def scrapers(store: FakeStore, bus: FakeBus, fetch: object) -> NodeScrapers:
         bus=bus,
         log=get_logger("test"),
         target_utilisation=0.9,
-        clock=lambda: 100.0,
+        clock=clock,
     )
 
 
@@ -96,22 +98,40 @@ class TestNodeScrapes:
         assert rec is not None and rec.healthy and rec.capacity_tokens == 16_000
         assert spec.metrics == page
 
-    async def test_three_failures_mark_unhealthy(self) -> None:
-        """The node stays healthy through two failed scrapes and is unhealthy after the third."""
+    @pytest.mark.parametrize(
+        ("period", "expected"),
+        [
+            # one scrape per second: the third failure is 3 s after the last good scrape
+            (1.0, [(True, 1), (True, 2), (False, 3), (False, 4)]),
+            # one per 0.5 s: the third failure comes 1.5 s in, too soon; the sixth is 3 s in
+            (0.5, [(True, 1), (True, 2), (True, 3), (True, 4), (True, 5), (False, 6)]),
+        ],
+    )
+    async def test_failures_mark_unhealthy(
+        self, period: float, expected: list[tuple[bool, int]]
+    ) -> None:
+        """The node stays healthy through two failed scrapes, and through more while they
+        span less than DOWN_AFTER_S since its last good scrape; then it is unhealthy, and a
+        good scrape makes it healthy again."""
+        now = [100.0]
         store, bus, fetch = FakeStore(), FakeBus(), StubFetch()
-        sc = scrapers(store, bus, fetch)
+        sc = scrapers(store, bus, fetch, clock=lambda: now[0])
         await sc.scrape_all()
         fetch.down = True
         seen = []
-        for _ in range(3):
+        for _ in expected:
+            now[0] += period
             await sc.scrape_all()
             rec = await store.get_node("n1")
             assert rec is not None
             seen.append((rec.healthy, rec.failures))
-        assert seen == [(True, 1), (True, 2), (False, 3)]
+        assert seen == expected
+        last = decode(bus.published[-1][1], NodeStatus)
+        assert last.healthy is False  # what the gateway and planner hear
         rec = await store.get_node("n1")
         assert rec is not None and rec.capacity_tokens == 16_000  # last seen, for status
         fetch.down = False
+        now[0] += period
         await sc.scrape_all()
         rec = await store.get_node("n1")
         assert rec is not None and (rec.healthy, rec.failures) == (True, 0)

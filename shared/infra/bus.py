@@ -257,8 +257,22 @@ class Bus:
             await self._js.delete_key_value(bucket_name(self._namespace))
 
     async def lease_table(self, ttl_s: float, *, replicas: int = 1) -> LeaseTable:
-        """The leader-election bucket of this namespace (:mod:`shared.infra.natslease`)."""
-        return await open_lease_table(self._js, self._namespace, ttl_s, replicas=replicas)
+        """The leader-election bucket of this namespace (:mod:`shared.infra.natslease`),
+        retried like a publish while JetStream answers with transient errors (a replica that
+        starts while the cluster is busy or electing waits instead of crashing)."""
+        opened: list[LeaseTable] = []
+
+        async def open_once() -> None:
+            opened.append(
+                await open_lease_table(self._js, self._namespace, ttl_s, replicas=replicas)
+            )
+
+        what = f"lease bucket {bucket_name(self._namespace)}"
+        try:
+            await _retrying(open_once, what)
+        except nats.errors.Error as exc:
+            raise BusError(f"cannot open {what}: {exc}") from exc
+        return opened[0]
 
     # --- publishing -----------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ and reconnects to a live one when its server dies).
 from __future__ import annotations
 
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from .embedded import find_nats_server, free_port, nats_answers
@@ -19,6 +21,7 @@ from .serverset import ServerSet
 __all__ = ["NatsCluster"]
 
 _START_TIMEOUT_S = 15.0
+_SETTLE_TIMEOUT_S = 60.0
 
 
 class NatsCluster(ServerSet):
@@ -32,6 +35,8 @@ class NatsCluster(ServerSet):
         super().__init__(size, "tao-nats-cluster-")
         self.ports = [free_port() for _ in range(size)]
         self.routes = [free_port() for _ in range(size)]
+        self.monitors = [free_port() for _ in range(size)]
+        """HTTP monitoring ports (``/healthz``: JetStream caught up, :meth:`settled`)."""
 
     @property
     def url(self) -> str:
@@ -60,7 +65,31 @@ class NatsCluster(ServerSet):
         cmd = [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(self.ports[i])]
         cmd += ["-sd", str(store), "-n", f"s{i}", "--cluster_name", "tao"]
         cmd += ["--cluster", f"nats://127.0.0.1:{self.routes[i]}", "--routes", routes]
+        cmd += ["-m", str(self.monitors[i])]
         return cmd, store
+
+    def healthy(self, i: int) -> bool:
+        """Whether server ``i``'s ``/healthz`` answers 200: it is up, JetStream is on and its
+        streams and consumers have caught up with their raft groups."""
+        url = f"http://127.0.0.1:{self.monitors[i]}/healthz"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as resp:
+                return bool(resp.status == 200)
+        except (OSError, urllib.error.URLError):
+            return False
+
+    def settled(self) -> None:
+        """Until every live server is healthy (after a kill and restart: the restarted one has
+        caught up, so a stream created next finds all its replicas)."""
+        deadline = time.monotonic() + _SETTLE_TIMEOUT_S
+        live = [i for i in range(self.size) if self.alive(i)]
+        while not all(self.healthy(i) for i in live):
+            if time.monotonic() > deadline:
+                bad = [f"s{i}" for i in live if not self.healthy(i)]
+                raise EmbeddedServerError(
+                    "nats cluster", f"{bad} not healthy in {_SETTLE_TIMEOUT_S:g} s"
+                )
+            time.sleep(0.1)  # polling the servers' catch-up
 
     def _wait(self, i: int) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S

@@ -58,7 +58,9 @@ async def open_lease_table(
     """Bind the lease bucket, creating it (TTL ``ttl_s``, ``replicas`` copies) if absent.
 
     Every member of a domain must agree on the TTL: a bucket that exists with another one is a
-    BusError naming both, not silently changed under the running leader."""
+    BusError naming both, not silently changed under the running leader. A transient error
+    (a JetStream API timeout while the cluster is busy or electing) is retried by the caller
+    (:meth:`shared.infra.bus.Bus.lease_table`); ``nats`` errors are raised as they are."""
     name = bucket_name(namespace)
     try:
         kv = await js.key_value(name)
@@ -68,8 +70,6 @@ async def open_lease_table(
             kv = await js.create_key_value(config)
         except nats.js.errors.BadRequestError:  # created by a peer meanwhile
             kv = await js.key_value(name)
-    except nats.errors.Error as exc:
-        raise BusError(f"cannot open lease bucket {name}: {exc}") from exc
     have = (await kv.status()).ttl
     if have is not None and abs(have - ttl_s) > 1e-3:
         raise BusError(

@@ -185,6 +185,9 @@ class RedisClusterProcs(ServerSet):
 
         self._until("cluster_state ok", ok)
 
+    def settled(self) -> None:
+        self.wait_ok()
+
     def master_of(self, key: str) -> int:
         """Index of the live server that owns ``key``'s slot now."""
         slot = key_slot(key)

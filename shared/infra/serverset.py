@@ -67,6 +67,17 @@ class ServerSet:
         self._spawn(i)
         self._wait(i)
 
+    def heal(self) -> None:
+        """Restart every server that is down (after a test that killed one), and wait until the
+        whole set is settled again (:meth:`settled`)."""
+        for i in range(self.size):
+            if not self.alive(i):
+                self.restart(i)
+        self.settled()
+
+    def settled(self) -> None:
+        """Until the set as a whole serves again (a subclass: its peers have caught up)."""
+
     def alive(self, i: int) -> bool:
         proc = self._procs[i]
         return proc is not None and proc.poll() is None

@@ -43,6 +43,7 @@ from shared.infra.keys import Keys
 from shared.infra.store import Store
 from shared.infra.store_codec import as_str, decode_node, decode_session
 from shared.infra.store_types import NodeRecord
+from tests.logs import telling_lines
 
 READY_TIMEOUT_S = 30.0
 E2E_KV_TOKENS = 10_240
@@ -533,22 +534,6 @@ def tight(e2e_factory: StartStack) -> E2E:
             "TAO_TICK_S": "0.25",
         },
     )
-
-
-_TELLING = (b'"level":"warning"', b'"level":"error"', b'"level":"critical"', b"Traceback")
-_TELLING_LINES = 60
-
-
-def telling_lines(log_dir: Path) -> str:
-    """The warning and error lines (and tracebacks' first lines) of every child's log under
-    ``log_dir``, the last :data:`_TELLING_LINES` of each, or ``""`` when there are none."""
-    out: list[str] = []
-    for log in sorted(log_dir.glob("*.log")):
-        lines = [ln for ln in log.read_bytes().splitlines() if any(t in ln for t in _TELLING)]
-        if lines:
-            out.append(f"-- {log.name}")
-            out.extend(ln.decode(errors="replace") for ln in lines[-_TELLING_LINES:])
-    return "\n".join(out)
 
 
 @pytest.hookimpl(wrapper=True)

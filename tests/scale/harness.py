@@ -65,6 +65,10 @@ class Procs:
     async def logged(self, instance: str, event: str, times: int = 1) -> bool:
         return self.logged_count(instance, event) >= times
 
+    def running(self, instance: str) -> bool:
+        p = self.procs.get(instance)
+        return p is not None and p.poll() is None
+
     def kill(self, instance: str) -> None:
         """SIGKILL ``instance`` (no clean-up: its lease is left to lapse)."""
         p = self.procs.pop(instance)
@@ -84,33 +88,39 @@ async def until(
 ) -> None:
     """Poll ``check`` (every 20 ms) until it holds; AssertionError naming ``what`` after
     ``timeout`` s. While a NATS server is down this process's own client may time out on a
-    read: such a poll counts as not yet."""
+    read: such a poll counts as not yet.
 
-    async def ok() -> bool:
+    The bound is a deadline checked between polls, not a cancellation: nats-py turns a
+    cancelled request into its own TimeoutError, which a poll swallows, so a cancelling timeout
+    (``asyncio.timeout``) could be lost and the wait go on for ever."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
         try:
-            return await check()
+            if await check():
+                return
         except Exception:  # a read during a server's death: try again
-            return False
-
-    try:
-        async with asyncio.timeout(timeout):
-            while not await ok():
-                await asyncio.sleep(0.02)
-    except TimeoutError:
-        raise AssertionError(f"not within {timeout:g} s: {what}") from None
+            pass
+        if loop.time() > deadline:
+            raise AssertionError(f"not within {timeout:g} s: {what}")
+        await asyncio.sleep(0.02)
 
 
 async def retrying(make: Callable[[], Awaitable[object]]) -> None:
-    """Retry ``make`` until it succeeds: JetStream's meta leader is elected a moment after the
-    servers answer, and a Redis Cluster's dead master is replaced a moment after it dies (a
-    service retries the same way, by nak and redelivery)."""
-    async with asyncio.timeout(LIVENESS_S):
-        while True:
-            try:
-                await make()
-                return
-            except Exception:
-                await asyncio.sleep(0.3)
+    """Retry ``make`` until it succeeds, for up to :data:`LIVENESS_S` (then its last error):
+    JetStream's meta leader is elected a moment after the servers answer, and a Redis
+    Cluster's dead master is replaced a moment after it dies (a service retries the same way,
+    by nak and redelivery). A deadline, as in :func:`until`."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + LIVENESS_S
+    while True:
+        try:
+            await make()
+            return
+        except Exception:
+            if loop.time() > deadline:
+                raise
+            await asyncio.sleep(0.3)
 
 
 @dataclass

@@ -46,6 +46,7 @@ async def test_standby_takes_over_when_the_leader_and_a_nats_server_die(
     standby = "p2" if leader == "p1" else "p1"
     epoch_before = int((await d.store.planner_stats())["epoch"])  # type: ignore[call-overload]
 
+    assert d.procs.running(standby), "the standby exited before the failover"
     d.procs.kill(leader)  # the leader dies mid-load, with one NATS server
     cluster.kill(0)
     second = [f"b{i}" for i in range(10)]

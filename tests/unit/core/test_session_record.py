@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
 from shared.core.session import (
     INFERRED,
     Session,
-    ToolCall,
-    _touch,
     admit,
     on_cancel,
     on_end,
@@ -207,23 +203,3 @@ class TestVersions:
         t = set_probe_mark(s, 12.0)
         assert (t.version, t.probe_mark) == (s.version, 12.0)
         assert set_probe_mark(t, 12.0) is t
-
-
-class TestTouch:
-    """The transitions' record copy (``_touch``) is ``dataclasses.replace`` plus a version."""
-
-    def test_same_record_as_replace(self) -> None:
-        s = dataclasses.replace(
-            _fresh(), node="n1", weight=1200, tool=ToolCall("c1", "bash", 11.0), turns=3
-        )
-        changes = {"activity": "tool", "tokens": 2000, "home": "n1", "ended_calls": ("c0",)}
-        got = _touch(s, 12.5, **changes)
-        want = dataclasses.replace(s, version=s.version + 1, updated_at=12.5, **changes)
-        assert got == want and type(got) is Session
-        assert s.version == want.version - 1  # the old record is unchanged
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            got.tokens = 1  # type: ignore[misc]
-
-    def test_unknown_field_is_a_type_error(self) -> None:
-        with pytest.raises(TypeError, match="no field \\['colour'\\]"):
-            _touch(_fresh(), 1.0, colour="red")

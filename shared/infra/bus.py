@@ -52,6 +52,7 @@ from .settings import Settings
 __all__ = ["DEFAULT_MAX_AGE_S", "Bus"]
 
 T = TypeVar("T")
+_R = TypeVar("_R")
 
 HOUR: Final = 3600.0
 DEFAULT_MAX_AGE_S: Final[dict[str, float]] = {
@@ -260,19 +261,13 @@ class Bus:
         """The leader-election bucket of this namespace (:mod:`shared.infra.natslease`),
         retried like a publish while JetStream answers with transient errors (a replica that
         starts while the cluster is busy or electing waits instead of crashing)."""
-        opened: list[LeaseTable] = []
-
-        async def open_once() -> None:
-            opened.append(
-                await open_lease_table(self._js, self._namespace, ttl_s, replicas=replicas)
-            )
-
         what = f"lease bucket {bucket_name(self._namespace)}"
         try:
-            await _retrying(open_once, what)
+            return await _retrying(
+                lambda: open_lease_table(self._js, self._namespace, ttl_s, replicas=replicas), what
+            )
         except nats.errors.Error as exc:
             raise BusError(f"cannot open {what}: {exc}") from exc
-        return opened[0]
 
     # --- publishing -----------------------------------------------------------------------
 
@@ -564,17 +559,16 @@ def _tls_servers(url: str) -> tuple[list[str], ssl.SSLContext | None]:
         raise BusError(f"cannot read the CA {ca} of the NATS URL: {exc}") from None
 
 
-async def _retrying(op: Callable[[], Awaitable[object]], what: str) -> None:
-    """Run ``op``, again with backoff for up to :data:`PUBLISH_RETRY_S` while it fails with a
-    transient error (:data:`_TRANSIENT`: the server reconnecting or the cluster electing a
-    stream leader); the last error is raised after that."""
+async def _retrying(op: Callable[[], Awaitable[_R]], what: str) -> _R:
+    """Run ``op`` and return its value, again with backoff for up to :data:`PUBLISH_RETRY_S`
+    while it fails with a transient error (:data:`_TRANSIENT`: the server reconnecting or the
+    cluster electing a stream leader); the last error is raised after that."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + PUBLISH_RETRY_S
     delay = 0.05
     while True:
         try:
-            await op()
-            return
+            return await op()
         except _TRANSIENT as exc:
             if loop.time() + delay > deadline:
                 raise

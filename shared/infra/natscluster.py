@@ -81,15 +81,12 @@ class NatsCluster(ServerSet):
     def settled(self) -> None:
         """Until every live server is healthy (after a kill and restart: the restarted one has
         caught up, so a stream created next finds all its replicas)."""
-        deadline = time.monotonic() + _SETTLE_TIMEOUT_S
         live = [i for i in range(self.size) if self.alive(i)]
-        while not all(self.healthy(i) for i in live):
-            if time.monotonic() > deadline:
-                bad = [f"s{i}" for i in live if not self.healthy(i)]
-                raise EmbeddedServerError(
-                    "nats cluster", f"{bad} not healthy in {_SETTLE_TIMEOUT_S:g} s"
-                )
-            time.sleep(0.1)  # polling the servers' catch-up
+        self._until(
+            "every live server's /healthz",
+            lambda: all(self.healthy(i) for i in live),
+            _SETTLE_TIMEOUT_S,
+        )
 
     def _wait(self, i: int) -> None:
         deadline = time.monotonic() + _START_TIMEOUT_S

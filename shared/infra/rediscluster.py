@@ -13,6 +13,7 @@ Clients connect with :attr:`RedisCluster.url` (every server a startup node).
 
 from __future__ import annotations
 
+import functools
 import socket
 import time
 from pathlib import Path
@@ -158,22 +159,12 @@ class RedisClusterProcs(ServerSet):
         ids = [self.node_id(m) for m in range(self.masters)]
         for r in range(self.masters, self.size):
             master = ids[(r - self.masters) % self.masters]
-            self._until(f"r{r} knows its master", lambda r=r, m=master: self._knows(r, m))
+            knows = functools.partial(self._knows, r, master)
+            self._until(f"r{r} knows its master", knows, _START_TIMEOUT_S)
             _command(self.ports[r], "CLUSTER", "REPLICATE", master)
 
     def _knows(self, i: int, node: str) -> bool:
         return node in _command(self.ports[i], "CLUSTER", "NODES")
-
-    def _until(self, what: str, ok: object) -> None:
-        deadline = time.monotonic() + _START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            try:
-                if ok():  # type: ignore[operator]
-                    return
-            except (OSError, EmbeddedServerError):
-                pass
-            time.sleep(0.05)  # polling the servers' gossip at start-up
-        raise EmbeddedServerError("valkey cluster", f"{what}: not within {_START_TIMEOUT_S} s")
 
     def wait_ok(self) -> None:
         """Until every live server reports ``cluster_state:ok`` and knows every live peer's
@@ -183,7 +174,7 @@ class RedisClusterProcs(ServerSet):
             live = [i for i in range(self.size) if self.alive(i)]
             return all(_cluster_info(self.ports[i]).get("cluster_state") == "ok" for i in live)
 
-        self._until("cluster_state ok", ok)
+        self._until("cluster_state ok", ok, _START_TIMEOUT_S)
 
     def settled(self) -> None:
         self.wait_ok()

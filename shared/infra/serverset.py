@@ -7,6 +7,8 @@ from __future__ import annotations
 import shutil
 import subprocess
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Self
 
@@ -77,6 +79,19 @@ class ServerSet:
 
     def settled(self) -> None:
         """Until the set as a whole serves again (a subclass: its peers have caught up)."""
+
+    def _until(self, what: str, ok: Callable[[], bool], timeout: float) -> None:
+        """Poll ``ok`` every 50 ms until it holds (an OSError or EmbeddedServerError from it
+        counts as not yet); EmbeddedServerError naming ``what`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if ok():
+                    return
+            except (OSError, EmbeddedServerError):
+                pass
+            time.sleep(0.05)  # polling the servers
+        raise EmbeddedServerError(f"{self.what} set", f"{what}: not within {timeout:g} s")
 
     def alive(self, i: int) -> bool:
         proc = self._procs[i]

@@ -33,7 +33,7 @@ def redis_cluster() -> Iterator[RedisClusterProcs]:
 
 @pytest.fixture(autouse=True)
 def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
-    used = [
+    used: list[ServerSet] = [
         request.getfixturevalue(name)
         for name in ("cluster", "redis_cluster")
         if name in request.fixturenames
@@ -42,7 +42,6 @@ def _healed(request: pytest.FixtureRequest) -> Iterator[None]:
         servers.settled()
     yield
     for servers in used:
-        assert isinstance(servers, ServerSet)
         servers.heal()
 
 

@@ -6,6 +6,7 @@ A script, not a test: it prints a markdown table to stdout (progress goes to std
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --events 20000 --runs 1
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --taskset 1     # pin the service
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --profile /tmp/tools.prof
+    PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --py-spy /tmp/tools.txt  # sampled
     PYTHONPATH=. .venv/bin/python -m benchmarks.tools_throughput --shards 1,2   # TAO_SHARD
 
 What one run does, in a fresh namespace and domain (streams and keys removed afterwards):
@@ -41,6 +42,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -231,7 +233,15 @@ async def one_run(args: argparse.Namespace, srv: Servers, shards: int = 1) -> fl
         for i in range(shards):
             shard_env = dict(env, TAO_SHARD=f"{i}/{shards}")
             procs.append(subprocess.Popen(cmd, env=shard_env, stdout=log, stderr=log))
+        spy = None
+        if args.py_spy:  # attached, so that it writes its samples before the service stops
+            exe = os.path.join(os.path.dirname(sys.executable), "py-spy")
+            out = ["-f", "raw", "-r", "250", "-o", args.py_spy, "-p", str(procs[0].pid)]
+            spy = subprocess.Popen([exe, "record", *out], stdout=log, stderr=log)
         rate = await wait_consumed(bus, len(evs), procs, shards)
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)
+            spy.wait(30)
         for proc in procs:
             proc.terminate()
         for proc in procs:
@@ -305,6 +315,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--taskset", default=None, help="CPU list for the service (taskset -c)")
     p.add_argument("--profile", default=None, help="cProfile output file of the service")
+    p.add_argument("--py-spy", default=None, help="py-spy raw (collapsed) samples of the service")
     p.add_argument("--log-level", default="info", help="TAO_LOG_LEVEL of the service")
     p.add_argument("--embedded-nats", action="store_true", help="a fresh nats-server for the run")
     p.add_argument("--service-log", default=None, help="append the service's stderr here")

@@ -31,9 +31,10 @@ Pure: ``at`` is always an argument; no clock.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from typing import Final, Literal
+import operator
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any, Final, Generic, Literal, TypeVar, cast
 
 from shared.core.predictor import ToolCallView
 from shared.core.problem import Phase
@@ -57,6 +58,8 @@ __all__ = [
 ]
 
 Activity = Literal["idle", "waiting", "running", "tool"]
+
+_R = TypeVar("_R")
 
 INFERRED: Final = "gateway"
 """``source`` of a tool call the gateway inferred from ``tool_calls`` in a response."""
@@ -160,8 +163,59 @@ class Session:
         return "new" if self.turns == 0 else "reasoning"
 
 
-def _touch(s: Session, at: float, **changes: object) -> Session:
-    return replace(s, version=s.version + 1, updated_at=at, **changes)  # type: ignore[arg-type]
+class _Copier(Generic[_R]):
+    """``dataclasses.replace`` for one frozen, slotted record class without its generic path.
+
+    ``replace`` rebuilds the keyword arguments of every field and runs the frozen ``__init__``
+    (one ``object.__setattr__`` per field); this reads every field at once (``attrgetter``)
+    and sets the slots directly: the same record in about half the time (5.7 against 2.9 µs
+    for a :class:`Session`, benchmarks/tools_throughput.py's docs). Only for classes with no
+    ``__post_init__`` and no ``init=False`` field (checked), since neither runs here. A name
+    that is not a field is a TypeError, as with ``replace``."""
+
+    def __init__(self, cls: type[_R]) -> None:
+        fs = fields(cast(Any, cls))
+        if hasattr(cls, "__post_init__") or not all(f.init for f in fs):
+            raise TypeError(f"{cls.__name__}: a plain copy would skip its initialisation")
+        names = tuple(f.name for f in fs)
+        self.cls = cls
+        self.index = {n: i for i, n in enumerate(names)}
+        self.read: Callable[[Any], tuple[Any, ...]] = operator.attrgetter(*names)
+        self.slots = tuple(cls.__dict__[n].__set__ for n in names)
+
+    def __call__(self, obj: _R, changes: dict[str, Any]) -> _R:
+        values = list(self.read(obj))
+        index = self.index
+        for name, value in changes.items():
+            i = index.get(name)
+            if i is None:
+                raise TypeError(f"{self.cls.__name__} has no field {name!r}")
+            values[i] = value
+        new: _R = object.__new__(self.cls)
+        for put, value in zip(self.slots, values, strict=True):
+            put(new, value)
+        return new
+
+
+def _touch(s: Session, at: float, **changes: Any) -> Session:
+    """``s`` with ``changes``, one version later, updated at ``at``."""
+    changes["version"] = s.version + 1
+    changes["updated_at"] = at
+    return _copy_session(s, changes)
+
+
+def _evolve(obj: _R, **changes: Any) -> _R:
+    """``dataclasses.replace`` for :class:`Session` and :class:`ToolCall` (:class:`_Copier`);
+    the transitions make two or three of these per tool event."""
+    copier: _Copier[_R] = _COPIERS[type(obj)]
+    return copier(obj, changes)
+
+
+_copy_session: Final = _Copier(Session)
+_COPIERS: Final[dict[type[Any], _Copier[Any]]] = {
+    Session: _copy_session,
+    ToolCall: _Copier(ToolCall),
+}
 
 
 def on_request(
@@ -181,7 +235,7 @@ def on_request(
     """
     ended: ToolCall | None = None
     if s.tool is not None and s.tool.open:
-        ended = replace(s.tool, completed_at=at)
+        ended = _evolve(s.tool, completed_at=at)
     created = s.created_at if s.version > 0 else at
     waiting = s.node is None
     out = _touch(
@@ -332,9 +386,9 @@ def on_tool_end(
     if source == INFERRED and cur.source != INFERRED:
         return s, None
     if background:
-        return _touch(s, at, tool=replace(cur, background=True)), None
+        return _touch(s, at, tool=_evolve(cur, background=True)), None
     duration = duration_s if duration_s is not None else max(0.0, at - cur.started_at)
-    done = replace(cur, completed_at=at)
+    done = _evolve(cur, completed_at=at)
     return _touch(s, at, tool=done, ended_calls=_kept(s, call_id)), duration
 
 
@@ -359,9 +413,9 @@ def on_tool_progress(
         return s
     call = cur
     if fraction is not None:
-        call = replace(call, progress=min(max(fraction, 0.0), 1.0), progress_ts=at)
+        call = _evolve(call, progress=min(max(fraction, 0.0), 1.0), progress_ts=at)
     if expected_end is not None:
-        call = replace(call, expected_end=expected_end, expected_end_ts=at)
+        call = _evolve(call, expected_end=expected_end, expected_end_ts=at)
     return _touch(s, at, tool=call)
 
 
@@ -396,4 +450,4 @@ def release(s: Session, at: float) -> Session:
 def set_probe_mark(s: Session, mark: float | None) -> Session:
     """Persist the readiness probe mark. Not a change of the session's state: the version is
     kept, so spending a probe does not invalidate a plan about the session."""
-    return s if s.probe_mark == mark else replace(s, probe_mark=mark)
+    return s if s.probe_mark == mark else _evolve(s, probe_mark=mark)

@@ -191,6 +191,12 @@ class Folded(Generic[E]):
     reserved: dict[str, int]
 
 
+def _same(new: Session, old: Session) -> bool:
+    """``new == old``, without building both records' field tuples when the versions differ
+    (every transition that changes a record bumps its version)."""
+    return new.version == old.version and new == old
+
+
 def fold_updates(
     updates: Sequence[tuple[str, SessionFnWith[T]]],
     stored: Mapping[str, Session | None],
@@ -210,7 +216,7 @@ def fold_updates(
     for sid, fn in updates:
         old = cur[sid]
         new, extra = fn(old)
-        if new is None or new == old:
+        if new is None or new is old or (old is not None and _same(new, old)):
             results.append((old, extra))
             continue
         check_new(sid, new)

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
+
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given
 
 from shared.core.session import (
     INFERRED,
     Session,
+    ToolCall,
+    _Copier,
+    _evolve,
+    _touch,
     admit,
     on_cancel,
     on_end,
@@ -203,3 +211,55 @@ class TestVersions:
         t = set_probe_mark(s, 12.0)
         assert (t.version, t.probe_mark) == (s.version, 12.0)
         assert set_probe_mark(t, 12.0) is t
+
+
+_SESSION_CHANGES = st.fixed_dictionaries(
+    {},
+    optional={
+        "activity": st.sampled_from(["idle", "waiting", "running", "tool"]),
+        "node": st.none() | st.sampled_from(["n1", "n2"]),
+        "weight": st.integers(0, 10**6),
+        "tokens": st.integers(0, 10**6),
+        "tool": st.none()
+        | st.builds(ToolCall, st.text(max_size=4), st.just("bash"), st.floats(0, 9)),
+        "probe_mark": st.none() | st.floats(0, 99),
+        "ended_calls": st.lists(st.text(max_size=3), max_size=3).map(tuple),
+        "ended": st.booleans(),
+    },
+)
+
+
+class TestRecordCopy:
+    """The transitions' record copy (``_Copier``) is ``dataclasses.replace``'s record."""
+
+    @given(_SESSION_CHANGES)
+    def test_session_as_replace(self, changes: dict[str, object]) -> None:
+        s = dataclasses.replace(_fresh(), node="n1", weight=1200, tool=ToolCall("c1", "b", 1.0))
+        want = dataclasses.replace(s, **changes)  # type: ignore[arg-type]
+        got = _evolve(s, **changes)
+        assert got == want and type(got) is Session and got is not s
+        assert hash(got) == hash(want)
+        t = _touch(s, 99.0, **changes)
+        assert t == dataclasses.replace(want, version=s.version + 1, updated_at=99.0)
+
+    def test_tool_call_as_replace(self) -> None:
+        c = ToolCall("c1", "bash", 11.0, deadline=30.0)
+        want = dataclasses.replace(c, completed_at=12.0, background=True)
+        assert _evolve(c, completed_at=12.0, background=True) == want
+
+    def test_unknown_field_is_a_type_error(self) -> None:
+        with pytest.raises(TypeError, match="Session has no field 'bogus'"):
+            _touch(_fresh(), 1.0, bogus=1)
+
+    def test_class_with_its_own_initialisation_is_refused(self) -> None:
+        """A plain slot copy would skip a __post_init__ (or an init=False field)."""
+
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class Checked:
+            x: int
+
+            def __post_init__(self) -> None:
+                pass
+
+        with pytest.raises(TypeError, match="skip its initialisation"):
+            _Copier(Checked)

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
+import subprocess
+import sys
 from typing import Any
 
 import pytest
@@ -138,8 +141,40 @@ class TestRunServiceSync:
         async def main(settings: Settings, ctx: ServiceContext) -> None:
             ran.append(ctx.name)
 
-        assert run_service("svc", main, needs_bus=False, env={}, argv=[]) == EXIT_OK
+        try:
+            assert run_service("svc", main, needs_bus=False, env={}, argv=[]) == EXIT_OK
+        finally:
+            gc.unfreeze()  # it froze this process's heap, as it does a service's
         assert ran == ["svc"]
+
+    def test_a_service_process_freezes_its_start_up_heap(self) -> None:
+        """run_service moves what start-up left alive out of the collector's reach before
+        main runs (gc.freeze), so full collections scan only the service's own objects. In a
+        fresh interpreter: the freeze would outlive an in-process test."""
+        code = (
+            "import gc\n"
+            "from shared.infra.runner import run_service\n"
+            "async def main(settings, ctx):\n"
+            "    print(gc.get_freeze_count())\n"
+            "raise SystemExit(run_service('svc', main, needs_bus=False, env={}, argv=[]))\n"
+        )
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+        out = subprocess.run(
+            [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root,
+            env=dict(os.environ, PYTHONPATH=root), check=True,
+        )  # fmt: skip
+        assert int(out.stdout.split()[-1]) > 10_000
+
+    async def test_in_process_runs_freeze_nothing(self) -> None:
+        """run_service_async (what tests and embedded runs call) leaves the heap as it is."""
+        frozen: list[int] = []
+
+        async def main(settings: Settings, ctx: ServiceContext) -> None:
+            frozen.append(gc.get_freeze_count())
+
+        gc.unfreeze()
+        assert await Harness().run(main) == EXIT_OK
+        assert frozen == [0]
 
 
 class TestServiceArguments:

@@ -121,6 +121,9 @@ _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _SAFE: Final = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
 _ESCAPE_RE: Final = re.compile(r"~([0-9A-F]{2})")
 _ESCAPED_RE: Final = re.compile(r"(?:[A-Za-z0-9_-]|~[0-9A-F]{2})+")
+_SAFE_RE: Final = re.compile(r"[A-Za-z0-9_-]+")
+"""Every character in :data:`_SAFE` (one C call, where a generator over the characters is
+a Python step per character: twice per tool event in the tools service)."""
 
 
 # --- tokens ---------------------------------------------------------------------------------
@@ -130,7 +133,7 @@ def escape_token(value: str, what: str = "session id") -> str:
     """Escape an external id into one subject token (see the module docstring)."""
     if not value:
         raise SubjectError(what, value, "empty")
-    if all(c in _SAFE for c in value):
+    if _SAFE_RE.fullmatch(value):
         token = value
     else:
         token = "".join(

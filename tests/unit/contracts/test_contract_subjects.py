@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import re
 
+import hypothesis.strategies as st
 import pytest
+from hypothesis import given
 
 from shared.contracts import (
     DeadLetter,
@@ -76,6 +78,8 @@ class TestSessionTokens:
             ("a.b c*>", "a~2Eb~20c~2A~3E"),
             ("~", "~7E"),
             ("é", "~C3~A9"),
+            ("ab\n", "ab~0A"),  # a safe-looking id with a trailing newline is not safe
+            ("١٢", "~D9~A1~D9~A2"),  # non-ASCII digits are not [0-9]
         ],
     )
     def test_escape(self, session_id: str, token: str) -> None:
@@ -83,6 +87,23 @@ class TestSessionTokens:
         assert subjects.escape_token(session_id) == token
         assert subjects.unescape_token(token) == session_id
         assert subjects.tool_event(session_id) == f"tao.v1.tool.{token}"
+
+    @given(st.text(min_size=1, max_size=40))
+    def test_escape_is_the_per_character_rule(self, session_id: str) -> None:
+        """The fast path (a regex for all-safe ids) is the rule stated per character."""
+        safe = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_-")
+        want = "".join(
+            c if c in safe else "".join(f"~{b:02X}" for b in c.encode("utf-8", "surrogatepass"))
+            for c in session_id
+        )
+        try:
+            got = subjects.escape_token(session_id)
+        except (SubjectError, UnicodeEncodeError):
+            assert len(want) > subjects.MAX_TOKEN_LEN or any(
+                0xD800 <= ord(c) <= 0xDFFF for c in session_id
+            )
+            return
+        assert got == want
 
     def test_escaped_subject_has_one_token(self) -> None:
         """Whatever the id, the session segment is a single valid NATS token."""

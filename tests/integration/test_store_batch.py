@@ -151,6 +151,34 @@ class TestUpdateSessions:
         await _check_reserved(store)
 
 
+    async def test_each_batch_reads_the_record_as_it_is_now(self, store: StateStore) -> None:
+        """A batch sees what other paths wrote since the last batch, including writes that
+        keep the version (probe marks) and a record made again with every small field equal
+        (deleted, then created at version 1 at the same time with other tokens): what a
+        cache of decoded records keyed on the small fields would get wrong."""
+        seen: list[Session | None] = []
+
+        def look(s: Session | None) -> Session | None:
+            seen.append(s)
+            return None  # writes nothing
+
+        async def batch_sees() -> Session | None:
+            await store.update_sessions([("a", look)])
+            return seen[-1]
+
+        await store.update_sessions([("a", _create(_waiting("a")))])
+        assert await batch_sees() == _waiting("a")
+        await store.delete_session("a")
+        assert await batch_sees() is None
+        await store.update_session("a", _create(_waiting("a", tokens=7)))
+        assert await batch_sees() == _waiting("a", tokens=7)
+        await store.put_probe_marks({"a": 7.5})
+        got = await batch_sees()
+        assert got == await store.get_session("a") and got is not None and got.probe_mark == 7.5
+        await store.update_session("a", _bump)
+        assert await batch_sees() == await store.get_session("a")
+
+
 class TestUpdateSessionsRecording:
     """update_sessions(record=...): the tool samples land in the batch's own transaction."""
 

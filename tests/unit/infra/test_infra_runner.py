@@ -12,7 +12,14 @@ from typing import Any
 import pytest
 
 from shared.infra import BusError, FakeBus, MessageBus, ServiceContext, Settings
-from shared.infra.runner import EXIT_CRASH, EXIT_OK, EXIT_USAGE, run_service, run_service_async
+from shared.infra.runner import (
+    EXIT_CRASH,
+    EXIT_OK,
+    EXIT_USAGE,
+    YOUNG_COLLECTION_EVERY,
+    run_service,
+    run_service_async,
+)
 
 
 class FakeRedis:
@@ -141,21 +148,24 @@ class TestRunServiceSync:
         async def main(settings: Settings, ctx: ServiceContext) -> None:
             ran.append(ctx.name)
 
+        threshold = gc.get_threshold()
         try:
             assert run_service("svc", main, needs_bus=False, env={}, argv=[]) == EXIT_OK
-        finally:
-            gc.unfreeze()  # it froze this process's heap, as it does a service's
+        finally:  # it froze this process's heap and set its collector, as a service's
+            gc.unfreeze()
+            gc.set_threshold(*threshold)
         assert ran == ["svc"]
 
     def test_a_service_process_freezes_its_start_up_heap(self) -> None:
         """run_service moves what start-up left alive out of the collector's reach before
-        main runs (gc.freeze), so full collections scan only the service's own objects. In a
-        fresh interpreter: the freeze would outlive an in-process test."""
+        main runs (gc.freeze), so full collections scan only the service's own objects, and
+        collects the young generation less often. In a fresh interpreter: both would outlive
+        an in-process test."""
         code = (
             "import gc\n"
             "from shared.infra.runner import run_service\n"
             "async def main(settings, ctx):\n"
-            "    print(gc.get_freeze_count())\n"
+            "    print(gc.get_threshold()[0], gc.get_freeze_count())\n"
             "raise SystemExit(run_service('svc', main, needs_bus=False, env={}, argv=[]))\n"
         )
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
@@ -163,7 +173,8 @@ class TestRunServiceSync:
             [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=root,
             env=dict(os.environ, PYTHONPATH=root), check=True,
         )  # fmt: skip
-        assert int(out.stdout.split()[-1]) > 10_000
+        threshold, frozen = map(int, out.stdout.split()[-2:])
+        assert frozen > 10_000 and threshold == YOUNG_COLLECTION_EVERY
 
     async def test_in_process_runs_freeze_nothing(self) -> None:
         """run_service_async (what tests and embedded runs call) leaves the heap as it is."""

@@ -33,6 +33,7 @@ from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from shared.contracts.valuation import ValuationSnapshot
+from shared.contracts.wake import WAKE_REPLAN, Wake
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
 from shared.core.session import Session, admit
@@ -224,6 +225,8 @@ class Planner:
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
             applied = await self.store.apply(decision, self.clock(), epoch=epoch)
             placed = await self._publish_placements(core.tick, applied)
+        if applied.discarded and not applied.fenced:
+            await self._ask_replan(applied)
         # Bookkeeping after the placements are out: it is off the tool-end -> placement path.
         await self.store.record_solve(
             elapsed_ms, r.method, r.exact, fallback=tao_family and not r.exact
@@ -320,6 +323,18 @@ class Planner:
             n += 1
         self.log.info("placements_resynced", placements=n)
         return n
+
+    async def _ask_replan(self, applied: Applied) -> None:
+        """A discarded plan asks the valuation for a fresh snapshot at once. Its snapshot was
+        older than the records: the usual cause is that the plan before it admitted some of
+        the same sessions (a burst of requests valued in two ticks), and then no further
+        change need come to wake the valuation before its next period (1 s: measured in
+        benchmarks/control_loop.py's bursts before this). The simulator's planner does the
+        same (shared/sim/cluster.py, ``apply``: a discarded plan starts the next round at once).
+        A deposed leader's fenced plan asks nothing."""
+        sid = applied.changed[0] if len(applied.changed) == 1 else None
+        wake = Wake(reason=WAKE_REPLAN, ts=self.clock(), session_id=sid)
+        await self.bus.publish(subjects.wake(), encode(wake))
 
     async def _publish_placements(self, tick: int, applied: Applied) -> int:
         if applied.discarded:

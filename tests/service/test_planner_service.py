@@ -14,6 +14,7 @@ from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
 from shared.contracts.errors import ContractError
 from shared.contracts.plan import Placement, Plan
+from shared.contracts.wake import WAKE_REPLAN, Wake
 from shared.core.interrupt import InterruptCandidate
 from shared.core.policies import get_policy
 from shared.core.problem import ZERO, Node, PlanResult
@@ -65,6 +66,10 @@ async def snapshot(store: FakeStore, bus: FakeBus, thunder: bool = False) -> Sna
 
 def placements(bus: FakeBus) -> list[Placement]:
     return [decode(d, Placement) for s, d, _ in bus.published if ".placement." in s]
+
+
+def wakes(bus: FakeBus) -> list[Wake]:
+    return [decode(d, Wake) for s, d, _ in bus.published if s == subjects.wake()]
 
 
 def plans(bus: FakeBus) -> list[Plan]:
@@ -128,6 +133,27 @@ class TestPlanAndApply:
         node = await store.get_node("n1")
         assert node is not None and node.reserved == 0
         assert (await store.planner_stats())["plans_discarded"] == 1
+        assert wakes(bus) == [Wake(reason=WAKE_REPLAN, ts=NOW, session_id="s0")]
+
+    async def test_a_plan_after_its_own_admissions_asks_again(self, store: FakeStore) -> None:
+        """A burst valued in two ticks: the second snapshot, taken before the first plan was
+        applied, still shows the first plan's sessions waiting. Its plan is discarded, and the
+        planner asks for a fresh snapshot (a wake-up) instead of leaving the rest of the burst
+        to the valuation's next period; that snapshot's plan admits them."""
+        bus = FakeBus()
+        p = planner(store, bus)
+        await pool(store, 2000)
+        first = await snapshot(store, bus)
+        await pool(store, 2000, 3000)  # s1 arrives; s0 is rewritten as it was
+        second = await snapshot(store, bus)
+        assert not (await p.plan_once(first)).discarded  # type: ignore[union-attr]
+        assert wakes(bus) == []
+        applied = await p.plan_once(second)
+        assert applied is not None and applied.discarded and applied.changed == ("s0",)
+        assert [w.reason for w in wakes(bus)] == [WAKE_REPLAN]
+        third = await p.plan_once(await snapshot(store, bus))
+        assert third is not None and [m.session for m in third.admitted] == ["s1"]
+        assert len(wakes(bus)) == 1
 
     async def test_capacity_shrink_applies_prefix(self, store: FakeStore) -> None:
         """When live capacity shrank after the snapshot only the plan prefix that fits is
@@ -306,6 +332,7 @@ class TestLeadership:
         late = await a.plan_once(await snapshot(store, bus_a))
         assert late is not None and late.fenced and late.admitted == ()
         assert [p.session_id for p in placements(bus_a)] == ["s0"]  # nothing new from a
+        assert wakes(bus_a) == []  # and a deposed leader asks for no fresh snapshot
         s1 = await store.get_session("s1")
         assert s1 is not None and s1.node is None
         won = await b.plan_once(await snapshot(store, bus_b))

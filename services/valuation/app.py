@@ -13,6 +13,7 @@ the others stay subscribed and tick only once they lead.
 from __future__ import annotations
 
 import time
+from typing import Final
 
 import anyio
 
@@ -41,8 +42,17 @@ def sweep_period(settings: Settings) -> float:
     return max(settings.tick_s, min(30.0, settings.idle_timeout_s / 4))
 
 
+TIMER_RESOLUTION_S: Final = 0.001
+"""The event loop's timer resolution: asyncio's epoll selector waits whole milliseconds
+(rounded up), so ``anyio.sleep(0.0005)`` lasted 1-2 ms. In the control-loop benchmark the
+0.5 ms default debounce cost 2 ms of the tool end -> placement p50 (10.5 against 8.4 ms with
+``TAO_DEBOUNCE_S=0``, docs/benchmarks.md)."""
+
+
 class Ticker:
-    """Wakes the tick loop early on a wake-up message (debounced)."""
+    """Wakes the tick loop early on a wake-up message (debounced: ``debounce_s`` after the
+    first wake-up, during which further ones are taken together; below
+    :data:`TIMER_RESOLUTION_S`, one pass of the event loop)."""
 
     def __init__(self) -> None:
         self.event = anyio.Event()
@@ -59,7 +69,9 @@ class Ticker:
             await self.event.wait()
             reason = "wake"
         if reason == "wake" and debounce_s > 0:
-            await anyio.sleep(debounce_s)
+            # below the loop's timer resolution a sleep lasts 1-2 ms whatever it is asked for:
+            # one pass of the loop instead takes the wake-ups that have arrived meanwhile
+            await anyio.sleep(debounce_s if debounce_s >= TIMER_RESOLUTION_S else 0)
         self.event = anyio.Event()
         return reason
 

@@ -15,7 +15,8 @@ message names the variable, what is wrong and what was given
 | TAO_NAMESPACE             | ""        | prefix of every subject (`ns.`) and stream (`ns_`)      |
 | TAO_DOMAIN                | default   | scheduling domain; the Redis hash tag `{domain}`        |
 | TAO_TICK_S                | 1.0       | scheduling tick period, s (> 0)                         |
-| TAO_DEBOUNCE_S            | 0.0005    | early-tick debounce after a wake-up event, s (>= 0)     |
+| TAO_DEBOUNCE_S            | 0.0005    | early-tick debounce after a wake-up event, s (>= 0);    |
+|                           |           | below 1 ms, one pass of the event loop                  |
 | TAO_POLICY                | tao       | placement policy, one of `tao policies`                 |
 | TAO_HALF_LIFE_S           | 10        | residency credit half-life, s (> 0)                     |
 | TAO_CREDIT_UNIT           | 256       | tokens per credit unit (> 0)                            |

@@ -268,6 +268,23 @@ class TestTicker:
         """Without a wake-up the wait ends at the period."""
         assert await Ticker().wait(0.0, 0.0) == "period"
 
+    @pytest.mark.parametrize("debounce_s", [0.0005, 0.002])
+    async def test_wakes_within_the_debounce_make_one_tick(self, debounce_s: float) -> None:
+        """Wake-ups that arrive while the first one is being debounced are taken with it, for
+        a debounce below the loop's timer resolution (one pass of the loop, not a sleep
+        that would last a millisecond or more) as for a longer one."""
+        t = Ticker()
+        d = Delivery(
+            subject=subjects.wake(), headers={}, num_delivered=1, stream_seq=None, received_at=0.0
+        )
+        await t.on_wake(Wake(reason="arrival", ts=0.0), d)
+        with anyio.fail_after(5):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(t.on_wake, Wake(reason="tool_end", ts=0.0), d)
+                assert await t.wait(60.0, debounce_s) == "wake"
+            assert t.wakes == 2
+            assert await t.wait(0.0, debounce_s) == "period"  # both went into that one tick
+
 
 class TestSnapshotFitsThePayload:
     """A pool of thousands encodes past nats-server's 1 MiB ``max_payload``; the soak's 10,000

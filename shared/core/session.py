@@ -169,9 +169,9 @@ class _Copier(Generic[_R]):
     ``replace`` rebuilds the keyword arguments of every field and runs the frozen ``__init__``
     (one ``object.__setattr__`` per field); this reads every field at once (``attrgetter``)
     and sets the slots directly: the same record in about half the time (5.7 against 2.9 µs
-    for a :class:`Session`, benchmarks/tools_throughput.py's docs). Only for classes with no
-    ``__post_init__`` and no ``init=False`` field (checked), since neither runs here. A name
-    that is not a field is a TypeError, as with ``replace``."""
+    for a :class:`Session`; docs/benchmarks.md, "Tools service: profile and changes"). Only
+    for classes with no ``__post_init__`` and no ``init=False`` field (checked), since neither
+    runs here. A name that is not a field is a TypeError, as with ``replace``."""
 
     def __init__(self, cls: type[_R]) -> None:
         fs = fields(cast(Any, cls))

@@ -297,9 +297,13 @@ class KvPublisher:
     def publish_batch(self, batch: KVEventBatch) -> int:
         """Publish ``batch`` as it is (hashes untouched); its ``seq``. Never raises for a send
         failure: the batch stays in the replay buffer and the error is counted and logged."""
+        return self.publish_payload(encode_kv_batch(batch, self.encoding))
+
+    def publish_payload(self, payload: bytes) -> int:
+        """:meth:`publish_batch` of a batch already encoded in :attr:`encoding` (a benchmark
+        sends pre-encoded batches, so that the encoding does not pace the stream)."""
         seq = self._next_seq
         self._next_seq += 1
-        payload = encode_kv_batch(batch, self.encoding)
         if self._drop > 0:
             self._drop -= 1
             self.dropped += 1

@@ -20,6 +20,7 @@ from shared.contracts.kv import (
     KVEncoding,
     KVEventBatch,
     decode_kv_batch,
+    encode_kv_batch,
 )
 from shared.core.blockkeys import chain_keys
 from shared.core.engine import DEFAULT_PROFILE, PROFILES, Engine, EngineRequest
@@ -166,6 +167,21 @@ class TestFeedOrder:
             event = batch.events[0]
             assert isinstance(event, BlockStored) and event.token_ids == [sent[m.seq]] * 4
             assert m.node == "n1" and m.received_at > 0
+
+    async def test_pre_encoded_batches_go_out_as_they_are(
+        self, ports: Ports, pub: KvPublisher
+    ) -> None:
+        """publish_payload numbers and sends an encoded batch byte for byte (what
+        benchmarks/telemetry_throughput.py sends), in order with publish_batch's."""
+        payloads = [encode_kv_batch(KVEventBatch(ts=float(i), events=[]), "mapev") for i in (1, 2)]
+        async with reading(ports.feed()) as reader:
+            base = await joined(reader, pub)
+            seqs = [pub.publish_payload(payloads[0]), pub.publish_batch(PROBE)]
+            seqs.append(pub.publish_payload(payloads[1]))
+            got = [m for m in await reader.until(base + 2) if m.seq >= base]
+        assert seqs == [base, base + 1, base + 2]
+        assert [m.payload for m in got] == [payloads[0], got[1].payload, payloads[1]]
+        assert decode_kv_batch(got[1].payload) == PROBE
 
     async def test_bridge_headers(self) -> None:
         """The bridge's headers carry seq and receive time as text."""

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
@@ -83,6 +83,8 @@ __all__ = [
 
 DEFAULT_REPLAY_TIMEOUT_S: Final = 2.0
 _RECONNECT_S: Final = 0.2
+DRAIN_MAX: Final = 1024
+"""Live messages read without waiting after each awaited read (:meth:`KvFeed._receive`)."""
 _REPLAY_IDLE_S: Final = 0.25
 """Once a replay answer has begun, this long without a frame means the rest was dropped."""
 
@@ -167,6 +169,11 @@ class KvFeed:
         self._clock = clock
         self._ctx = context if context is not None else zmq.asyncio.Context.instance()
         self._sub: zmq.asyncio.Socket | None = None
+        self._sub_now: zmq.Socket[bytes] | None = None
+        """A plain (blocking API) shadow of ``_sub`` for non-blocking reads; never used after
+        ``_sub`` is closed (it does not own the socket)."""
+        self._ready: deque[tuple[list[bytes], float]] = deque()
+        """Live messages already read off the socket, with their receive times, in order."""
         self._dealer: zmq.asyncio.Socket | None = None
         self._replay_lock = asyncio.Lock()
         self._tracker = SeqTracker()
@@ -200,8 +207,7 @@ class KvFeed:
                     self.stats.replayed += 1
                     yield msg
             while True:
-                frames = await self._receive()
-                received_at = self._clock()
+                frames, received_at = await self._receive()
                 parsed = self._parse_live(frames)
                 if parsed is None:
                     continue
@@ -225,6 +231,8 @@ class KvFeed:
 
     def close(self) -> None:
         """Close both sockets (idempotent; :meth:`messages` does it when it ends)."""
+        self._sub_now = None  # before the socket it shadows goes
+        self._ready.clear()
         for sock in (self._sub, self._dealer):
             if sock is not None:
                 sock.close(linger=0)
@@ -361,21 +369,48 @@ class KvFeed:
         sub.setsockopt(zmq.SUBSCRIBE, self.topic)
         sub.connect(self.kv_events)
         self._sub = sub
+        self._sub_now = zmq.Socket.shadow(sub.underlying)
 
-    async def _receive(self) -> list[bytes]:
-        """The next live multipart message; socket errors re-open the SUB and wait again."""
+    async def _receive(self) -> tuple[list[bytes], float]:
+        """The next live multipart message and when it was read; socket errors re-open the
+        SUB and wait again.
+
+        One awaited read, then up to :data:`DRAIN_MAX` more that are already there, read
+        without waiting through the plain shadow socket: the asyncio socket makes a future and
+        a poller event per read, which was an eighth of the telemetry service's time on a
+        stream of small batches (docs/benchmarks.md, "Telemetry service throughput")."""
         while True:
+            if self._ready:
+                return self._ready.popleft()
             if self._sub is None:
                 self._open_sub()
             assert self._sub is not None
             try:
-                return await self._sub.recv_multipart()
+                frames = await self._sub.recv_multipart()
             except zmq.ZMQError as exc:
                 _log.warning("kv_sub_error", node=self.node, error=str(exc))
+                self._sub_now = None
                 self._sub.close(linger=0)
                 self._sub = None
                 self.stats.reconnects += 1
                 await asyncio.sleep(_RECONNECT_S)
+                continue
+            now = self._clock()
+            self._drain(now)
+            return frames, now
+
+    def _drain(self, now: float) -> None:
+        """Read what the SUB already holds, without waiting (a socket error ends it: the next
+        awaited read meets it again and re-opens the socket)."""
+        sync = self._sub_now
+        if sync is None:
+            return
+        ready = self._ready
+        for _ in range(DRAIN_MAX):
+            try:
+                ready.append((sync.recv_multipart(zmq.NOBLOCK), now))
+            except zmq.ZMQError:  # zmq.Again: nothing more for now
+                return
 
     async def _replay_or_none(self, start: int) -> list[KvMessage]:
         """:meth:`_replay`, with a failure logged and read as an empty answer."""

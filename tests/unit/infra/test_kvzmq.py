@@ -26,7 +26,7 @@ from shared.core.blockkeys import chain_keys
 from shared.core.engine import DEFAULT_PROFILE, PROFILES, Engine, EngineRequest
 from shared.core.kvseq import SeqTracker
 from shared.infra.embedded import free_port
-from shared.infra.kvzmq import KvFeed, KvMessage, KvReplayError, bridge_headers
+from shared.infra.kvzmq import DRAIN_MAX, KvFeed, KvMessage, KvReplayError, bridge_headers
 from tests.kvzmq_util import FeedReader, reading
 
 PROFILE = PROFILES[DEFAULT_PROFILE]
@@ -182,6 +182,23 @@ class TestFeedOrder:
         assert seqs == [base, base + 1, base + 2]
         assert [m.payload for m in got] == [payloads[0], got[1].payload, payloads[1]]
         assert decode_kv_batch(got[1].payload) == PROBE
+
+    async def test_a_burst_is_read_in_order_past_the_drain(
+        self, ports: Ports, pub: KvPublisher
+    ) -> None:
+        """More batches at once than one awaited read drains (DRAIN_MAX) come out in order,
+        each once, none replayed, with receive times that never go back."""
+        n = DRAIN_MAX * 2 + 7
+        async with reading(ports.feed()) as reader:
+            base = await joined(reader, pub)
+            for i in range(n):
+                pub.publish([store([i % 50] * 4, h=i + 1)])
+            got = [m for m in await reader.until(base + n - 1) if m.seq >= base]
+            stats = reader.feed.stats
+        assert [m.seq for m in got] == list(range(base, base + n))
+        assert not any(m.replayed for m in got) and stats.duplicates == 0
+        times = [m.received_at for m in got]
+        assert times == sorted(times)
 
     async def test_bridge_headers(self) -> None:
         """The bridge's headers carry seq and receive time as text."""

@@ -247,6 +247,16 @@ class Bus:
         else:
             await self._js.update_stream(config)
 
+    async def backlog(self, stream: Stream, durable: str) -> int:
+        """How many messages durable consumer ``durable`` of ``stream`` has still to settle:
+        those not yet delivered plus those delivered and not acknowledged (a dead process's
+        come back after ``ack_wait_s``)."""
+        try:
+            info = await self._js.consumer_info(self.stream_name(stream), durable)
+        except (nats.js.errors.Error, nats.errors.TimeoutError) as exc:
+            raise BusError(f"cannot read consumer {durable} on {stream.name}: {exc}") from exc
+        return int(info.num_pending or 0) + int(info.num_ack_pending or 0)
+
     async def delete_streams(self) -> None:
         """Delete this namespace's streams (tests); refused for the shared, empty namespace."""
         if not self._namespace:

@@ -143,6 +143,12 @@ class TestToolsCrash:
                 assert [t.finish_reason for t in turns] == ["tool_calls"] * (want - 1) + ["stop"]
             for sid in running + late:
                 await c.await_session(sid, lambda s: s is None, "deleted after its end")
+            # a tool event the killed process had taken comes again after TAO_ACK_WAIT_S, maybe
+            # after its session has ended: count once the tools' consumer has settled everything
+            durable = subjects.durable_name("tools", subjects.STREAM_TOOL)
+            async with asyncio.timeout(DEADLINE_S):
+                while await c.bus.backlog(subjects.STREAM_TOOL, durable):
+                    await asyncio.sleep(0.1)
             recorded = (await c.store().history()).of(tool).count
             assert recorded == len(running) * 2 + len(late) * 1
         assert e2e.proc("tools").poll() is None, f"restarted tools exited (log: {e2e.log_dir})"

@@ -61,3 +61,50 @@ class TestConnectOptions:
                 ),
                 30.0,  # the old behaviour: this would time out instead of raising BusError
             )
+
+
+class TestBacklog:
+    async def test_counts_the_undelivered_and_the_unacknowledged(
+        self, nats_url: str, namespace: str
+    ) -> None:
+        """A durable's backlog is what it has not settled: 5 before it starts, still 5 while
+        its handler holds the first one unacknowledged, 0 once all are acknowledged; an
+        unknown durable is a BusError naming it."""
+        from shared.contracts import ToolStart, decode_tool_event
+
+        bus = await Bus.connect(nats_url, name="svc", namespace=namespace)
+        durable = subjects.durable_name("tools", subjects.STREAM_TOOL)
+        release = asyncio.Event()
+        taken = asyncio.Event()
+        held = 0
+
+        async def hold(value: object, delivery: object) -> None:
+            nonlocal held
+            held += 1
+            taken.set()
+            await release.wait()
+
+        try:
+            await bus.ensure_streams()
+            # a first consumer creates the durable; stopping it leaves the durable on the server
+            sub = await bus.consume(subjects.STREAM_TOOL, "tools", decode_tool_event, hold)
+            await sub.stop()
+            for i in range(5):
+                await bus.publish_msg(
+                    ToolStart(session_id=f"s{i}", call_id="c", tool="bash", started_at=1.0)
+                )
+            assert await bus.backlog(subjects.STREAM_TOOL, durable) == 5
+            await bus.consume(subjects.STREAM_TOOL, "tools", decode_tool_event, hold)
+            async with asyncio.timeout(10.0):
+                await taken.wait()
+            assert await bus.backlog(subjects.STREAM_TOOL, durable) == 5
+            release.set()
+            async with asyncio.timeout(10.0):
+                while await bus.backlog(subjects.STREAM_TOOL, durable):
+                    await asyncio.sleep(0.05)
+            assert held == 5
+            with pytest.raises(BusError, match="nobody-TAO_V1_TOOL"):
+                await bus.backlog(subjects.STREAM_TOOL, "nobody-TAO_V1_TOOL")
+        finally:
+            await bus.delete_streams()
+            await bus.drain()

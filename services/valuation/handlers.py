@@ -241,8 +241,7 @@ class Valuator:
         assert reader is not None
         self.tick += 1
         now = self.clock()
-        pool, residency = await reader.index("pool")
-        views = await self.store.node_views()
+        pool, residency, views = await reader.tick_read("pool")
         history = self.history
         stale = self.history_at is None or now - self.history_at >= self.pressure_every_s
         if history is None or reason != "wake" or stale:

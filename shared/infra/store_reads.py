@@ -33,8 +33,9 @@ from dataclasses import dataclass, replace
 from typing import Any, Final, Literal
 
 from shared.core.session import Session
+from shared.core.valuation import NodeView
 from shared.infra.store import Store, load_script
-from shared.infra.store_codec import decode_session_values
+from shared.infra.store_codec import decode_node, decode_session_values
 from shared.infra.store_ops import texts
 from shared.infra.store_types import StateStore, StoreError
 
@@ -55,6 +56,7 @@ Index = Literal["pool", "admitted_tool"]
 ResidencyMap = dict[str, dict[str, tuple[int, float]]]
 
 _READ: Final = load_script("read_sessions")
+_READ_INDEX: Final = load_script("read_index")
 
 
 def _text(x: Any) -> str:
@@ -93,6 +95,18 @@ def is_idle(
     return not ended and activity in ("idle", "tool") and now - updated_at > timeout_s
 
 
+_Parsed = tuple[tuple[Any, ...], dict[str, tuple[int, float]]]
+
+
+def _reparsed(flat: Sequence[Any], seen: _Parsed | None) -> _Parsed:
+    """A residency reply with its :func:`_residency` parse, the one ``seen`` holds when the
+    reply is the same (a pooled session's residency rarely moves between ticks)."""
+    key = tuple(flat)
+    if seen is not None and seen[0] == key:
+        return seen
+    return key, _residency(flat)
+
+
 @dataclass(slots=True)
 class _Held:
     """A decoded record and the hash text it was read at."""
@@ -119,12 +133,66 @@ class SessionReader:
         self._redis: Store | None = store if isinstance(store, Store) else None
         if self._redis is not None:
             self._read = self._redis._r.register_script(_READ)
+            self._read_index = self._redis._r.register_script(_READ_INDEX)
+        self._res: dict[str, dict[str, _Parsed]] = {}
+        """Per cache, each session's last residency reply and its parse (reused while equal)."""
 
     async def index(self, which: Index) -> tuple[list[Session], ResidencyMap]:
         """The sessions of index set ``which`` (sorted by id, absent ones skipped) and the
         residency of each id read."""
         ids = await (self.store.pool_ids() if which == "pool" else self.store.admitted_tool_ids())
         return await self.read(sorted(ids), which)
+
+    async def tick_read(self, which: Index) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
+        """:meth:`index` and the store's ``node_views()`` as of one instant: on Redis one
+        ``EVALSHA`` of ``lua/read_index.lua`` (the set's members, their records as
+        :meth:`read` gets them, their residency and every node hash), whatever the set's size
+        up to :attr:`chunk` members; a larger set is read as :meth:`index` does."""
+        if self._redis is None:
+            sessions, residency = await self.index(which)
+            return sessions, residency, await self.store.node_views()
+        keys = self._redis.keys
+        old = self._held.get(which, {})
+        if len(old) > self.chunk:  # one script call would hold Redis too long
+            sessions, residency = await self.index(which)
+            return sessions, residency, await self.store.node_views()
+        names = self._names.get(which, {})
+        lines = [f"{names[sid][len(keys.session('x')) - 1:]} {h.v} {h.updated_at}\n"
+                 for sid, h in old.items() if sid in names]  # fmt: skip
+        index_key = keys.pool if which == "pool" else keys.admitted_tool
+        args = [keys.session("x")[:-1], keys.residency("x")[:-1], keys.node_prefix, "".join(lines)]
+        members, flat_nodes = await self._read_index(keys=[index_key, keys.nodes], args=args)
+        if len(members) // 3 > self.chunk:  # it grew past a chunk meanwhile: read it in chunks
+            sessions, residency = await self.index(which)
+            return sessions, residency, await self.store.node_views()
+        replies = sorted(
+            (_text(members[j]), members[j + 1], members[j + 2]) for j in range(0, len(members), 3)
+        )
+        new: dict[str, _Held] = {}
+        fresh: dict[str, str] = {}
+        out: list[Session] = []
+        residency: ResidencyMap = {}
+        seen, parsed = self._res.get(which, {}), {}
+        for sid, raw, res in replies:
+            fresh[sid] = names.get(sid) or keys.session(sid)
+            parsed[sid] = _reparsed(res, seen.get(sid))
+            residency[sid] = parsed[sid][1]
+            held = self._one(sid, raw, old.get(sid))
+            if held is not None:
+                new[sid] = held
+                out.append(held.session)
+        self._held[which] = new
+        self._names[which] = fresh
+        self._res[which] = parsed
+        views: list[NodeView] = []
+        pairs = sorted(
+            (_text(flat_nodes[j]), flat_nodes[j + 1]) for j in range(0, len(flat_nodes), 2)
+        )
+        for node, flat in pairs:
+            rec = decode_node(node, dict(zip(flat[::2], flat[1::2], strict=True)))
+            if rec is not None:
+                views.append(rec.view())
+        return out, residency, views
 
     async def read(self, ids: Sequence[str], cache: str) -> tuple[list[Session], ResidencyMap]:
         """The sessions ``ids`` (in order; absent ones skipped) and their residency; the

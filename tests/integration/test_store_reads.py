@@ -8,7 +8,7 @@ from collections.abc import Callable
 from shared.core.session import Session, ToolCall, admit, on_end, on_request, on_response
 from shared.infra.store import Store
 from shared.infra.store_reads import SessionReader, idle_candidates
-from shared.infra.store_types import StateStore
+from shared.infra.store_types import NodeUpdate, StateStore
 
 
 def _put(s: Session) -> Callable[[Session | None], Session]:
@@ -94,6 +94,56 @@ class TestSessionReader:
         got, res = await reader.read(["p0", "p1"], "pool")
         assert [s.id for s in got] == ["p1"]
         assert res["p0"] == {}
+
+
+class TestTickRead:
+    """``tick_read``: the index set, its residency and the node views in one read, equal to
+    the plain protocol reads at every step (records changed, probe-marked, residency moved,
+    sessions gone, odd ids), reusing what is unchanged."""
+
+    async def _nodes(self, store: StateStore) -> None:
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=True))
+        await store.put_node_status(
+            "n2", NodeUpdate(capacity_tokens=4_000, healthy=False, models=("m",))
+        )
+
+    async def _same(self, reader: SessionReader, store: StateStore, which: str) -> None:
+        got, res, views = await reader.tick_read(which)  # type: ignore[arg-type]
+        want, want_res = await _plain(store, which)
+        assert got == want
+        assert res == want_res
+        assert views == await store.node_views()
+
+    async def test_same_as_plain_reads_through_changes(self, store: StateStore) -> None:
+        await _seed(store)
+        await self._nodes(store)
+        reader = SessionReader(store)
+        for which in ("pool", "admitted_tool"):
+            await self._same(reader, store, which)
+        decoded = reader.decoded
+        await self._same(reader, store, "pool")
+        if isinstance(store, Store):
+            assert reader.decoded == decoded  # nothing changed: nothing decoded again
+        await store.update_session(
+            "weird id:{x}/é", lambda s: None if s is None else on_request(s, "r9", 21.0)[0]
+        )
+        await store.put_probe_marks({"p1": 42.5})
+        await store.put_residency("p0", "n2", 4096, 30.0)
+        await store.delete_session("p1")
+        await store.put_node_status("n1", NodeUpdate(healthy=False))
+        await self._same(reader, store, "pool")
+        if isinstance(store, Store):
+            assert reader.decoded == decoded + 1  # only the odd id's new record
+        await self._same(reader, store, "admitted_tool")
+
+    async def test_a_set_past_a_chunk_is_read_in_chunks(self, store: StateStore) -> None:
+        """More members than ``chunk`` (one script call would hold Redis too long): read as
+        ``index`` reads them, with the same result."""
+        await _seed(store)
+        await self._nodes(store)
+        reader = SessionReader(store, chunk=2)
+        await self._same(reader, store, "pool")  # 3 pooled: past the chunk on the first read
+        await self._same(reader, store, "pool")  # and with a cache of 3 held
 
 
 class TestIdleCandidates:

@@ -196,6 +196,11 @@ class History:
 
     tools: Mapping[str, ToolStats] = field(default_factory=dict)
     overall: ToolStats = field(default_factory=ToolStats)
+    estimates: dict[str, tuple[float, Evidence]] = field(
+        default_factory=dict, compare=False, repr=False
+    )
+    """:func:`estimate_duration`'s answers so far, per tool: a history never changes (the
+    ``record`` functions make a new one), and a tick asks it once per session in a tool."""
 
     def of(self, tool: str) -> ToolStats:
         return self.tools.get(tool, ToolStats())
@@ -217,13 +222,19 @@ def record_censored(history: History, tool: str, elapsed_at_cut: float) -> Histo
 
 def estimate_duration(history: History, tool: str) -> tuple[float, Evidence]:
     """Predicted total duration of a call of ``tool``: per-tool → global → default."""
+    known = history.estimates.get(tool)
+    if known is not None:
+        return known
     own = duration_bound(history.of(tool))
     if own is not None:
-        return own, "history:tool"
-    overall = duration_bound(history.overall)
-    if overall is not None:
-        return overall, "history:global"
-    return DEFAULT_DURATION_S, "default"
+        out: tuple[float, Evidence] = (own, "history:tool")
+    else:
+        overall = duration_bound(history.overall)
+        out = (
+            (overall, "history:global") if overall is not None else (DEFAULT_DURATION_S, "default")
+        )
+    history.estimates[tool] = out
+    return out
 
 
 @dataclass(frozen=True, slots=True)

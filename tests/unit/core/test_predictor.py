@@ -168,6 +168,23 @@ class TestHistoryFallback:
         assert estimate_duration(h, "bash") == (1.0, "history:tool")
 
 
+class TestEstimateMemo:
+    """A history keeps its estimates (it never changes); a recorded sample makes a new one."""
+
+    def test_kept_answers_are_the_fresh_ones_and_a_record_starts_anew(self) -> None:
+        h = _history(bash=[2.0, 2.0], grep=[1.0, 1.0, 1.5])
+        first = {tool: estimate_duration(h, tool) for tool in ("bash", "grep", "ls")}
+        assert set(h.estimates) == {"bash", "grep", "ls"}
+        again = {tool: estimate_duration(h, tool) for tool in ("bash", "grep", "ls")}
+        fresh = _history(bash=[2.0, 2.0], grep=[1.0, 1.0, 1.5])
+        assert again == first == {t: estimate_duration(fresh, t) for t in first}
+        assert h == _history(bash=[2.0, 2.0], grep=[1.0, 1.0, 1.5])  # the memo is not compared
+        later = record(h, "bash", 30.0)
+        assert later.estimates == {}
+        assert estimate_duration(later, "bash")[0] > first["bash"][0]
+        assert estimate_duration(h, "bash") == first["bash"]
+
+
 class TestPredictEnd:
     """Observed completion beats interface evidence, which beats history; deadlines cap."""
 

@@ -1,11 +1,13 @@
-"""The planner's handler: snapshot → decide (in a worker thread) → verify-and-apply → publish.
+"""The planner's handler: snapshot → decide (small: on the loop) → verify-and-apply → publish.
 
 Only the latest snapshot matters: :meth:`Planner.on_snapshot` keeps one pending snapshot and a
 newer one supersedes it while a solve runs. :meth:`Planner.plan_once` solves with
 :func:`shared.core.tick.decide` off the event loop (``anyio.to_thread.run_sync`` with a capacity
-limiter of 1; the kernels release the GIL), applies the decision with the store's atomic
-``apply`` (which discards the plan if a selected session's version moved and applies the
-longest prefix live capacity admits), then publishes one ``Placement`` per applied move on
+limiter of 1; the kernels release the GIL), or on it when the problem is small (at most
+:data:`INLINE_PAIRS` candidate-node pairs: the thread's hand-off, ~0.2 ms, costs more than
+such a solve, and the tool-end -> placement path waits for it), applies the decision with the
+store's atomic ``apply`` (which discards the plan if a selected session's version moved and
+applies the longest prefix live capacity admits), then publishes one ``Placement`` per applied move on
 JetStream and the ``Plan`` on core NATS, and logs one line.
 
 With ``thunderagent`` or ``thunderagent-ideal`` (:data:`THUNDERAGENT_POLICIES`) the snapshot
@@ -21,7 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import NamedTuple
+from typing import Final, NamedTuple
 
 import anyio
 import anyio.to_thread
@@ -108,6 +110,12 @@ def _force(m: Move, at: float) -> Callable[[Session | None], tuple[Session | Non
         return admit(s, m.node, m.weight, at), True
 
     return step
+
+
+INLINE_PAIRS: Final = 512
+"""Candidates × nodes up to which the planner solves on its event loop: 50 candidates on 4
+nodes solve in ~0.3 ms on the 2-core machine (docs/benchmarks.md), against ~0.5 ms through
+the worker thread; a larger problem, which may run to the time limit, goes to the thread."""
 
 
 @dataclass(slots=True)
@@ -215,7 +223,10 @@ class Planner:
                 self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
                 return forced
             t0 = time.perf_counter()
-            decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
+            if len(core.candidates) * max(1, len(core.nodes)) <= INLINE_PAIRS:
+                decision = self._solve(core)  # short: a thread's hand-off would cost more
+            else:
+                decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
             elapsed_ms = (time.perf_counter() - t0) * 1000.0
         shown = decision
         if forced is not None and forced.admitted:

@@ -198,6 +198,34 @@ class TestPlanAndApply:
         assert plans(bus) == [] and (await store.planner_stats())["ticks"] == 1
 
 
+class TestWhereTheSolveRuns:
+    @pytest.mark.parametrize(("inline_pairs", "on_loop"), [(512, True), (1, False)])
+    async def test_a_small_problem_on_the_loop_a_large_one_in_the_thread(
+        self, store: FakeStore, monkeypatch: pytest.MonkeyPatch, inline_pairs: int, on_loop: bool
+    ) -> None:
+        """Up to INLINE_PAIRS candidate-node pairs the solve runs on the event loop's thread,
+        past it in the worker thread; the plan is the same either way."""
+        import threading
+
+        import services.planner.handlers as handlers
+
+        monkeypatch.setattr(handlers, "INLINE_PAIRS", inline_pairs)
+        threads: list[threading.Thread] = []
+        real = handlers.decide
+
+        def spy(*args: object, **kw: object) -> Decision:
+            threads.append(threading.current_thread())
+            return real(*args, **kw)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(handlers, "decide", spy)
+        bus = FakeBus()
+        await pool(store, 2000, 3000)
+        applied = await planner(store, bus).plan_once(await snapshot(store, bus))
+        assert applied is not None and len(applied.admitted) == 2
+        assert len(threads) == 1
+        assert (threads[0] is threading.main_thread()) == on_loop
+
+
 class TestLatestOnly:
     async def test_newer_snapshot_supersedes_pending(self, store: FakeStore) -> None:
         """While a snapshot waits, a newer one replaces it; an older one never does."""

@@ -7,8 +7,8 @@ limiter of 1; the kernels release the GIL), or on it when the problem is small (
 :data:`INLINE_PAIRS` candidate-node pairs: the thread's hand-off, ~0.2 ms, costs more than
 such a solve, and the tool-end -> placement path waits for it), applies the decision with the
 store's atomic ``apply`` (which discards the plan if a selected session's version moved and
-applies the longest prefix live capacity admits), then publishes one ``Placement`` per applied move on
-JetStream and the ``Plan`` on core NATS, and logs one line.
+applies the longest prefix live capacity admits), then publishes one ``Placement`` per applied
+move on JetStream and the ``Plan`` on core NATS, and logs one line.
 
 With ``thunderagent`` or ``thunderagent-ideal`` (:data:`THUNDERAGENT_POLICIES`) the snapshot
 drives ThunderAgent's state machine instead (:mod:`services.planner.thunder` over

@@ -291,6 +291,10 @@ class Bus:
         try:
             if stream_for_subject(subject) is None:
                 await self._nc.publish(wire, data, headers=hdrs)
+                # nats-py queues the message for its flusher task, which writes it only when
+                # this task next waits: yield once so it leaves now, not after the caller's
+                # log line and acks (a wake-up or a snapshot on the tool end -> placement path)
+                await asyncio.sleep(0)
                 return
             hdrs = hdrs or {}
             hdrs.setdefault(MSG_ID_HEADER, publish_id(subject, data, headers))  # stored once

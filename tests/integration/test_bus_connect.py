@@ -108,3 +108,30 @@ class TestBacklog:
         finally:
             await bus.delete_streams()
             await bus.drain()
+
+
+class TestCorePublishLeavesNow:
+    async def test_the_message_is_on_the_socket_when_publish_returns(
+        self, nats_url: str, namespace: str
+    ) -> None:
+        """nats-py queues a publish for its flusher task; the bus yields once so the flusher
+        has written it by the time ``publish`` returns (a wake-up is not held back by the
+        publisher's log line): nothing is left pending, and a subscriber gets it."""
+        from shared.contracts import Wake, encode
+
+        bus = await Bus.connect(nats_url, name="svc", namespace=namespace)
+        got: asyncio.Queue[object] = asyncio.Queue()
+
+        async def take(value: object, delivery: object) -> None:
+            await got.put(value)
+
+        try:
+            await bus.subscribe(subjects.wake(), "valuation", lambda b: b, take)
+            data = encode(Wake(reason="test", ts=1.0))
+            for _ in range(3):
+                await bus.publish(subjects.wake(), data)
+                assert bus.nc._pending_data_size == 0
+            async with asyncio.timeout(5.0):
+                assert [await got.get() for _ in range(3)] == [data] * 3
+        finally:
+            await bus.drain()

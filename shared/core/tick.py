@@ -239,12 +239,13 @@ def value_snapshot(
         )
         marks[s.id] = r.probe_mark
         versions[s.id] = s.version
-        credits = decayed_credits(
-            residency.get(s.id, {}), now, half_life_s=params.half_life_s, unit=params.credit_unit
-        )
         if in_tool:
             node = s.node
             assert node is not None
+            credits = decayed_credits(
+                residency.get(s.id, {}), now, half_life_s=params.half_life_s,
+                unit=params.credit_unit,
+            )  # fmt: skip
             remaining = (
                 math.inf
                 if pred is None or s.tool is None
@@ -268,7 +269,13 @@ def value_snapshot(
             weight = max(weight, min(session_weight(s.tokens, 0, reserve), largest))
         why = [ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) for nv in nodes]
         ok = frozenset(nv.id for nv, no in zip(nodes, why, strict=True) if no is None)
-        if not ok:
+        if ok:  # the credit on the nodes it may go to (none to value where it fits nowhere)
+            credits = decayed_credits(
+                residency.get(s.id, {}), now, half_life_s=params.half_life_s,
+                unit=params.credit_unit,
+            )  # fmt: skip
+        else:
+            credits = {}
             skipped[s.id] = skip_reason(why)
         cands.append(
             TickCandidate(

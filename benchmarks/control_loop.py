@@ -27,14 +27,18 @@ removed afterwards):
    Samples are sequential, ``--gap-ms`` apart; after each the session is parked again
    (a direct store write). ``burst``: ``--burst`` requests published at once.
    Path: bus → tools (store write, ``Wake``) → valuation (debounce, tick, snapshot) →
-   planner (solve in a worker, Lua apply, JetStream placement) → bus → here.
+   planner (solve on its loop or, past ``INLINE_PAIRS``, in a worker; Lua apply, JetStream
+   placement) → bus → here.
 4. **Where the time goes** — joined from the services' JSON log lines (wall-clock stamps):
    the tools line of the request, the planner line that admitted it and the valuation line of
    the same tick.
 5. **Tick time** — with the services stopped, the same code in this process against the same
-   Redis state: ``Valuator.run_tick`` (store reads, ``value_snapshot``, probe marks, encode),
-   snapshot decode, ``decide`` in a worker thread, ``store.apply``; each iteration first turns
-   one parked session into a waiting, eligible one (so the planner has one admit to apply).
+   Redis state: ``wake tick`` is ``Valuator.run_tick("wake")``, the tick on the tool end →
+   placement path (it reuses a context pressure and a history younger than 1 s); then
+   ``Valuator.run_tick`` as a periodic tick (store reads, every admitted session's context,
+   ``value_snapshot``, probe marks, encode), snapshot decode, ``decide`` (where the planner
+   runs it), ``store.apply``; each iteration first turns one parked session into a waiting,
+   eligible one (so the planner has one admit to apply).
 
 Servers: TAO_NATS_URL / TAO_REDIS_URL, else 127.0.0.1:4222 / 6379 if they answer, else
 embedded ones. Numbers on a shared 2-core machine are noisy: the load average is printed.
@@ -62,7 +66,7 @@ import orjson
 import redis.asyncio as aioredis
 import structlog
 
-from services.planner.handlers import decode_snapshot
+from services.planner.handlers import INLINE_PAIRS, decode_snapshot
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
@@ -394,11 +398,12 @@ def plan_counts(log_dir: Path) -> tuple[int, int, int]:
 
 # -- tick time, in process -------------------------------------------------------------------
 
-TICK_PARTS = ("valuation run_tick", "  reads", "  value", "decode", "solve", "apply", "total")
+TICK_PARTS = ("wake tick", "valuation run_tick", "  reads", "  value", "decode", "solve", "apply",
+              "total")  # fmt: skip
 
 
 async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[float]]:
-    """Valuator.run_tick + decode + decide (worker thread) + store.apply, as the services do,
+    """A wake tick, then Valuator.run_tick + decode + decide + store.apply, as the services do,
     with one waiting eligible session per tick; plus the tick's pool reads (the valuation's
     cached reader) and valuation alone."""
     settings = Settings.from_env()
@@ -419,13 +424,21 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
     for _ in range(ticks):
         sid = world.take()
         await store.update_session(sid, wake_step(sid, world.tokens[sid]))
+        w0 = time.perf_counter()
+        await valuator.run_tick("wake")  # the tool end -> placement path's tick
+        out["wake tick"].append((time.perf_counter() - w0) * 1000.0)
+        fake.published.clear()
         t0 = time.perf_counter()
         await valuator.run_tick("bench")
         t1 = time.perf_counter()
         (data,) = [d for subj, d, _ in fake.published if subj == subjects.valuation_snapshot()]
         snap = decode_snapshot(data)
         t2 = time.perf_counter()
-        decision = await asyncio.to_thread(solve, snap.core)
+        core = snap.core
+        if len(core.candidates) * max(1, len(core.nodes)) <= INLINE_PAIRS:  # as the planner
+            decision = solve(core)
+        else:
+            decision = await asyncio.to_thread(solve, core)
         t3 = time.perf_counter()
         applied = await store.apply(decision, time.time())
         t4 = time.perf_counter()
@@ -438,8 +451,7 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         # the same tick's reads and valuation, timed step by step (not part of "total")
         r0 = time.perf_counter()
         assert valuator.reader is not None
-        sessions, residency = await valuator.reader.index("pool")  # the service's read path
-        views = await store.node_views()
+        sessions, residency, views = await valuator.reader.tick_read("pool")  # the service's
         history = await store.history()
         r1 = time.perf_counter()
         value_snapshot(sessions, views, residency, history, time.time(), params=valuator.params)

@@ -350,15 +350,15 @@ class Planner:
     async def _publish_placements(self, tick: int, applied: Applied) -> int:
         if applied.discarded:
             return 0
-        n = 0
         now = self.clock()
         kinds: list[tuple[PlacementKind, Move]] = [("interrupt", m) for m in applied.interrupted]
         kinds += [("admit", m) for m in applied.admitted]
+        out: list[Placement] = []
         for kind, m in kinds:
             rec = applied.sessions.get(m.session)
             if rec is None or rec.gateway_id is None:
                 continue
-            await self._publish(
+            out.append(
                 Placement(
                     kind=kind,
                     session_id=m.session,
@@ -367,11 +367,17 @@ class Planner:
                     gateway_id=rec.gateway_id,
                     node_id=m.node,
                     issued_at=now,
-                ),
-                now,
+                )
             )
-            n += 1
-        return n
+        if len(out) == 1:
+            await self._publish(out[0], now)
+            return 1
+        # all at once: they go out in this order on the one connection, and the k-th no longer
+        # waits for k - 1 JetStream acks (a burst's last placement waited ~5 ms for 16)
+        async with anyio.create_task_group() as tg:
+            for p in out:
+                tg.start_soon(self._publish, p, now)
+        return len(out)
 
 
 def _trace_plan(

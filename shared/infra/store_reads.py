@@ -148,23 +148,18 @@ class SessionReader:
         ``EVALSHA`` of ``lua/read_index.lua`` (the set's members, their records as
         :meth:`read` gets them, their residency and every node hash), whatever the set's size
         up to :attr:`chunk` members; a larger set is read as :meth:`index` does."""
-        if self._redis is None:
-            sessions, residency = await self.index(which)
-            return sessions, residency, await self.store.node_views()
+        if self._redis is None or len(self._held.get(which, {})) > self.chunk:
+            return await self._tick_read_apart(which)  # past a chunk: one call holds Redis long
         keys = self._redis.keys
         old = self._held.get(which, {})
-        if len(old) > self.chunk:  # one script call would hold Redis too long
-            sessions, residency = await self.index(which)
-            return sessions, residency, await self.store.node_views()
         names = self._names.get(which, {})
-        lines = [f"{names[sid][len(keys.session('x')) - 1:]} {h.v} {h.updated_at}\n"
-                 for sid, h in old.items() if sid in names]  # fmt: skip
+        cut = len(keys.session("x")) - 1  # the session key's prefix: what is left is the token
+        lines = [f"{names[sid][cut:]} {h.v} {h.updated_at}\n" for sid, h in old.items()]
         index_key = keys.pool if which == "pool" else keys.admitted_tool
-        args = [keys.session("x")[:-1], keys.residency("x")[:-1], keys.node_prefix, "".join(lines)]
+        args = [keys.session("x")[:cut], keys.residency("x")[:-1], keys.node_prefix, "".join(lines)]
         members, flat_nodes = await self._read_index(keys=[index_key, keys.nodes], args=args)
         if len(members) // 3 > self.chunk:  # it grew past a chunk meanwhile: read it in chunks
-            sessions, residency = await self.index(which)
-            return sessions, residency, await self.store.node_views()
+            return await self._tick_read_apart(which)
         replies = sorted(
             (_text(members[j]), members[j + 1], members[j + 2]) for j in range(0, len(members), 3)
         )
@@ -231,6 +226,12 @@ class SessionReader:
         self._held[cache] = new
         self._names[cache] = fresh
         return out, residency
+
+    async def _tick_read_apart(
+        self, which: Index
+    ) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
+        sessions, residency = await self.index(which)
+        return sessions, residency, await self.store.node_views()
 
     def _one(self, sid: str, raw: Sequence[Any], held: _Held | None) -> _Held | None:
         """One session reply of ``read_sessions.lua`` against what the cache holds."""

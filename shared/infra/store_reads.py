@@ -156,8 +156,9 @@ class SessionReader:
         cut = len(keys.session("x")) - 1  # the session key's prefix: what is left is the token
         lines = [f"{names[sid][cut:]} {h.v} {h.updated_at}\n" for sid, h in old.items()]
         index_key = keys.pool if which == "pool" else keys.admitted_tool
-        args = [keys.session("x")[:cut], keys.residency("x")[:-1], keys.node_prefix, "".join(lines)]
-        members, flat_nodes = await self._read_index(keys=[index_key, keys.nodes], args=args)
+        args = [keys.session("x")[:cut], keys.residency("x")[:-1], keys.node_prefix]
+        args += ["".join(lines), keys.nodes]
+        members, flat_nodes = await self._read_index(keys=[index_key], args=args)
         if len(members) // 3 > self.chunk:  # it grew past a chunk meanwhile: read it in chunks
             return await self._tick_read_apart(which)
         replies = sorted(

@@ -2,20 +2,23 @@
 -- the valuation tick's read (store_reads.SessionReader.tick_read, shared/infra/store_reads.py).
 -- One round trip and a handful of arguments, where SMEMBERS + read_sessions.lua + SMEMBERS +
 -- one HGETALL per node took four round trips and two arguments per session.
--- KEYS[1] the index set (pool / admitted_tool); KEYS[2], when given, the nodes set.
+-- KEYS[1] the index set (pool / admitted_tool).
 -- ARGV[1] the session hash prefix, ARGV[2] the residency hash prefix, ARGV[3] the node hash
 -- prefix (tao:{d}:s: / res: / n:): a key is its prefix followed by the escaped id, built here
 -- as keys.check_session_id escapes it (every byte outside [A-Za-z0-9_-] as ~XX, upper-case hex;
 -- a UTF-8 character is escaped byte by byte, as Python's c.encode() gives them). Every key
 -- carries the domain's hash tag, so all of them share KEYS[1]'s slot.
 -- ARGV[4] what the caller holds: lines "<escaped id> <v> <updated_at>\n".
+-- ARGV[5] the nodes set, or "" for no nodes. Not a declared key: EVALSHA declares its keys
+-- read-write, and the valuation's Redis user may only read the nodes set (shared/infra/
+-- access.py); like the keys above it shares KEYS[1]'s slot.
 -- Returns {sessions, nodes}:
 --   sessions: per member of KEYS[1], three replies: the id, then
 --               {}                                  the record is absent
 --               {v, updated_at, probe}              v and updated_at are what the caller holds
 --               HMGET v node weight activity ended probe updated_at data   otherwise
 --             then the HGETALL of its residency hash (flat: node, "k0 t_obs", ...)
---   nodes:    per member of KEYS[2], two replies: the id and the HGETALL of its hash (flat)
+--   nodes:    per member of the nodes set, two replies: the id and the HGETALL of its hash (flat)
 -- Values are only copied and compared as strings, never computed (Python decides).
 local held = {}
 for tok, token in string.gmatch(ARGV[4], '(%S+) (%S+ %S+)\n') do
@@ -43,8 +46,8 @@ for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   sessions[#sessions + 1] = redis.call('HGETALL', ARGV[2] .. tok)
 end
 local nodes = {}
-if KEYS[2] then
-  for _, node in ipairs(redis.call('SMEMBERS', KEYS[2])) do
+if ARGV[5] ~= '' then
+  for _, node in ipairs(redis.call('SMEMBERS', ARGV[5])) do
     nodes[#nodes + 1] = node
     nodes[#nodes + 1] = redis.call('HGETALL', ARGV[3] .. node)
   end

@@ -262,7 +262,8 @@ class Valuator:
         async def read_admitted() -> list[Session]:
             in_pool = {s.id for s in pool}
             others = sorted((await self.store.session_ids()) - in_pool)
-            got, _ = await reader.read(others, "admitted")  # decoded only when changed
+            # decoded only when changed; their residency is not needed (contexts, stranded)
+            got, _ = await reader.read(others, "admitted", residency=False)
             return got
 
         if self.rules.payback_context:  # the contexts of every admitted session, on each node

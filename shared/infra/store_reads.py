@@ -190,20 +190,23 @@ class SessionReader:
                 views.append(rec.view())
         return out, residency, views
 
-    async def read(self, ids: Sequence[str], cache: str) -> tuple[list[Session], ResidencyMap]:
-        """The sessions ``ids`` (in order; absent ones skipped) and their residency; the
-        reader's cache named ``cache`` is replaced by what this read saw."""
+    async def read(
+        self, ids: Sequence[str], cache: str, *, residency: bool = True
+    ) -> tuple[list[Session], ResidencyMap]:
+        """The sessions ``ids`` (in order; absent ones skipped) and their residency (none with
+        ``residency=False``: the map is empty); the reader's cache named ``cache`` is replaced
+        by what this read saw."""
         if self._redis is None:
             sessions = await self.store.sessions(ids) if ids else []
             self.decoded += len(sessions)
-            return sessions, (await self.store.residency(ids) if ids else {})
+            return sessions, (await self.store.residency(ids) if ids and residency else {})
         old = self._held.get(cache, {})
         new: dict[str, _Held] = {}
         out: list[Session] = []
-        residency: ResidencyMap = {}
+        found: ResidencyMap = {}
         keys = self._redis.keys
         # the script swaps the session hash prefix for the residency one (same escaped id)
-        head = [keys.residency("x")[:-1], str(len(keys.session("x")) - 1)]
+        head = [keys.residency("x")[:-1] if residency else "", str(len(keys.session("x")) - 1)]
         names = self._names.get(cache, {})
         fresh: dict[str, str] = {}
         for lo in range(0, len(ids), self.chunk):
@@ -220,13 +223,14 @@ class SessionReader:
             reply = await self._read(keys=kv, args=args)
             for j, sid in enumerate(part):
                 held = self._one(sid, reply[2 * j], old.get(sid))
-                residency[sid] = _residency(reply[2 * j + 1])
+                if residency:
+                    found[sid] = _residency(reply[2 * j + 1])
                 if held is not None:
                     new[sid] = held
                     out.append(held.session)
         self._held[cache] = new
         self._names[cache] = fresh
-        return out, residency
+        return out, found
 
     async def _tick_read_apart(
         self, which: Index

@@ -85,6 +85,19 @@ class TestSessionReader:
         got, _ = await reader.index("pool")
         assert {s.id: s.probe_mark for s in got}["p1"] is None
 
+    async def test_records_without_residency(self, store: StateStore) -> None:
+        """``residency=False`` reads the same records, and no residency at all."""
+        await _seed(store)
+        ids = sorted(await store.session_ids())
+        reader = SessionReader(store, chunk=3)
+        got, res = await reader.read(ids, "all", residency=False)
+        assert got == await store.sessions(ids)
+        assert res == {}
+        again, res = await reader.read(ids, "all", residency=False)  # from the cache
+        assert again == got and res == {}
+        with_res, res = await reader.read(ids, "all")
+        assert with_res == got and res == dict(await store.residency(ids))
+
     async def test_deleted_session_is_skipped(self, store: StateStore) -> None:
         """A session deleted between the id read and the record read is simply absent."""
         await _seed(store)

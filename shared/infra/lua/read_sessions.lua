@@ -4,6 +4,8 @@
 -- first ARGV[2] characters of KEYS[i] (the session hash prefix swapped for the residency one:
 -- both carry the same escaped id and the domain's hash tag, so they share one slot).
 -- ARGV[2+i]: "<v> <updated_at>" as the caller holds session i, or "" when it holds none.
+-- ARGV[1] = "": no residency is read (out[2i] is empty), for a caller that needs the records
+-- only (the valuation's context total over every admitted session).
 -- Returns, per session i, two replies:
 --   out[2i-1] = {}                                    the record is absent (no version)
 --             = {v, updated_at, probe}                v and updated_at are what the caller holds
@@ -24,6 +26,10 @@ for i = 1, #KEYS do
     out[2 * i - 1] = redis.call(
       'HMGET', key, 'v', 'node', 'weight', 'activity', 'ended', 'probe', 'updated_at', 'data')
   end
-  out[2 * i] = redis.call('HGETALL', rprefix .. string.sub(key, cut))
+  if rprefix == '' then
+    out[2 * i] = {}
+  else
+    out[2 * i] = redis.call('HGETALL', rprefix .. string.sub(key, cut))
+  end
 end
 return out

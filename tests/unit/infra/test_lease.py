@@ -154,3 +154,31 @@ class TestRun:
         assert len(told) >= 2 and told[0] == told[1] > 0  # the same epoch, told again
         assert a.takeovers == 1
         assert a.epoch == 0 and await table.get(a.key) is None  # released on the way out
+
+    async def test_renewals_go_on_while_a_slow_hand_over_runs(
+        self, table: MemoryLeaseTable
+    ) -> None:
+        """A hand-over longer than the lease (the planner's re-publishing of every admission
+        at 10,000 sessions) does not hold up the renewals: the lease is kept, with one epoch,
+        told once, and a standby never gets in."""
+        import time
+
+        told: list[int] = []
+
+        async def slow(epoch: int) -> None:
+            told.append(epoch)
+            await anyio.sleep(4 * table.ttl_s)
+
+        table.ttl_s = 0.3  # real time: the renewals' sleeps are real
+        table.clock = time.monotonic
+        a = Leadership(table, lease_key("planner", "d1"), "a", clock=time.monotonic)
+        b = Leadership(table, lease_key("planner", "d1"), "b", clock=time.monotonic)
+        with anyio.move_on_after(6 * table.ttl_s):
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(a.run, slow)
+                await anyio.sleep(0.05)
+                while True:
+                    assert not await b.step(), "the standby took a lease that was held"
+                    await anyio.sleep(table.ttl_s / 4)
+        assert len(told) == 1 and told[0] > 0
+        assert a.takeovers == 1

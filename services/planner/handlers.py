@@ -140,8 +140,12 @@ class Planner:
     """Signs every placement published (``TAO_PLACEMENT_KEY``, :mod:`shared.infra.signing`)."""
     leader: Leadership | None = None
     """This replica's side of the domain's planner lease; None: the only planner (no election,
-    plans unfenced). While it does not lead, snapshots are dropped (:attr:`standby_skips`)."""
+    plans unfenced). While it does not lead, or has not yet fenced the domain at its epoch,
+    snapshots are dropped (:attr:`standby_skips`)."""
     standby_skips: int = 0
+    fenced: int = 0
+    """The epoch this replica has fenced the domain at (:meth:`on_leadership`): it plans only
+    under that epoch, so no plan of its own lands before a deposed leader's are refused."""
 
     def __post_init__(self) -> None:
         if self.thunder is None and is_thunderagent(self.policy.name):
@@ -183,6 +187,7 @@ class Planner:
         if not await self.store.fence(epoch):
             self.log.warning("lease_fence_refused", epoch=epoch)
             return
+        self.fenced = epoch  # plans may go on from here, beside the re-publishing below
         if self.thunder is not None:
             self.thunder = ThunderState.for_policy(self.policy.name, self.ta_interval_s)
         await self.resync()
@@ -194,7 +199,7 @@ class Planner:
         was when the solve began, so a lease lost meanwhile fences the plan out."""
         epoch = 0
         if self.leader is not None:
-            if not self.leader.leading:
+            if not self.leader.leading or self.fenced != self.leader.epoch:
                 self.standby_skips += 1
                 return None
             epoch = self.leader.epoch

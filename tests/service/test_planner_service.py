@@ -343,8 +343,10 @@ class TestLeadership:
         a.leader = frozen
         b.leader = Leadership(table, frozen.key, "b", clock=lambda: now[0])
         assert await frozen.step() and not await b.leader.step()
-        await a.on_leadership(frozen.epoch)
         await pool(store, 1000)
+        assert await a.plan_once(await snapshot(store, bus_a)) is None  # not fenced yet
+        assert a.standby_skips == 1
+        await a.on_leadership(frozen.epoch)
         assert await b.plan_once(await snapshot(store, bus_b)) is None
         assert b.standby_skips == 1 and placements(bus_b) == []
         applied = await a.plan_once(await snapshot(store, bus_a))

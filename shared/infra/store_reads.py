@@ -12,7 +12,9 @@ one write that does neither, a probe mark, is read every time and patched in). E
 set's cache keeps only the sessions of its latest read, so it is bounded by the set's size.
 The script gets one key and one argument per session (the residency key is the session key
 with its prefix swapped, built in Lua like ``apply.lua`` builds node keys): redis-py's
-per-argument encoding is the main client cost left.
+per-argument encoding is the main client cost left. :meth:`SessionReader.tick_read`, the
+valuation tick's read, does the same for a whole index set and every node in one call of
+``lua/read_index.lua`` (the set's members read in Redis, the cached tokens in one argument).
 
 :func:`idle_candidates` reads only ``node``, ``activity``, ``ended`` and ``updated_at`` of
 every stored session (the store's ``lua/batch_read.lua``, no JSON decode) and returns the ids

@@ -66,7 +66,7 @@ import orjson
 import redis.asyncio as aioredis
 import structlog
 
-from services.planner.handlers import INLINE_PAIRS, decode_snapshot
+from services.planner.handlers import decode_snapshot, solves_inline
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
@@ -435,7 +435,7 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         snap = decode_snapshot(data)
         t2 = time.perf_counter()
         core = snap.core
-        if len(core.candidates) * max(1, len(core.nodes)) <= INLINE_PAIRS:  # as the planner
+        if solves_inline(core):  # as the planner
             decision = solve(core)
         else:
             decision = await asyncio.to_thread(solve, core)

@@ -121,6 +121,11 @@ nodes solve in ~0.3 ms on the 2-core machine (docs/benchmarks.md), against ~0.5 
 the worker thread; a larger problem, which may run to the time limit, goes to the thread."""
 
 
+def solves_inline(core: TickSnapshot) -> bool:
+    """Whether the planner solves ``core`` on its event loop (:data:`INLINE_PAIRS`)."""
+    return len(core.candidates) * max(1, len(core.nodes)) <= INLINE_PAIRS
+
+
 @dataclass(slots=True)
 class Planner:
     """The planner service's state across ticks (one policy object: ``rr`` keeps state; under
@@ -231,7 +236,7 @@ class Planner:
                 self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
                 return forced
             t0 = time.perf_counter()
-            if len(core.candidates) * max(1, len(core.nodes)) <= INLINE_PAIRS:
+            if solves_inline(core):
                 decision = self._solve(core)  # short: a thread's hand-off would cost more
             else:
                 decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)

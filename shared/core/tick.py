@@ -221,6 +221,12 @@ def value_snapshot(
     versions: dict[str, int] = {}
     marks: dict[str, float | None] = {}
     skipped: dict[str, str] = {}
+
+    def credits_of(sid: str) -> dict[str, int]:
+        return decayed_credits(
+            residency.get(sid, {}), now, half_life_s=params.half_life_s, unit=params.credit_unit
+        )
+
     for s in sessions:
         if s.ended:
             continue
@@ -242,10 +248,7 @@ def value_snapshot(
         if in_tool:
             node = s.node
             assert node is not None
-            credits = decayed_credits(
-                residency.get(s.id, {}), now, half_life_s=params.half_life_s,
-                unit=params.credit_unit,
-            )  # fmt: skip
+            credits = credits_of(s.id)
             remaining = (
                 math.inf
                 if pred is None or s.tool is None
@@ -269,13 +272,9 @@ def value_snapshot(
             weight = max(weight, min(session_weight(s.tokens, 0, reserve), largest))
         why = [ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) for nv in nodes]
         ok = frozenset(nv.id for nv, no in zip(nodes, why, strict=True) if no is None)
-        if ok:  # the credit on the nodes it may go to (none to value where it fits nowhere)
-            credits = decayed_credits(
-                residency.get(s.id, {}), now, half_life_s=params.half_life_s,
-                unit=params.credit_unit,
-            )  # fmt: skip
-        else:
-            credits = {}
+        # the credit on the nodes it may go to (none to value where it fits nowhere)
+        credits = credits_of(s.id) if ok else {}
+        if not ok:
             skipped[s.id] = skip_reason(why)
         cands.append(
             TickCandidate(

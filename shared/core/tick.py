@@ -39,7 +39,7 @@ from shared.core.rules import (
     release_worth,
 )
 from shared.core.session import Session, admit, release
-from shared.core.signature import eligibility_digest
+from shared.core.signature import set_digest
 from shared.core.valuation import (
     Ineligibility,
     NodeView,
@@ -285,7 +285,7 @@ def value_snapshot(
                 ready=r.r,
                 credit={b: k for b, k in credits.items() if b in ok and k > 0},
                 eligible=ok,
-                digest=eligibility_digest(ok),
+                digest=set_digest(ok),
                 phase=s.phase,
                 rule=r.rule,
                 waiting_since=s.waiting_since if s.activity == "waiting" else None,

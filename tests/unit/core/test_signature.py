@@ -10,6 +10,7 @@ from shared.core.signature import (
     changed,
     eligibility_digest,
     selected,
+    set_digest,
     signature_of,
     signatures,
 )
@@ -41,6 +42,12 @@ class TestEligibilityDigest:
         assert d == d.lower()
         int(d, 16)
         assert d == eligibility_digest(("n2", "n1"))
+
+    @pytest.mark.parametrize("ids", [[], [""], ["n1"], ["n2", "n1", "n3"]])
+    def test_set_digest_is_the_digest(self, ids: list[str]) -> None:
+        """The cached digest of a frozen set is the digest of its ids, asked once or twice."""
+        assert set_digest(frozenset(ids)) == eligibility_digest(ids)
+        assert set_digest(frozenset(ids)) == eligibility_digest(ids)
 
 
 class TestChanged:

@@ -14,17 +14,21 @@ atomic:
   :func:`shared.core.tick.apply_decision` does on the live records and live free capacity;
   Redis runs scripts one at a time, so concurrent appliers can never over-commit a node.
 * :meth:`Store.update_sessions` / :meth:`Store.update_sessions_with` are the same for a batch
-  (the tools service's one-write-per-bus-fetch path): ``WATCH`` every touched hash, read them
-  all with one read-only script (``lua/batch_read.lua``: HMGET of the session fields), fold
-  the fns in Python (:func:`store_types.fold_updates`: one write per touched session), and
-  ``MULTI``/``EXEC`` one write script (``lua/batch_write.lua``: the changed fields of every
-  record, index-set moves only where membership changes, the net ``reserved`` moves only
-  where node or weight changed; built by :mod:`shared.infra.store_ops`) whose argument is
-  one JSON blob; any moved key fails the ``EXEC`` and the
-  whole batch runs again on fresh records. Three round trips and three commands per batch
-  (redis-py's per-command cost, not the network, is what limits a batch of single commands).
-  The read runs on a second pooled connection *after* the ``WATCH`` reply, so any write after
-  it still fails the ``EXEC``. The scripts never compute: Python decides, Lua copies.
+  (the tools service's one-write-per-bus-fetch path), checked in the write script instead of
+  a ``WATCH``: read every touched hash with one read-only script (``lua/batch_read.lua``:
+  HMGET of the session fields; with tool samples, pipelined with the tool statistics hash),
+  fold the fns in Python (:func:`store_types.fold_updates`: one write per touched session;
+  the samples folded into the statistics), and run one write script (``lua/batch_write.lua``,
+  its argument one JSON blob built by :mod:`shared.infra.store_ops`) that first checks that
+  every hash read still holds the ``v``, ``updated_at`` and ``probe`` that were read (every
+  writer bumps ``v`` but the probe mark) and every statistics field its old text, then writes
+  the changed fields of every record, index-set moves only where membership changes, the net
+  ``reserved`` moves only where node or weight changed, and the new statistics. If anything
+  moved it writes nothing and the whole batch runs again on fresh records. Two round trips
+  and two commands per batch, where ``WATCH``, the read, the statistics read and
+  ``MULTI``/``EXEC`` took four (redis-py's per-command cost, not the network, is what limits
+  a batch of single commands). The scripts never compute: Python decides, Lua copies and
+  compares.
 * :meth:`Store.record_tool` / :meth:`Store.record_tools` and :meth:`Store.put_node_status` are
   ``WATCH`` loops too.
 
@@ -63,8 +67,9 @@ from shared.infra.store_codec import (
     encode_session,
     encode_toolstats,
     read_chain,
+    str_map,
 )
-from shared.infra.store_ops import index_ops, reserve_ops, texts, write_args
+from shared.infra.store_ops import folded_toolstats, index_ops, reserve_ops, texts, write_args
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
     CHAIN_TTL_S,
@@ -215,37 +220,42 @@ class Store:
         if not updates:
             return []
         keys = {sid: self.keys.session(sid) for sid, _ in updates}
-        watched = [*keys.values(), *([self.keys.toolstats] if record is not None else [])]
-        async with self._pipe(True) as pipe:
-            while True:
+        key_list = list(keys.values())
+        while True:
+            raws, stored_stats = await self._read_for_write(key_list, record is not None)
+            olds = {sid: texts(raw) for sid, raw in zip(keys, raws, strict=True)}
+            stored = {
+                sid: None if f is None else decode_session_values(f) for sid, f in olds.items()
+            }
+            results, folded = fold_updates(updates, stored, encode_session)
+            samples = [] if record is None else list(record())
+            stats = folded_toolstats(samples, stored_stats)
+            if not folded.writes and not stats:
+                return results
+            numkeys, *args = write_args(self.keys, keys, olds, stored, folded, stats)
+            if await self._batch_write(keys=args[:numkeys], args=args[numkeys:]):
+                return results
+            # something moved since the read (0 from the check): read and fold again
+
+    async def _read_for_write(
+        self, keys: list[str], stats: bool
+    ) -> tuple[list[Any], Mapping[str, str]]:
+        """The session fields of ``keys`` (``lua/batch_read.lua``) and, with ``stats``, the
+        whole tool statistics hash, in one round trip."""
+        if not stats:
+            return await self._batch_read(keys=keys, args=SESSION_FIELDS), {}
+        while True:
+            async with self._pipe(False) as pipe:
+                pipe.execute_command(
+                    "EVALSHA", self._batch_read.sha, len(keys), *keys, *SESSION_FIELDS
+                )
+                pipe.hgetall(self.keys.toolstats)
                 try:
-                    await pipe.watch(*watched)
-                    raws = await self._batch_read(keys=list(keys.values()), args=SESSION_FIELDS)
-                    olds = {sid: texts(raw) for sid, raw in zip(keys, raws, strict=True)}
-                    stored = {
-                        sid: None if f is None else decode_session_values(f)
-                        for sid, f in olds.items()
-                    }
-                    results, folded = fold_updates(updates, stored, encode_session)
-                    samples = [] if record is None else list(record())
-                    stats = await self._folded_toolstats(samples)
-                    if not folded.writes and not stats:
-                        await pipe.unwatch()
-                        return results
-                    pipe.multi()
-                    if folded.writes:
-                        args = write_args(self.keys, keys, olds, stored, folded)
-                        # the command itself: redis-py's cluster pipeline blocks its evalsha()
-                        # method, not the command (every key here is in the domain's slot)
-                        pipe.execute_command("EVALSHA", self._batch_write.sha, *args)
-                    if stats:
-                        pipe.hset(self.keys.toolstats, mapping=stats)
-                    await pipe.execute()
-                    return results
-                except WatchError:
+                    raws, stored = await pipe.execute()
+                except NoScriptError:
+                    await self._r.script_load(_BATCH_READ)
                     continue
-                except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
-                    self._batch_write.sha = await self._r.script_load(_BATCH_WRITE)
+            return raws, str_map(stored)
 
     async def put_probe_marks(
         self, marks: Mapping[str, float | None], versions: Mapping[str, int] | None = None
@@ -487,17 +497,10 @@ class Store:
         StoreError / ValueError on a bad tool name or duration."""
         if not items:
             return {}
-        names = list(dict.fromkeys(tool for tool, _, _ in items))
-        fields = [tool_field(t) for t in names]
-        *own, overall = await self._r.hmget(self.keys.toolstats, [*fields, GLOBAL_TOOL_FIELD])
-        tools, total = fold_tools(
-            items,
-            {t: decode_toolstats(raw) for t, raw in zip(names, own, strict=True)},
-            decode_toolstats(overall),
-        )
-        mapping = {f: encode_toolstats(tools[t]) for t, f in zip(names, fields, strict=True)}
-        mapping[GLOBAL_TOOL_FIELD] = encode_toolstats(total)
-        return mapping
+        fields = [*dict.fromkeys(tool_field(t) for t, _, _ in items), GLOBAL_TOOL_FIELD]
+        got = await self._r.hmget(self.keys.toolstats, fields)
+        stored = {f: as_str(v) for f, v in zip(fields, got, strict=True) if v is not None}
+        return {f: new for f, _, new in folded_toolstats(items, stored)}
 
     async def history(self) -> History:
         raw = await self._r.hgetall(self.keys.toolstats)

@@ -6,17 +6,17 @@ pipeline is the caller's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 import msgspec
 
 from shared.core.session import Session
-from shared.infra.keys import Keys
-from shared.infra.store_codec import SESSION_FIELDS
-from shared.infra.store_types import Folded
+from shared.infra.keys import GLOBAL_TOOL_FIELD, Keys, tool_field
+from shared.infra.store_codec import SESSION_FIELDS, decode_toolstats, encode_toolstats
+from shared.infra.store_types import Folded, fold_tools
 
-__all__ = ["index_ops", "membership", "reserve_ops", "texts", "write_args"]
+__all__ = ["folded_toolstats", "index_ops", "membership", "reserve_ops", "texts", "write_args"]
 
 _json: Final = msgspec.json.Encoder()
 
@@ -69,18 +69,53 @@ def reserve_ops(pipe: Any, keys: Keys, old: Session | None, new: Session | None)
         pipe.hincrby(keys.node(new.node), "reserved", new.weight)
 
 
+def folded_toolstats(
+    items: Sequence[tuple[str, float, bool]], stored: Mapping[str, str]
+) -> list[tuple[str, str | None, str]]:
+    """``(field, stored text or None, new text)`` of every tool statistics field the samples
+    ``items`` ``(tool, duration, censored)`` fold into (each touched tool's, then the global
+    one), folded in order on ``stored`` (the hash as text); empty for no items. Raises
+    StoreError / ValueError on a bad tool name or duration."""
+    if not items:
+        return []
+    names = list(dict.fromkeys(tool for tool, _, _ in items))
+    fields = [tool_field(t) for t in names]
+    tools, total = fold_tools(
+        items,
+        {t: decode_toolstats(stored.get(f)) for t, f in zip(names, fields, strict=True)},
+        decode_toolstats(stored.get(GLOBAL_TOOL_FIELD)),
+    )
+    out = [
+        (f, stored.get(f), encode_toolstats(tools[t])) for t, f in zip(names, fields, strict=True)
+    ]
+    out.append((GLOBAL_TOOL_FIELD, stored.get(GLOBAL_TOOL_FIELD), encode_toolstats(total)))
+    return out
+
+
+_V, _PROBE, _UPDATED_AT = (SESSION_FIELDS.index(f) for f in ("v", "probe", "updated_at"))
+
+
 def write_args(
     keys_of: Keys,
     keys: Mapping[str, str],
     olds: Mapping[str, list[Any] | None],
     stored: Mapping[str, Session | None],
     folded: Folded[dict[str, str]],
+    stats: Sequence[tuple[str, str | None, str]] = (),
 ) -> list[Any]:
-    """``numkeys, *KEYS, ARGV[1]`` of ``lua/batch_write.lua``: per written session the
-    fields that differ from the stored hash, its index moves (only where membership
-    changes), and the net reserved moves."""
+    """``numkeys, *KEYS, ARGV[1]`` of ``lua/batch_write.lua``: the check of every session read
+    (its ``v``, ``updated_at`` and ``probe`` as read, or absent) and of every statistics field
+    ``stats`` folds into (``(field, old text or None, new text)``); per written session the
+    fields that differ from the stored hash, its index moves (only where membership changes),
+    and the net reserved moves."""
     index = {sid: i for i, sid in enumerate(keys, start=4)}
     node_keys = [keys_of.node(n) for n in folded.reserved]
+    checks: list[list[object]] = []
+    for sid, old in olds.items():
+        if old is None:
+            checks.append([index[sid], False])
+        else:
+            checks.append([index[sid], old[_V], old[_UPDATED_AT], old[_PROBE]])
     writes: list[list[object]] = []
     for sid, (new, fields) in folded.writes.items():
         old, prev = olds[sid], stored[sid]
@@ -98,5 +133,9 @@ def write_args(
     deltas = [[first_node + j, str(delta)] for j, delta in enumerate(folded.reserved.values())]
     all_keys = [keys_of.sessions, keys_of.pool, keys_of.admitted_tool]
     all_keys += [*keys.values(), *node_keys]
-    blob = _json.encode({"s": writes, "r": deltas})
-    return [len(all_keys), *all_keys, blob]
+    batch: dict[str, object] = {"c": checks, "s": writes, "r": deltas, "t": []}
+    if stats:
+        all_keys.append(keys_of.toolstats)
+        batch["k"] = len(all_keys)
+        batch["t"] = [[f, False if was is None else was, now] for f, was, now in stats]
+    return [len(all_keys), *all_keys, _json.encode(batch)]

@@ -249,6 +249,65 @@ class TestRealStoreScripts:
             await close()
 
 
+    @pytest.mark.parametrize("between", ["probe", "version", "statistics", "delete"])
+    async def test_write_between_read_and_write_is_folded_again(
+        self, redis_url: str, between: str
+    ) -> None:
+        """A write that lands after the batch's read and before its write script (a probe
+        mark, which keeps the version; another transition; a sample of the same tool; the
+        record deleted) makes the script write nothing: the batch reads again, folds again,
+        and lands on top of it, losing neither write."""
+        real, close = await open_store("redis", redis_url)
+        try:
+            assert isinstance(real, Store)
+            s = on_response(_waiting("t", at=1.0), 2.0, total_tokens=10, tool_calls=[("c", "ls")])
+            await real.update_session("t", _create(s))
+            reads = 0
+            read = real._read_for_write
+
+            async def read_then_write(keys: list[str], stats: bool) -> object:
+                nonlocal reads
+                reads += 1
+                got = await read(keys, stats)
+                if reads == 1:  # the other writer, between this batch's read and its write
+                    match between:
+                        case "probe":
+                            await real.put_probe_marks({"t": 4.5})
+                        case "version":
+                            await real.update_session("t", _bump)
+                        case "statistics":
+                            await real.record_tool("ls", 2.0)
+                        case "delete":
+                            await real.delete_session("t")
+                return got
+
+            real._read_for_write = read_then_write  # type: ignore[method-assign]
+            seen: list[Session | None] = []
+
+            def end(x: Session | None) -> Session | None:
+                seen.append(x)
+                return None if x is None else on_tool_end(x, "c", 5.5, source="gateway")[0]
+
+            def record() -> list[tuple[str, float, bool]]:
+                return [("ls", 3.5, False)] if seen[-1] is not None else []
+
+            out = await real.update_sessions([("t", end)], record=record)
+            assert reads == 2, "the check let a stale fold through, or refused a fresh one"
+            stored = await real.get_session("t")
+            assert out == [stored]
+            history = await real.history()
+            if between == "delete":
+                assert stored is None and history.of("ls").count == 0
+                return
+            assert stored is not None and stored.tool is not None
+            assert stored.tool.completed_at == 5.5
+            assert stored.probe_mark == (4.5 if between == "probe" else None)
+            assert stored.tokens == (11 if between == "version" else 10)
+            assert history.of("ls").count == (2 if between == "statistics" else 1)
+        finally:
+            await close()
+
+
 # --- batch == singles, on random transition sequences -----------------------------------------
 
 

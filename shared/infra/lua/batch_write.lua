@@ -1,15 +1,38 @@
--- Write one folded batch of session updates (Store.update_sessions_with, shared/infra/store.py).
--- Runs inside MULTI/EXEC under WATCH of every session hash, so it lands only if none moved.
+-- Check, then write one folded batch of session updates and tool samples
+-- (Store.update_sessions_with, shared/infra/store.py). One command: no WATCH, no MULTI/EXEC.
 --
 -- KEYS[1] sessions set, KEYS[2] pool set, KEYS[3] admitted_tool set, then the session hashes,
--- then the node hashes. ARGV[1] JSON {"s": [[key index, raw id, new 0/1, pooled, in tool,
--- field, value, field, value, ...], ...], "r": [[key index, reserved delta], ...]}.
--- `new` 1: the record did not exist (SADD to the sessions set). `pooled` / `in tool`: 1 add
--- to the index set, 0 remove from it, -1 membership unchanged (Python compared the stored
--- record with the new one under the WATCH). Only changed fields are sent. Every value is a
--- string written as given (floats are never formatted here); the deltas are integer strings
--- added with HINCRBY (0 included: the node hash then exists, as after the single updates).
+-- then the node hashes, then (only with tool samples) the tool statistics hash.
+-- ARGV[1] JSON {"c": [[key index, v, updated_at, probe], ...], "s": [[key index, raw id,
+-- new 0/1, pooled, in tool, field, value, field, value, ...], ...], "r": [[key index, reserved
+-- delta], ...], "t": [[field, old, new], ...], "k": key index of the statistics hash}.
+--
+-- 1. The check: every session hash the batch read must still hold what Python read and
+--    folded from: `v`, `updated_at` and `probe` as given ("" = no field), or no
+--    record at all (`v` false: no `data`). Every writer of a session hash bumps `v` (the
+--    transitions, lua/apply.lua) except the probe mark (lua/probe.lua), checked by itself;
+--    `updated_at` guards against a record deleted and made again meanwhile. Every statistics
+--    field the samples fold into must still hold its old text (false: absent). If anything
+--    moved, nothing is written and the reply is 0: Python reads again and folds again, as a
+--    failed EXEC under WATCH made it do.
+-- 2. The writes. `new` 1: the record did not exist (SADD to the sessions set). `pooled` /
+--    `in tool`: 1 add to the index set, 0 remove from it, -1 membership unchanged (Python
+--    compared the stored record with the new one). Only changed fields are sent. Every value
+--    is a string written as given (floats are never formatted here); the deltas are integer
+--    strings added with HINCRBY (0 included: the node hash then exists, as after the single
+--    updates). Returns 1.
 local batch = cjson.decode(ARGV[1])
+for _, c in ipairs(batch.c) do
+  local h = redis.call('HMGET', KEYS[c[1]], 'v', 'updated_at', 'probe', 'data')
+  if c[2] == false then
+    if h[4] then return 0 end
+  elseif not h[4] or (h[1] or '') ~= c[2] or (h[2] or '') ~= c[3] or (h[3] or '') ~= c[4] then
+    return 0
+  end
+end
+for _, t in ipairs(batch.t) do
+  if redis.call('HGET', KEYS[batch.k], t[1]) ~= t[2] then return 0 end
+end
 for _, w in ipairs(batch.s) do
   local key, sid = KEYS[w[1]], w[2]
   if #w > 5 then
@@ -32,4 +55,7 @@ end
 for _, r in ipairs(batch.r) do
   redis.call('HINCRBY', KEYS[r[1]], 'reserved', r[2])
 end
-return #batch.s
+for _, t in ipairs(batch.t) do
+  redis.call('HSET', KEYS[batch.k], t[1], t[3])
+end
+return 1

@@ -51,11 +51,14 @@ def _cell(nodes: int, domains: int, per_node: int, seeds: int, baselines: list[s
             m["tick_ms_p50"], m["tick_ms_p99"] = pct(ticks, 50), pct(ticks, 99)
             del res  # one run's records at a time: 256 nodes' runs take gigabytes
             rows.setdefault(label, []).append(m)
-            print(f"{nodes}:{domains} seed {seed} {label}: {time.perf_counter() - t0:.0f} s; "
-                  f"latency {m['latency_mean']}, TTFT {m.get('ttft_mean')}, "
-                  f"hit {m.get('prefix_hit_rate')}, tick p50/p99 {m['tick_ms_p50']}/"
-                  f"{m['tick_ms_p99']}, fallback {m.get('fallback_rate')}",
-                  file=sys.stderr, flush=True)  # fmt: skip (a row survives a later OOM kill)
+            print(
+                f"{nodes}:{domains} seed {seed} {label}: {time.perf_counter() - t0:.0f} s; "
+                f"latency {m['latency_mean']}, TTFT {m.get('ttft_mean')}, "
+                f"hit {m.get('prefix_hit_rate')}, tick p50/p99 {m['tick_ms_p50']}/"
+                f"{m['tick_ms_p99']}, fallback {m.get('fallback_rate')}",
+                file=sys.stderr,
+                flush=True,
+            )  # fmt: skip (a row survives a later OOM kill)
     print(f"\n{nodes} nodes, {per_node * nodes} workers and tasks (swe-lite), {seeds} seed(s)\n")
     print("| scheduler | latency s | TTFT s | hit rate | tick ms p50 / p99 | fallback rate "
           "| latency vs global % |")  # fmt: skip

@@ -150,7 +150,6 @@ class TestUpdateSessions:
         assert (a.weight, b.weight, c.weight) == (134, 112, 0)
         await _check_reserved(store)
 
-
     async def test_each_batch_reads_the_record_as_it_is_now(self, store: StateStore) -> None:
         """A batch sees what other paths wrote since the last batch, including writes that
         keep the version (probe marks) and a record made again with every small field equal
@@ -247,7 +246,6 @@ class TestRealStoreScripts:
             assert real._batch_write.sha != "0" * 40
         finally:
             await close()
-
 
     @pytest.mark.parametrize("between", ["probe", "version", "statistics", "delete"])
     async def test_write_between_read_and_write_is_folded_again(

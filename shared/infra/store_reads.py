@@ -10,11 +10,12 @@ whose version and ``updated_at`` are unchanged comes back as ``{v, updated_at, p
 and is not decoded again (every transition bumps the version and touches ``updated_at``; the
 one write that does neither, a probe mark, is read every time and patched in). Each index
 set's cache keeps only the sessions of its latest read, so it is bounded by the set's size.
-The script gets one key and one argument per session (the residency key is the session key
-with its prefix swapped, built in Lua like ``apply.lua`` builds node keys): redis-py's
-per-argument encoding is the main client cost left. :meth:`SessionReader.tick_read`, the
-valuation tick's read, does the same for a whole index set and every node in one call of
-``lua/read_index.lua`` (the set's members read in Redis, the cached tokens in one argument).
+The script gets one key and three arguments whatever the number of sessions: the cached
+tokens in one argument, each key built in Lua from its prefix and the escaped id (as
+``read_index.lua`` does), because redis-py's per-argument encoding was most of a large read
+(two arguments per session took half of a periodic tick's 1,000-session read).
+:meth:`SessionReader.tick_read`, the valuation tick's read, does the same for a whole index
+set and every node in one call of ``lua/read_index.lua`` (the set's members read in Redis).
 
 :func:`idle_candidates` reads only ``node``, ``activity``, ``ended`` and ``updated_at`` of
 every stored session (the store's ``lua/batch_read.lua``, no JSON decode) and returns the ids
@@ -207,22 +208,21 @@ class SessionReader:
         out: list[Session] = []
         found: ResidencyMap = {}
         keys = self._redis.keys
-        # the script swaps the session hash prefix for the residency one (same escaped id)
-        head = [keys.residency("x")[:-1] if residency else "", str(len(keys.session("x")) - 1)]
+        cut = len(keys.session("x")) - 1  # the session key's prefix: what is left is the token
+        head = [keys.session("x")[:cut], keys.residency("x")[:-1] if residency else ""]
         names = self._names.get(cache, {})
         fresh: dict[str, str] = {}
         for lo in range(0, len(ids), self.chunk):
             part = ids[lo : lo + self.chunk]
-            args = list(head)
-            for sid in part:
-                h = old.get(sid)
-                args.append("" if h is None else f"{h.v} {h.updated_at}")
-            kv: list[str] = []
+            lines: list[str] = []
             for sid in part:
                 key = names.get(sid) or keys.session(sid)
                 fresh[sid] = key
-                kv.append(key)
-            reply = await self._read(keys=kv, args=args)
+                h = old.get(sid)
+                lines.append(
+                    f"{key[cut:]} -\n" if h is None else f"{key[cut:]} {h.v} {h.updated_at}\n"
+                )
+            reply = await self._read(keys=[fresh[part[0]]], args=[*head, "".join(lines)])
             for j, sid in enumerate(part):
                 held = self._one(sid, reply[2 * j], old.get(sid))
                 if residency:

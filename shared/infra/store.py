@@ -252,8 +252,8 @@ class Store:
                 pipe.hgetall(self.keys.toolstats)
                 try:
                     raws, stored = await pipe.execute()
-                except NoScriptError:
-                    await self._r.script_load(_BATCH_READ)
+                except NoScriptError:  # the server lost its scripts (restart, SCRIPT FLUSH)
+                    self._batch_read.sha = await self._r.script_load(_BATCH_READ)
                     continue
             return raws, str_map(stored)
 

@@ -247,6 +247,21 @@ class TestRealStoreScripts:
         finally:
             await close()
 
+    async def test_lost_read_script_is_reloaded(self, redis_url: str) -> None:
+        """So is the read script of a batch that records samples (read in a pipeline with the
+        tool statistics, not through redis-py's script object)."""
+        real, close = await open_store("redis", redis_url)
+        try:
+            assert isinstance(real, Store)
+            await real.update_session("a", _create(_waiting("a")))
+            real._batch_read.sha = "0" * 40
+            out = await real.update_sessions([("a", _bump)], record=lambda: [("ls", 1.0, False)])
+            assert out == [await real.get_session("a")] and out[0] is not None
+            assert out[0].tokens == 1001 and (await real.history()).of("ls").count == 1
+            assert real._batch_read.sha != "0" * 40
+        finally:
+            await close()
+
     @pytest.mark.parametrize("between", ["probe", "version", "statistics", "delete"])
     async def test_write_between_read_and_write_is_folded_again(
         self, redis_url: str, between: str

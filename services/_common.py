@@ -19,13 +19,16 @@ from shared.infra.store_types import StateStore
 __all__ = ["leadership", "serve_forever", "store_from"]
 
 
-def store_from(settings: Settings, ctx: ServiceContext) -> StateStore:
-    """The Redis store of ``settings.domain`` on the runner's Redis client."""
+def store_from(settings: Settings, ctx: ServiceContext, *, cache: bool = False) -> StateStore:
+    """The Redis store of ``settings.domain`` on the runner's Redis client; with ``cache``,
+    keeping ``TAO_SESSION_CACHE`` session records as its batch writes left them (the tools
+    service: the only writer of most of its sessions' updates)."""
     from shared.infra.store import Store
 
     if ctx.redis is None:
         raise RuntimeError(f"{ctx.name} was started with needs_redis=False")
-    return Store(ctx.redis, domain=settings.domain)
+    size = settings.session_cache if cache else 0
+    return Store(ctx.redis, domain=settings.domain, cache_sessions=size)
 
 
 async def serve_forever() -> None:

@@ -73,7 +73,7 @@ async def start(
 
 async def main(settings: Settings, ctx: ServiceContext) -> None:
     """Service entry point for the runner."""
-    store = store_from(settings, ctx)
+    store = store_from(settings, ctx, cache=True)
     rules = policy_rules(get_policy(settings.policy))
     await start(
         store,

@@ -57,6 +57,8 @@ message names the variable, what is wrong and what was given
 |                           |           | NATS cluster, 3: a server may fail; docs/scale-out.md)  |
 | TAO_SHARD                 | 0/1       | this process's share, INDEX/COUNT: tools of the        |
 |                           |           | sessions, telemetry of the nodes (by id hash; shard.py) |
+| TAO_SESSION_CACHE         | 8192      | session records the tools service keeps as it wrote     |
+|                           |           | them (its batch then skips the read; >= 0, 0: off)      |
 | TAO_LOG_LEVEL             | info      | debug, info, warning or error                           |
 | TAO_LOG_FORMAT            | json      | json (JSON lines on stderr) or console                  |
 | TAO_NODES_FILE            | (unset)   | node inventory, TOML `[[node]]` tables (nodesfile.py)   |
@@ -149,6 +151,7 @@ class Settings:
     lease_ttl_s: float = 2.0
     replicas: int = 1
     shard: Shard = ONE
+    session_cache: int = 8192
     log_level: str = "info"
     log_format: str = "json"
     nodes: tuple[NodeSpec, ...] = field(default_factory=tuple)
@@ -403,6 +406,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "lease_ttl_s": ("TAO_LEASE_TTL_S", _lease_ttl),
     "replicas": ("TAO_REPLICAS", _integer(lo=1, hi=5)),
     "shard": ("TAO_SHARD", _shard),
+    "session_cache": ("TAO_SESSION_CACHE", _integer(lo=0)),
     "log_level": ("TAO_LOG_LEVEL", _choice(LOG_LEVELS)),
     "log_format": ("TAO_LOG_FORMAT", _choice(LOG_FORMATS)),
     "nodes": ("TAO_NODES", _nodes),

@@ -24,11 +24,24 @@ atomic:
   writer bumps ``v`` but the probe mark) and every statistics field its old text, then writes
   the changed fields of every record, index-set moves only where membership changes, the net
   ``reserved`` moves only where node or weight changed, and the new statistics. If anything
-  moved it writes nothing and the whole batch runs again on fresh records. Two round trips
+  moved it writes nothing and sends back what the moved hashes (and, if a statistics field
+  moved, the statistics hash) hold now, and the batch folds again on that. Two round trips
   and two commands per batch, where ``WATCH``, the read, the statistics read and
   ``MULTI``/``EXEC`` took four (redis-py's per-command cost, not the network, is what limits
   a batch of single commands). The scripts never compute: Python decides, Lua copies and
   compares.
+* With ``cache_sessions`` (the tools service: ``TAO_SESSION_CACHE``) the store keeps each
+  record as its last landed batch write left it (the fields' texts and the record, at most
+  that many, the least recently written dropped first) and the statistics hash likewise; a
+  batch whose records are all cached skips the read, so it is one round trip. The cache is
+  never trusted: the write script checks a cached record exactly as a read one (a batch
+  with nothing to write still runs the check), and a record another writer moved (the
+  planner's admission, a probe mark, another process) comes back in the script's reply. The
+  one write the check cannot see is a record deleted and made again with the same ``v``,
+  ``updated_at`` and ``probe``, which the read path risks only between its read and its
+  write: only the tools service deletes records, and it drops its cached copy when it does
+  (as on every single update and probe mark of its own); a second process deleting the
+  session would have to be another tools process of the same shard.
 * :meth:`Store.record_tool` / :meth:`Store.record_tools` and :meth:`Store.put_node_status` are
   ``WATCH`` loops too.
 
@@ -69,11 +82,19 @@ from shared.infra.store_codec import (
     read_chain,
     str_map,
 )
-from shared.infra.store_ops import folded_toolstats, index_ops, reserve_ops, texts, write_args
+from shared.infra.store_ops import (
+    FIRST_SESSION_KEY,
+    folded_toolstats,
+    index_ops,
+    reserve_ops,
+    texts,
+    write_args,
+)
 from shared.infra.store_stats import planner_stats_from, status_dict
 from shared.infra.store_types import (
     CHAIN_TTL_S,
     ChainsRead,
+    Folded,
     NodeRecord,
     NodeUpdate,
     Samples,
@@ -114,10 +135,20 @@ _BATCH_WRITE: Final = load_script("batch_write")
 _CHAIN_PAGE: Final = 256  # chains read per MGET on restore
 
 
+def _pairs(flat: Sequence[Any]) -> dict[str, str]:
+    """A flat ``HGETALL`` reply from a script, ``[field, value, ...]``, as text."""
+    it = iter(flat)
+    return {as_str(k): as_str(v) for k, v in zip(it, it, strict=True)}
+
+
 class Store:
     """Redis-backed :class:`~shared.infra.store_types.StateStore` for one scheduling domain."""
 
-    def __init__(self, redis: Redis, domain: str = "default") -> None:
+    def __init__(self, redis: Redis, domain: str = "default", *, cache_sessions: int = 0) -> None:
+        """``cache_sessions``: how many session records the batch writes keep as they wrote
+        them (0: none; the tools service's ``TAO_SESSION_CACHE``); see the module's notes."""
+        if cache_sessions < 0:
+            raise ValueError(f"cache_sessions must be >= 0, got {cache_sessions}")
         self.keys = Keys(domain)
         self.domain = self.keys.domain
         self._r = redis
@@ -126,6 +157,9 @@ class Store:
         self._probe = redis.register_script(_PROBE)
         self._batch_read = redis.register_script(_BATCH_READ)
         self._batch_write = redis.register_script(_BATCH_WRITE)
+        self._cache_size = cache_sessions
+        self._cache: dict[str, tuple[list[Any], Session]] | None = {} if cache_sessions else None
+        self._stats: dict[str, str] | None = None  # the statistics hash as last written
 
     def _pipe(self, transaction: bool) -> Any:
         """A pipeline (``Any``: redis-py's pipeline methods are only partly annotated)."""
@@ -172,6 +206,7 @@ class Store:
         duration, ``on_request``'s ended call): returns the stored record and the value of the
         call whose write won."""
         key = self.keys.session(sid)
+        self._forget([sid])
         async with self._pipe(True) as pipe:
             while True:
                 try:
@@ -220,22 +255,89 @@ class Store:
         if not updates:
             return []
         keys = {sid: self.keys.session(sid) for sid, _ in updates}
-        key_list = list(keys.values())
+        olds, stored, stored_stats = await self._before_write(keys, record is not None)
+        checked = self._cache is None  # else some records may be the cache's, not yet checked
         while True:
-            raws, stored_stats = await self._read_for_write(key_list, record is not None)
-            olds = {sid: texts(raw) for sid, raw in zip(keys, raws, strict=True)}
-            stored = {
-                sid: None if f is None else decode_session_values(f) for sid, f in olds.items()
-            }
             results, folded = fold_updates(updates, stored, encode_session)
             samples = [] if record is None else list(record())
             stats = folded_toolstats(samples, stored_stats)
-            if not folded.writes and not stats:
+            if not folded.writes and not stats and checked:
                 return results
             numkeys, *args = write_args(self.keys, keys, olds, stored, folded, stats)
-            if await self._batch_write(keys=args[:numkeys], args=args[numkeys:]):
+            reply = await self._batch_write(keys=args[:numkeys], args=args[numkeys:])
+            if reply == 1:
+                self._remember(olds, stored, folded, stats, stored_stats, record is not None)
                 return results
-            # something moved since the read (0 from the check): read and fold again
+            # something moved since the read or the cached write: the script sent what the
+            # moved hashes (and, if a field moved, the statistics) hold now; fold again
+            sids = list(keys)
+            for row in reply[0]:
+                sid = sids[int(row[0]) - FIRST_SESSION_KEY]
+                olds[sid] = fresh = texts(row[1:])
+                stored[sid] = None if fresh is None else decode_session_values(fresh)
+            if reply[1] is not None:
+                stored_stats = _pairs(reply[1])
+            checked = True
+
+    async def _before_write(
+        self, keys: Mapping[str, str], stats: bool
+    ) -> tuple[dict[str, list[Any] | None], dict[str, Session | None], Mapping[str, str]]:
+        """Each session's hash fields as text and its record (the cache's where it holds one,
+        else read), and with ``stats`` the tool statistics hash (likewise)."""
+        olds: dict[str, list[Any] | None] = {}
+        stored: dict[str, Session | None] = {}
+        cache = self._cache
+        missing = list(keys) if cache is None else [sid for sid in keys if sid not in cache]
+        if cache is not None:
+            for sid in keys.keys() - set(missing):
+                olds[sid], stored[sid] = cache.pop(sid)  # re-inserted (most recent) on success
+        want_stats = stats and (cache is None or self._stats is None)
+        if not missing and not want_stats:
+            return olds, stored, (self._stats or {}) if stats else {}
+        raws, stored_stats = await self._read_for_write([keys[s] for s in missing], want_stats)
+        for sid, raw in zip(missing, raws, strict=True):
+            olds[sid] = f = texts(raw)
+            stored[sid] = None if f is None else decode_session_values(f)
+        if stats and not want_stats:
+            stored_stats = self._stats or {}
+        return olds, stored, stored_stats
+
+    def _remember(
+        self,
+        olds: Mapping[str, list[Any] | None],
+        stored: Mapping[str, Session | None],
+        folded: Folded[dict[str, str]],
+        stats: Sequence[tuple[str, str | None, str]],
+        stored_stats: Mapping[str, str],
+        stats_known: bool,
+    ) -> None:
+        """After a write that landed: every record of the batch as it now is in Redis (the
+        written fields are exactly the encoded record's), and with ``stats_known`` (the
+        batch read or checked the statistics) the statistics hash."""
+        cache = self._cache
+        if cache is None:
+            return
+        for sid, old in olds.items():
+            if sid in folded.writes:
+                new, fields = folded.writes[sid]
+                cache[sid] = (list(fields.values()), new)
+            elif (record := stored[sid]) is not None:
+                cache[sid] = (old or [], record)
+            else:
+                cache.pop(sid, None)
+        while len(cache) > self._cache_size:
+            del cache[next(iter(cache))]  # the least recently written
+        if stats_known and (stats or self._stats is None):
+            now = dict(stored_stats)
+            now.update((f, text) for f, _, text in stats)
+            self._stats = now
+
+    def _forget(self, sids: Iterable[str]) -> None:
+        """Drop cached records another write of this store moved (only saves the failed
+        check: the write script would catch them)."""
+        if self._cache is not None:
+            for sid in sids:
+                self._cache.pop(sid, None)
 
     async def _read_for_write(
         self, keys: list[str], stats: bool
@@ -244,6 +346,8 @@ class Store:
         whole tool statistics hash, in one round trip."""
         if not stats:
             return await self._batch_read(keys=keys, args=SESSION_FIELDS), {}
+        if not keys:
+            return [], str_map(await self._r.hgetall(self.keys.toolstats))
         while True:
             async with self._pipe(False) as pipe:
                 pipe.execute_command(
@@ -264,6 +368,7 @@ class Store:
         session still has that version. Returns how many were written."""
         if not marks:
             return 0
+        self._forget(marks)
         keys: list[str] = []
         args: list[str] = []
         for sid, mark in marks.items():
@@ -276,6 +381,7 @@ class Store:
     async def delete_session(self, sid: str) -> bool:
         """Remove the record, its residency, its index entries and its reservation."""
         key, res = self.keys.session(sid), self.keys.residency(sid)
+        self._forget([sid])
         async with self._pipe(True) as pipe:
             while True:
                 try:
@@ -452,6 +558,7 @@ class Store:
         step = censor if censored else update
         step(ToolStats(), duration)  # validates before touching Redis
         key, field = self.keys.toolstats, tool_field(tool)
+        self._stats = None  # (only saves a failed check of the next recording batch)
         async with self._pipe(True) as pipe:
             while True:
                 try:
@@ -479,6 +586,7 @@ class Store:
             return
         fold_tools(items, dict.fromkeys((t for t, _, _ in items), ToolStats()), ToolStats())
         key = self.keys.toolstats
+        self._stats = None
         async with self._pipe(True) as pipe:
             while True:
                 try:
@@ -611,6 +719,9 @@ class Store:
 
     async def clear(self) -> int:
         """Delete every key of this domain (tests, ``tao reset``); returns how many."""
+        if self._cache is not None:
+            self._cache.clear()
+        self._stats = None
         n = 0
         batch: list[Any] = []
         async for key in self._r.scan_iter(match=self.keys.pattern(), count=500):

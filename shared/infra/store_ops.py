@@ -16,9 +16,19 @@ from shared.infra.keys import GLOBAL_TOOL_FIELD, Keys, tool_field
 from shared.infra.store_codec import SESSION_FIELDS, decode_toolstats, encode_toolstats
 from shared.infra.store_types import Folded, fold_tools
 
-__all__ = ["folded_toolstats", "index_ops", "membership", "reserve_ops", "texts", "write_args"]
+__all__ = [
+    "FIRST_SESSION_KEY",
+    "folded_toolstats",
+    "index_ops",
+    "membership",
+    "reserve_ops",
+    "texts",
+    "write_args",
+]
 
 _json: Final = msgspec.json.Encoder()
+FIRST_SESSION_KEY: Final = 4
+"""``KEYS`` index (1-based) of the first session hash in ``lua/batch_write.lua``."""
 
 
 def texts(raw: Any) -> list[Any] | None:
@@ -103,12 +113,13 @@ def write_args(
     folded: Folded[dict[str, str]],
     stats: Sequence[tuple[str, str | None, str]] = (),
 ) -> list[Any]:
-    """``numkeys, *KEYS, ARGV[1]`` of ``lua/batch_write.lua``: the check of every session read
-    (its ``v``, ``updated_at`` and ``probe`` as read, or absent) and of every statistics field
-    ``stats`` folds into (``(field, old text or None, new text)``); per written session the
-    fields that differ from the stored hash, its index moves (only where membership changes),
-    and the net reserved moves."""
-    index = {sid: i for i, sid in enumerate(keys, start=4)}
+    """``numkeys, *KEYS, *ARGV`` of ``lua/batch_write.lua`` (ARGV: the batch, then
+    :data:`SESSION_FIELDS`, the fields a moved hash is sent back with): the check of every
+    session read (its ``v``, ``updated_at`` and ``probe`` as read, or absent) and of every
+    statistics field ``stats`` folds into (``(field, old text or None, new text)``); per
+    written session the fields that differ from the stored hash, its index moves (only where
+    membership changes), and the net reserved moves."""
+    index = {sid: i for i, sid in enumerate(keys, start=FIRST_SESSION_KEY)}
     node_keys = [keys_of.node(n) for n in folded.reserved]
     checks: list[list[object]] = []
     for sid, old in olds.items():
@@ -129,7 +140,7 @@ def write_args(
                 if was != value or name == "data":
                     w += (name, value)
         writes.append(w)
-    first_node = 4 + len(keys)
+    first_node = FIRST_SESSION_KEY + len(keys)
     deltas = [[first_node + j, str(delta)] for j, delta in enumerate(folded.reserved.values())]
     all_keys = [keys_of.sessions, keys_of.pool, keys_of.admitted_tool]
     all_keys += [*keys.values(), *node_keys]
@@ -138,4 +149,4 @@ def write_args(
         all_keys.append(keys_of.toolstats)
         batch["k"] = len(all_keys)
         batch["t"] = [[f, False if was is None else was, now] for f, was, now in stats]
-    return [len(all_keys), *all_keys, _json.encode(batch)]
+    return [len(all_keys), *all_keys, _json.encode(batch), *SESSION_FIELDS]

@@ -1,5 +1,6 @@
 """The store under test, one per kind: in memory, Redis with byte replies, Redis with text
-replies, a Redis Cluster (3 masters) — each on a fresh uuid domain, with a coroutine that
+replies, Redis with the batch writes' session cache on (a small one, so that records are
+evicted too), a Redis Cluster (3 masters) — each on a fresh uuid domain, with a coroutine that
 deletes its keys afterwards."""
 
 from __future__ import annotations
@@ -14,7 +15,9 @@ from shared.infra.redisconn import open_redis
 from shared.infra.store import Store
 from shared.infra.store_types import StateStore
 
-STORE_KINDS = ("fake", "redis", "redis-text", "redis-cluster")
+STORE_KINDS = ("fake", "redis", "redis-text", "redis-cached", "redis-cluster")
+CACHED: int = 8
+"""Session records the ``redis-cached`` store keeps."""
 
 
 def url_for(request: pytest.FixtureRequest, kind: str) -> str:
@@ -36,7 +39,7 @@ async def open_store(kind: str, redis_url: str) -> tuple[StateStore, Callable[[]
 
         return fake, nothing
     client = open_redis(redis_url, decode_responses=kind == "redis-text")
-    real = Store(client, domain)
+    real = Store(client, domain, cache_sessions=CACHED if kind == "redis-cached" else 0)
 
     async def close() -> None:
         await real.clear()

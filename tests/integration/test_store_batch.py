@@ -262,39 +262,53 @@ class TestRealStoreScripts:
         finally:
             await close()
 
+    @pytest.mark.parametrize("cached", [False, True], ids=["read", "cached"])
     @pytest.mark.parametrize("between", ["probe", "version", "statistics", "delete"])
     async def test_write_between_read_and_write_is_folded_again(
-        self, redis_url: str, between: str
+        self, redis_url: str, between: str, cached: bool
     ) -> None:
-        """A write that lands after the batch's read and before its write script (a probe
-        mark, which keeps the version; another transition; a sample of the same tool; the
-        record deleted) makes the script write nothing: the batch reads again, folds again,
-        and lands on top of it, losing neither write."""
+        """A write that lands after the batch's read (``read``), or after the write the batch
+        took its cached record from (``cached``, the other write by another store) and before
+        the batch's write script: a probe mark, which keeps the version; another transition;
+        a sample of the same tool; the record deleted. The script writes nothing and sends
+        back what the moved hash (and the statistics) hold now; the batch folds again on that,
+        without reading, and lands on top of it, losing neither write."""
         real, close = await open_store("redis", redis_url)
         try:
             assert isinstance(real, Store)
             s = on_response(_waiting("t", at=1.0), 2.0, total_tokens=10, tool_calls=[("c", "ls")])
-            await real.update_session("t", _create(s))
+            if cached:
+                real = Store(real._r, real.domain, cache_sessions=4)
+                await real.update_sessions([("t", _create(s))], record=list)  # caches t, stats
+                other = Store(real._r, real.domain)
+            else:
+                await real.update_session("t", _create(s))
+                other = real
             reads = 0
             read = real._read_for_write
+
+            async def other_write() -> None:
+                match between:
+                    case "probe":
+                        await other.put_probe_marks({"t": 4.5})
+                    case "version":
+                        await other.update_session("t", _bump)
+                    case "statistics":
+                        await other.record_tool("ls", 2.0)
+                    case "delete":
+                        await other.delete_session("t")
 
             async def read_then_write(keys: list[str], stats: bool) -> object:
                 nonlocal reads
                 reads += 1
                 got = await read(keys, stats)
                 if reads == 1:  # the other writer, between this batch's read and its write
-                    match between:
-                        case "probe":
-                            await real.put_probe_marks({"t": 4.5})
-                        case "version":
-                            await real.update_session("t", _bump)
-                        case "statistics":
-                            await real.record_tool("ls", 2.0)
-                        case "delete":
-                            await real.delete_session("t")
+                    await other_write()
                 return got
 
             real._read_for_write = read_then_write  # type: ignore[method-assign]
+            if cached:
+                await other_write()
             seen: list[Session | None] = []
 
             def end(x: Session | None) -> Session | None:
@@ -305,7 +319,8 @@ class TestRealStoreScripts:
                 return [("ls", 3.5, False)] if seen[-1] is not None else []
 
             out = await real.update_sessions([("t", end)], record=record)
-            assert reads == 2, "the check let a stale fold through, or refused a fresh one"
+            assert len(seen) == 2, "the check let a stale fold through, or refused a fresh one"
+            assert reads == (0 if cached else 1), "the moved hash was read again"
             stored = await real.get_session("t")
             assert out == [stored]
             history = await real.history()
@@ -317,6 +332,36 @@ class TestRealStoreScripts:
             assert stored.probe_mark == (4.5 if between == "probe" else None)
             assert stored.tokens == (11 if between == "version" else 10)
             assert history.of("ls").count == (2 if between == "statistics" else 1)
+        finally:
+            await close()
+
+    async def test_cache_skips_reads_and_is_bounded(self, redis_url: str) -> None:
+        """A store with the session cache reads only the records it did not write last (and
+        the statistics once), keeps at most ``cache_sessions`` records, evicting the least
+        recently written, and returns what the plain store reads."""
+        real, close = await open_store("redis", redis_url)
+        try:
+            assert isinstance(real, Store)
+            cached = Store(real._r, real.domain, cache_sessions=4)
+            read_keys: list[list[str]] = []
+            read = cached._read_for_write
+
+            async def counted(keys: list[str], stats: bool) -> object:
+                read_keys.append([k.rsplit(":", 1)[-1] for k in keys] + ["stats"] * stats)
+                return await read(keys, stats)
+
+            cached._read_for_write = counted  # type: ignore[method-assign]
+            ids = [f"s{i}" for i in range(6)]
+            await real.update_sessions([(sid, _create(_waiting(sid))) for sid in ids])
+            await cached.update_sessions([(sid, _bump) for sid in ids])
+            assert read_keys == [ids]
+            await cached.update_sessions([(sid, _bump) for sid in ids[2:]], record=list)
+            assert read_keys[1:] == [["stats"]], "the last four written were read again"
+            await cached.update_sessions([("s0", _bump), ("s5", _bump)], record=list)
+            assert read_keys[2:] == [["s0"]], "s0 was evicted first, or the statistics re-read"
+            want = await real.sessions(ids)
+            assert [s.tokens for s in want] == [1002, 1001, 1002, 1002, 1002, 1003]
+            assert await cached.update_sessions([(sid, lambda s: None) for sid in ids]) == want
         finally:
             await close()
 
@@ -412,7 +457,7 @@ async def _batch_equals_singles(
 
 
 class TestBatchEqualsSingles:
-    @pytest.mark.parametrize("kind", ["fake", "redis", "redis-cluster"])
+    @pytest.mark.parametrize("kind", ["fake", "redis", "redis-cached", "redis-cluster"])
     @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
     @given(script=_script())
     def test_random_transitions(

@@ -57,11 +57,12 @@ import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 from typing import IO
 
+import msgspec
 import orjson
 import redis.asyncio as aioredis
 import structlog
@@ -131,7 +132,7 @@ def repark(world: World, sid: str, source: str) -> SessionFn:
         if s is None:
             return None
         fresh = parked_session(sid, world.tokens[sid], call_id, at, source)
-        return replace(fresh, version=s.version + 1, created_at=s.created_at)
+        return msgspec.structs.replace(fresh, version=s.version + 1, created_at=s.created_at)
 
     return step
 
@@ -168,11 +169,11 @@ async def seed(store: Store, n: int, nodes: int, rng: random.Random) -> World:
                 source="hook" if u < 0.25 else "gateway",
                 deadline=started + 120.0 if u < 0.1 else None,
             )  # fmt: skip
-            recs.append(replace(base, activity="tool", tool=call))
+            recs.append(msgspec.structs.replace(base, activity="tool", tool=call))
         elif u < 0.7:
-            recs.append(replace(base, activity="running", request_id=f"r{i}"))
+            recs.append(msgspec.structs.replace(base, activity="running", request_id=f"r{i}"))
         else:
-            recs.append(replace(base, activity="idle"))
+            recs.append(msgspec.structs.replace(base, activity="idle"))
     admitted = sum(r.weight for r in recs)
     demand = sum(world.tokens.values()) + RESERVE * n_park
     cap = 2 * (admitted + demand) // nodes + 1_000_000

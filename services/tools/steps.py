@@ -20,7 +20,9 @@ Rules on top of :mod:`shared.core.session` (the transitions themselves are the c
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
+
+import msgspec
 
 from shared.contracts.session import SessionCancel, SessionRequest, SessionResponse
 from shared.contracts.tool import ToolEnd, ToolProgress, ToolStart
@@ -118,7 +120,7 @@ def response_step(
             return None
         if ev.error is not None:
             back = on_response(cur, ev.finished_at, total_tokens=cur.tokens)
-            return replace(back, turns=cur.turns)
+            return msgspec.structs.replace(back, turns=cur.turns)
         u = ev.usage
         total = u.total_tokens or (u.prompt_tokens + u.completion_tokens)
         return on_response(

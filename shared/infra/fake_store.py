@@ -12,6 +12,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import TypeVar
 
+import msgspec
+
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, update
 from shared.core.session import Session
@@ -148,7 +150,9 @@ class FakeStore:
             want = None if versions is None else versions.get(sid)
             if s is None or (want is not None and s.version != want):
                 continue
-            self._sessions[sid] = replace(s, probe_mark=None if mark is None else float(mark))
+            self._sessions[sid] = msgspec.structs.replace(
+                s, probe_mark=None if mark is None else float(mark)
+            )
             written += 1
         return written
 

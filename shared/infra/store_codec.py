@@ -14,7 +14,6 @@ import math
 import sys
 from array import array
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any, Final
 
 import msgspec
@@ -100,12 +99,12 @@ def decode_session_fields(f: Mapping[str, str]) -> Session | None:
         return None
     try:
         base = _session_decoder.decode(f["data"])
-        return replace(
+        return msgspec.structs.replace(
             base,
             version=int(f["v"]),
             node=f["node"] or None,
             weight=int(f["weight"]),
-            activity=f["activity"],  # type: ignore[arg-type]
+            activity=f["activity"],
             ended=f["ended"] == "1",
             probe_mark=_opt_float(f["probe"]),
             updated_at=float(f["updated_at"]),
@@ -134,7 +133,7 @@ def decode_session_values(values: list[Any]) -> Session:
             and base.updated_at == float(updated_at)
         ):
             return base
-        return replace(
+        return msgspec.structs.replace(
             base,
             version=int(v),
             node=node or None,

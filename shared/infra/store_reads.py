@@ -32,8 +32,10 @@ here as ``store._r``) and key builder; its script is loaded with :func:`store.lo
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+import msgspec
 
 from shared.core.session import Session
 from shared.core.valuation import NodeView
@@ -250,7 +252,7 @@ class SessionReader:
             probe = _text(raw[2])
             self.reused += 1
             if probe != held.probe:
-                s = replace(held.session, probe_mark=_opt_float(probe))
+                s = msgspec.structs.replace(held.session, probe_mark=_opt_float(probe))
                 return _Held(held.v, held.updated_at, probe, s)
             return held
         values = texts(raw)

@@ -26,6 +26,8 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import replace
 
+import msgspec
+
 from shared.core.domains import DomainLoad, choose_domain, session_demand
 from shared.core.policies import PlanOptions, Policy, get_policy
 from shared.core.problem import Candidate, Node, PlanResult, Problem
@@ -433,7 +435,9 @@ class ThunderAgentScheduler(_Base):
         else:
             s = sim.sessions[sid]
             if s.node is not None:
-                sim.sessions[sid] = replace(s, weight=sim.agents[sid].ctx + BUFFER_PER_PROGRAM)
+                sim.sessions[sid] = msgspec.structs.replace(
+                    s, weight=sim.agents[sid].ctx + BUFFER_PER_PROGRAM
+                )
 
     def on_task_end(self, sid: str, t: float) -> None:
         self.ta.release(sid)

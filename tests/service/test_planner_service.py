@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import msgspec
 import pytest
 
 from services.planner.handlers import Planner, Snapshot, decode_snapshot
@@ -126,7 +125,9 @@ class TestPlanAndApply:
         snap = await snapshot(store, bus)
         s0 = await store.get_session("s0")
         assert s0 is not None
-        await store.update_session("s0", lambda s: replace(s0, version=s0.version + 1))
+        await store.update_session(
+            "s0", lambda s: msgspec.structs.replace(s0, version=s0.version + 1)
+        )
         applied = await planner(store, bus).plan_once(snap)
         assert applied is not None and applied.discarded and applied.changed == ("s0",)
         assert placements(bus) == []

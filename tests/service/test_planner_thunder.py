@@ -12,8 +12,9 @@ resume reserves ``tokens + 100``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
+import msgspec
 import pytest
 
 from services.planner.handlers import Planner, Snapshot, decode_snapshot
@@ -339,7 +340,7 @@ class TestMarkedReasoning:
         snap = await r.snapshot()
         s = await r.store.get_session("r_small")
         assert s is not None
-        moved = replace(s, version=s.version + 1)
+        moved = msgspec.structs.replace(s, version=s.version + 1)
         await r.store.update_session("r_small", lambda _o: moved)
         applied = await r.planner.plan_once(snap)
         assert applied is not None and applied.discarded
@@ -456,7 +457,7 @@ class TestForcedResume:
         snap = await r.snapshot()
         s = await r.store.get_session("w")
         assert s is not None
-        moved = replace(s, version=s.version + 1)
+        moved = msgspec.structs.replace(s, version=s.version + 1)
         await r.store.update_session("w", lambda _o: moved)
         await r.planner.plan_once(snap)
         w = await r.store.get_session("w")

@@ -4,9 +4,9 @@ decision is the same as on a snapshot that always lists them; the idle sweep run
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 
 import anyio
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -214,7 +214,7 @@ class TestSweepTask:
             s = Session(f"i{i:03d}", version=1, node="n1", weight=10, gateway_id="g",
                         updated_at=NOW - 400.0)  # fmt: skip
             await store.update_session(s.id, lambda _, s=s: s)
-        busy = replace(
+        busy = msgspec.structs.replace(
             _in_tool(1, "n1", 600, False), updated_at=NOW - 1.0
         )  # its tool started 1 s ago
         await store.update_session("a01", lambda _: busy)

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
+import msgspec
 import pytest
 from rich.console import Console
 
@@ -41,7 +40,8 @@ def text(view: TopView, frame: Frame) -> str:
         (waiting("a", 20_000, 0), [node("n1", 5000)], "more than any node holds"),
         (waiting("a", 10, 0), [node("n1", 5000, healthy=False)], "no node serves m"),
         (waiting("a", 10, 0), [node("n1", 5000, models=frozenset({"x"}))], "no node serves m"),
-        (replace(waiting("a", 10, 0), activity="tool", tool=ToolCall("c", "pytest", 1.0)),
+        (msgspec.structs.replace(waiting("a", 10, 0), activity="tool",
+                                 tool=ToolCall("c", "pytest", 1.0)),
          [node("n1", 0)], "in its tool (pytest)"),
     ],
 )  # fmt: skip

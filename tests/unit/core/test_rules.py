@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import msgspec
 import pytest
 
 from shared.core.interrupt import InterruptCandidate
@@ -187,7 +188,7 @@ class TestPaybackContext:
         capacity; pooled and ended sessions count nowhere, unhealthy nodes are left out."""
 
         def on(sid: str, node: str | None, tokens: int, ended: bool = False) -> Session:
-            return replace(Session(id=sid), node=node, tokens=tokens, ended=ended)
+            return msgspec.structs.replace(Session(id=sid), node=node, tokens=tokens, ended=ended)
 
         nodes = [
             NodeView(id="n0", capacity_tokens=10_000),
@@ -210,8 +211,12 @@ class TestPaybackContext:
         """Contexts at 95 % of a node run at target 0.9: inside the cache, so ``tao`` keeps
         every session; only the usable-capacity trigger releases one."""
         nodes = [NodeView(id="n0", capacity_tokens=10_000, target_utilisation=0.9)]
-        a = replace(Session(id="a"), node="n0", tokens=4_650, weight=4_650, activity="tool")
-        b = replace(Session(id="b"), node="n0", tokens=4_650, weight=4_650, activity="tool")
+        a = msgspec.structs.replace(
+            Session(id="a"), node="n0", tokens=4_650, weight=4_650, activity="tool"
+        )
+        b = msgspec.structs.replace(
+            Session(id="b"), node="n0", tokens=4_650, weight=4_650, activity="tool"
+        )
         rules = policy_rules(get_policy(policy))
         snap_ = value_snapshot([a, b], nodes, {}, History(), 0.0, rules=rules)
         assert bool(snap_.pressure) == paid_back
@@ -473,7 +478,7 @@ class TestGrowth:
         totals = [1_000, 1_600, 2_400, 3_000]
         for i, total in enumerate(totals):
             s, _ = on_request(s, f"r{i}", float(i))
-            s = replace(s, node="n0")
+            s = msgspec.structs.replace(s, node="n0")
             s = on_response(s, float(i) + 0.5, total_tokens=total, reserve=512, rules=DEFAULT_RULES)
         assert s.growth_n == 3 and s.growth_mean == pytest.approx(2_000 / 3)
         assert s.weight == 3_000 + round(2_000 / 3)

@@ -135,6 +135,13 @@ _BATCH_WRITE: Final = load_script("batch_write")
 _CHAIN_PAGE: Final = 256  # chains read per MGET on restore
 
 
+def _read_back(raw: Any) -> tuple[list[Any] | None, Session | None]:
+    """One HMGET reply of :data:`SESSION_FIELDS`: its texts (:func:`texts`) and its record
+    (None for both when the hash is absent)."""
+    f = texts(raw)
+    return f, None if f is None else decode_session_values(f)
+
+
 def _pairs(flat: Sequence[Any]) -> dict[str, str]:
     """A flat ``HGETALL`` reply from a script, ``[field, value, ...]``, as text."""
     it = iter(flat)
@@ -273,8 +280,7 @@ class Store:
             sids = list(keys)
             for row in reply[0]:
                 sid = sids[int(row[0]) - FIRST_SESSION_KEY]
-                olds[sid] = fresh = texts(row[1:])
-                stored[sid] = None if fresh is None else decode_session_values(fresh)
+                olds[sid], stored[sid] = _read_back(row[1:])
             if reply[1] is not None:
                 stored_stats = _pairs(reply[1])
             checked = True
@@ -291,15 +297,14 @@ class Store:
         if cache is not None:
             for sid in keys.keys() - set(missing):
                 olds[sid], stored[sid] = cache.pop(sid)  # re-inserted (most recent) on success
-        want_stats = stats and (cache is None or self._stats is None)
-        if not missing and not want_stats:
-            return olds, stored, (self._stats or {}) if stats else {}
-        raws, stored_stats = await self._read_for_write([keys[s] for s in missing], want_stats)
-        for sid, raw in zip(missing, raws, strict=True):
-            olds[sid] = f = texts(raw)
-            stored[sid] = None if f is None else decode_session_values(f)
-        if stats and not want_stats:
-            stored_stats = self._stats or {}
+        want_stats = stats and self._stats is None  # (always None without the cache)
+        stored_stats: Mapping[str, str] = (self._stats or {}) if stats else {}
+        if missing or want_stats:
+            raws, read_stats = await self._read_for_write([keys[s] for s in missing], want_stats)
+            for sid, raw in zip(missing, raws, strict=True):
+                olds[sid], stored[sid] = _read_back(raw)
+            if want_stats:
+                stored_stats = read_stats
         return olds, stored, stored_stats
 
     def _remember(
@@ -321,8 +326,8 @@ class Store:
             if sid in folded.writes:
                 new, fields = folded.writes[sid]
                 cache[sid] = (list(fields.values()), new)
-            elif (record := stored[sid]) is not None:
-                cache[sid] = (old or [], record)
+            elif old is not None and (record := stored[sid]) is not None:
+                cache[sid] = (old, record)
             else:
                 cache.pop(sid, None)
         while len(cache) > self._cache_size:

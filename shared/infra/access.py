@@ -15,7 +15,8 @@ tools    wake-ups, session ends, dead letters; consumes   writes sessions, their
 valuation snapshots, idle sessions' ends, dead letters;   writes probe marks and idle ends on
          core subscription to wake-ups                    sessions, reads the rest
 planner  **placements** (the only role that may), plans,  writes sessions, nodes' reservations,
-         dead letters; subscribes to snapshots             the planner's counters
+         replan wake-ups, dead letters; subscribes to     the planner's counters
+         snapshots
 gateway  session and tool events, hook payloads (its      **read only**: it cannot admit a
          ``POST /hooks``), dead letters; placements,      session by writing the store
          node status, session ends
@@ -147,7 +148,7 @@ NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
         leases=True,
     ),
     "planner": NatsGrant(
-        publish=(_S.placements(), _S.plan(), _DLQ),
+        publish=(_S.placements(), _S.plan(), _S.wake(), _DLQ),
         subscribe=(_S.valuation_snapshot(),),
         leases=True,
     ),

@@ -70,6 +70,18 @@ class TestNatsPermissions:
         allowed = {r for r, p in self.users.items() if _allows(p["publish"]["allow"], subject)}  # type: ignore[index]
         assert allowed == {"planner", ADMIN}
 
+    def test_the_services_core_subjects_are_granted(self) -> None:
+        """What each service publishes and subscribes to on core NATS (a refused core publish
+        fails silently: the planner's replan wake-ups went nowhere under access control)."""
+        wants = {
+            "tools": ([subjects.wake()], []),
+            "planner": ([subjects.wake(), subjects.plan()], [subjects.valuation_snapshot()]),
+        }
+        for role, (pubs, subs) in wants.items():
+            perms = self.users[role]
+            assert all(_allows(perms["publish"]["allow"], s) for s in pubs), role  # type: ignore[index]
+            assert all(_allows(perms["subscribe"]["allow"], s) for s in subs), role  # type: ignore[index]
+
     def test_a_hook_publishes_only_hook_subjects_and_calls_no_stream_api(self) -> None:
         hook = self.users["hook"]["publish"]["allow"]  # type: ignore[index]
         assert hook == [subjects.hook_events_all()]

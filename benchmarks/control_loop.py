@@ -33,8 +33,10 @@ removed afterwards):
    the tools line of the request, the planner line that admitted it and the valuation line of
    the same tick.
 5. **Tick time** — with the services stopped, the same code in this process against the same
-   Redis state: ``wake tick`` is ``Valuator.run_tick("wake")``, the tick on the tool end →
-   placement path (it reuses a context pressure and a history younger than 1 s); then
+   Redis state: ``wake tick`` is ``Valuator.run_tick("wake", {session})``, the tick on the
+   tool end → placement path (it reads the named session and every node, reuses the rest of
+   the pool, a context pressure and a history younger than 1 s; each plan applied is passed
+   to the valuator as the planner publishes it); then
    ``Valuator.run_tick`` as a periodic tick (store reads, every admitted session's context,
    ``value_snapshot``, probe marks, encode), snapshot decode, ``decide`` (where the planner
    runs it), ``store.apply``; each iteration first turns one parked session into a waiting,
@@ -71,7 +73,7 @@ from services.planner.handlers import decode_snapshot, solves_inline
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
-from shared.contracts.plan import Placement
+from shared.contracts.plan import Placement, Plan, WireAssignment
 from shared.contracts.session import SessionRequest
 from shared.contracts.tool import ToolEnd
 from shared.contracts.wake import Wake
@@ -390,6 +392,12 @@ def profile(log_dir: Path, samples: list[Sample]) -> dict[str, list[float]]:
     return out
 
 
+def tick_counts(log_dir: Path) -> tuple[int, int]:
+    """(valuation ticks, ticks that read only named sessions) in the log."""
+    lines = [r for r in _log_lines(log_dir / "valuation.log") if r.get("event") == "valuation_tick"]
+    return len(lines), sum(r.get("named") is not None for r in lines)
+
+
 def plan_counts(log_dir: Path) -> tuple[int, int, int]:
     """(plan ticks, plans discarded by the signature check, plans truncated) in the log."""
     lines = [r for r in _log_lines(log_dir / "planner.log") if r.get("event") == "plan_tick"]
@@ -422,11 +430,12 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         opts = PlanOptions(budget=settings.planner_budget, expired=lambda: time.monotonic() > end)
         return decide(core, policy, opts)
 
+    await valuator.run_tick("period")  # the whole read a wake tick's named read starts from
     for _ in range(ticks):
         sid = world.take()
         await store.update_session(sid, wake_step(sid, world.tokens[sid]))
         w0 = time.perf_counter()
-        await valuator.run_tick("wake")  # the tool end -> placement path's tick
+        await valuator.run_tick("wake", {sid})  # the tool end -> placement path's tick
         out["wake tick"].append((time.perf_counter() - w0) * 1000.0)
         fake.published.clear()
         t0 = time.perf_counter()
@@ -445,6 +454,7 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         t4 = time.perf_counter()
         if not applied.admitted:
             raise RuntimeError(f"tick bench: {sid} was not admitted ({applied})")
+        await valuator.on_plan(plan_of(decision), NO_DELIVERY)  # as the planner publishes it
         fake.published.clear()
         for part, a, b in (("valuation run_tick", t0, t1), ("decode", t1, t2),
                            ("solve", t2, t3), ("apply", t3, t4), ("total", t0, t4)):  # fmt: skip
@@ -461,6 +471,19 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         out["  value"].append((r2 - r1) * 1000.0)
         await store.update_session(sid, repark(world, sid, "gateway"))
     return out
+
+
+NO_DELIVERY = Delivery(subjects.plan(), {}, 1, None, 0.0)
+
+
+def plan_of(decision: Decision) -> Plan:
+    """The ``Plan`` the planner publishes for ``decision`` (its sessions, for the valuation)."""
+    return Plan(
+        tick=decision.tick,
+        policy="tao",
+        assignments=[WireAssignment(m.session, m.node) for m in decision.admits],
+        interrupts=[WireAssignment(m.session, m.node) for m in decision.interrupts],
+    )
 
 
 def wake_step(sid: str, tokens: int) -> SessionFn:
@@ -565,6 +588,7 @@ async def run_n(args: argparse.Namespace, n: int, urls: tuple[str, str]) -> dict
         procs = None
         out["profile"] = profile(log_dir, samples["request"])
         out["plans"] = plan_counts(log_dir)
+        out["vticks"] = tick_counts(log_dir)
         out["ticks"] = await tick_times(store, world, args.ticks)
     finally:
         if procs is not None:
@@ -598,8 +622,10 @@ def report(results: list[dict[str, object]], args: argparse.Namespace) -> None:
     print("\n(cells: p50 / p99)\n")
     for r in results:
         ticks, disc, trunc = r["plans"]  # type: ignore[misc]
+        vt, named = r["vticks"]  # type: ignore[misc]
         print(f"- N={r['n']:,}: {ticks} plan ticks, {disc} discarded (a selected session's "
-              f"version moved), {trunc} truncated")  # fmt: skip
+              f"version moved), {trunc} truncated; {vt} valuation ticks, {named} of them "
+              "named reads")  # fmt: skip
     print()
     print("### Tick time at N sessions (in-process, same code and Redis; ms)\n")
     print("| sessions | ticks | " + " | ".join(TICK_PARTS) + " |")

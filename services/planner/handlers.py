@@ -35,7 +35,7 @@ from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from shared.contracts.valuation import ValuationSnapshot
-from shared.contracts.wake import WAKE_REPLAN, Wake
+from shared.contracts.wake import WAKE_REPLAN, wake_for
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
 from shared.core.session import Session, admit
@@ -249,6 +249,11 @@ class Planner:
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
             applied = await self.store.apply(decision, self.clock(), epoch=epoch)
             placed = await self._publish_placements(core.tick, applied)
+        # The plan before the replan and the bookkeeping: the valuation re-reads the sessions it
+        # names at its next tick (it reuses the rest of its pool, services/valuation/handlers.py)
+        await self.bus.publish(
+            subjects.plan(), encode(_plan_msg(shown, self.policy.name, elapsed_ms))
+        )
         if applied.discarded and not applied.fenced:
             await self._ask_replan(applied)
         # Bookkeeping after the placements are out: it is off the tool-end -> placement path.
@@ -257,9 +262,6 @@ class Planner:
         )
         if self.thunder is not None and not applied.discarded:
             self.thunder.applied(applied.sessions)
-        await self.bus.publish(
-            subjects.plan(), encode(_plan_msg(shown, self.policy.name, elapsed_ms))
-        )
         _trace_plan(core.tick, self.policy.name, decision, applied, t_started, elapsed_ms)
         self.log.info(
             "plan_tick",
@@ -371,8 +373,7 @@ class Planner:
         benchmarks/control_loop.py's bursts before this). The simulator's planner does the
         same (shared/sim/cluster.py, ``apply``: a discarded plan starts the next round at once).
         A deposed leader's fenced plan asks nothing."""
-        sid = applied.changed[0] if len(applied.changed) == 1 else None
-        wake = Wake(reason=WAKE_REPLAN, ts=self.clock(), session_id=sid)
+        wake = wake_for(WAKE_REPLAN, self.clock(), applied.changed)
         await self.bus.publish(subjects.wake(), encode(wake))
 
     async def _publish_placements(self, tick: int, applied: Applied) -> int:

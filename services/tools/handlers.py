@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
 
@@ -33,7 +34,7 @@ from shared.contracts.session import (
     SessionResponse,
 )
 from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
-from shared.contracts.wake import WAKE_ARRIVAL, WAKE_CANCEL, WAKE_END, WAKE_TOOL_END, Wake
+from shared.contracts.wake import WAKE_ARRIVAL, WAKE_CANCEL, WAKE_END, WAKE_TOOL_END, wake_for
 from shared.core.rules import TaoRules
 from shared.core.session import Session, on_end
 from shared.infra import tracing
@@ -97,10 +98,8 @@ class ToolsHandlers:
         self.foreign += len(items) - len(kept)
         return kept
 
-    async def _wake(self, reason: str, sid: str | None) -> None:
-        await self.bus.publish(
-            subjects.wake(), encode(Wake(reason=reason, ts=time.time(), session_id=sid))
-        )
+    async def _wake(self, reason: str, sids: Collection[str]) -> None:
+        await self.bus.publish(subjects.wake(), encode(wake_for(reason, time.time(), sids)))
 
     async def on_session_batch(self, items: list[tuple[SessionEvent, Delivery]]) -> None:
         """SessionRequest / Response / Cancel → each record's transition, batched into one
@@ -136,7 +135,7 @@ class ToolsHandlers:
             if reason is not None and out.skipped is None:
                 woken.setdefault(reason, set()).add(ev.session_id)
         for reason, sids in woken.items():
-            await self._wake(reason, next(iter(sids)) if len(sids) == 1 else None)
+            await self._wake(reason, sids)
         self.handled += len(items)
         self._log_sessions(items, outs, recs, deleted)
 
@@ -201,7 +200,7 @@ class ToolsHandlers:
 
         # one transaction for the batch's records and the durations their ends record: a crash
         # in between would leave an end that its redelivery skips as a duplicate, unrecorded
-        await self.store.update_sessions(steps, record=record)
+        stored = await self.store.update_sessions(steps, record=record)
         ended = {
             ev.session_id
             for (ev, _), out in zip(items, outs, strict=True)
@@ -210,8 +209,9 @@ class ToolsHandlers:
         for (ev, d), out in zip(items, outs, strict=True):
             if isinstance(ev, ToolEnd) and out.duration is not None and not ev.censored:
                 _trace_tool(ev, out.duration, d)
-        if ended:
-            await self._wake(WAKE_TOOL_END, next(iter(ended)) if len(ended) == 1 else None)
+        if ended:  # it names the pooled sessions the batch changed too (a start, a progress)
+            pooled = {rec.id for rec in stored if rec is not None and rec.pooled}
+            await self._wake(WAKE_TOOL_END, ended | pooled)
         self.handled += len(items)
         single = items[0][0] if len(items) == 1 else None
         self.log.info(

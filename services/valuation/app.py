@@ -2,8 +2,10 @@
 
 A core-NATS subscription to ``tao.v1.wake`` (published by the tools service after a tool end
 or an arrival was written) triggers an early tick after ``TAO_DEBOUNCE_S``, so a burst of
-wake-ups costs one tick. The idle sweep runs in its own task every ``sweep_period`` seconds
-(:func:`sweep_loop`), so a long sweep never holds a tick back. Run:
+wake-ups costs one tick; it reads only the sessions the wake-ups name, and those of the plans
+heard on ``tao.v1.plan`` (a second core-NATS subscription), reusing the rest of the pool for up
+to a second (``Valuator.pool_every_s``). The idle sweep runs in its own task every
+``sweep_period`` seconds (:func:`sweep_loop`), so a long sweep never holds a tick back. Run:
 ``python -m services.valuation`` (needs NATS and Redis).
 
 With ``TAO_LEASE_TTL_S`` > 0 replicas elect one leader per domain (:mod:`shared.infra.lease`);
@@ -22,6 +24,7 @@ from services.planner.thunder import is_thunderagent
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode
+from shared.contracts.plan import Plan
 from shared.contracts.wake import Wake
 from shared.core.policies import get_policy
 from shared.core.tick import policy_rules
@@ -52,14 +55,21 @@ TIMER_RESOLUTION_S: Final = 0.001
 class Ticker:
     """Wakes the tick loop early on a wake-up message (debounced: ``debounce_s`` after the
     first wake-up, during which further ones are taken together; below
-    :data:`TIMER_RESOLUTION_S`, one pass of the event loop)."""
+    :data:`TIMER_RESOLUTION_S`, one pass of the event loop), and gathers the sessions the
+    wake-ups name (:attr:`named`: ``None`` once one of them names none)."""
 
     def __init__(self) -> None:
         self.event = anyio.Event()
         self.wakes = 0
+        self.named: set[str] | None = set()
 
     async def on_wake(self, msg: Wake, d: Delivery) -> None:
         self.wakes += 1
+        names = msg.names()
+        if names is None:
+            self.named = None
+        elif self.named is not None:
+            self.named |= names
         self.event.set()
 
     async def wait(self, timeout_s: float, debounce_s: float) -> str:
@@ -74,6 +84,11 @@ class Ticker:
             await anyio.sleep(debounce_s if debounce_s >= TIMER_RESOLUTION_S else 0)
         self.event = anyio.Event()
         return reason
+
+    def take(self) -> set[str] | None:
+        """The sessions named since the last call (``None``: one wake-up named none)."""
+        named, self.named = self.named, set()
+        return named
 
 
 def _standby(leader: Leadership | None) -> bool:
@@ -101,9 +116,10 @@ async def tick_loop(
     reason = "start"
     while True:
         started = anyio.current_time()
+        named = ticker.take()  # what the wake-ups named up to now; later ones wake the next
         try:
             if not _standby(leader):
-                await valuator.run_tick(reason)
+                await valuator.run_tick(reason, named)
         except Exception:  # Redis or NATS hiccup: log it, tick again next period
             valuator.log.exception("valuation_tick_failed", tick=valuator.tick)
         remaining = max(0.0, settings.tick_s - (anyio.current_time() - started))
@@ -126,6 +142,7 @@ async def run(
     )
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)
+    await bus.subscribe(subjects.plan(), name, lambda b: decode(b, Plan), valuator.on_plan)
     leader = await leadership(settings, bus, NAME)
     async with anyio.create_task_group() as tg:
         if leader is not None:

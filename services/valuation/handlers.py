@@ -15,6 +15,18 @@ probe mark matters only to the interrupt rule, which runs only on those ticks. U
 ``thunderagent`` / ``thunderagent-ideal`` the candidates are always read (its pause rule counts
 acting programs).
 
+A wake-up tick (the tool end → placement path) reads only the sessions that can have changed
+since the last read: those its wake-ups named (the tools service names the sessions it wrote,
+the planner's replan the ones that moved), those of the plans heard on ``tao.v1.plan`` since
+(:meth:`Valuator.on_plan`: admitted, interrupted, or discarded), those listed by the snapshots
+the planner has not answered yet (it may have applied them before its plan arrives), and those
+the idle sweep ended; plus every node. The rest of the pool is what the last whole read saw. A
+periodic tick, a wake-up that names nobody, and a wake-up tick ``pool_every_s`` (1 s) after the
+last whole read read the pool whole, so a record changed without a wake-up (a tool start of a
+pooled session in a batch with no tool end) or a residency moved by the telemetry is seen
+within a second; a plan that selects such a record is discarded by the apply's version check
+and its replan names it. ThunderAgent's policies always read whole.
+
 Reads go through :class:`shared.infra.store_reads.SessionReader`: on Redis one script call per
 1,000 sessions that returns full fields only for sessions whose version changed since the
 previous tick (decoded records are kept): a few round trips, and JSON decoding only for the
@@ -45,7 +57,7 @@ period (:mod:`services.valuation.app`), never inside a tick.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -58,6 +70,7 @@ from services.planner.thunder import Held, held_sessions
 from shared.contracts import subjects
 from shared.contracts.codec import encode
 from shared.contracts.domain import DomainLoadReport
+from shared.contracts.plan import Plan
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
 from shared.core.domains import domain_load
@@ -66,12 +79,13 @@ from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
 from shared.core.tick import Residency, TickSnapshot, context_pressure, value_snapshot
 from shared.core.valuation import NodeView, ValuationParams
-from shared.infra.busapi import MessageBus
+from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.settings import Settings
 from shared.infra.store_reads import SessionReader, idle_candidates, is_idle
 from shared.infra.store_types import SessionFnWith, StateStore
 
 __all__ = [
+    "OUTSTANDING_S",
     "PAYLOAD_MARGIN",
     "SWEEP_BATCH",
     "SWEEP_PUBLISHES",
@@ -86,6 +100,9 @@ SWEEP_BATCH = 256
 """Sessions per idle-sweep batch update (one transaction each; a conflict retries one batch)."""
 SWEEP_PUBLISHES = 64
 """``SessionEnd`` publishes the idle sweep keeps in flight at once."""
+OUTSTANDING_S = 5.0
+"""How long a published snapshot waits for the planner's answer before it counts as
+superseded (or as published while no planner led): far above a solve's time limit."""
 
 
 def params_from(settings: Settings) -> ValuationParams:
@@ -212,10 +229,58 @@ class Valuator:
     younger than :attr:`pressure_every_s` (a second's new samples barely move the readiness
     estimates; a periodic tick always reads it)."""
     history_at: float | None = None
+    pool_every_s: float = 1.0
+    """How long a wake-up tick may reuse the pool of the last whole read: it reads only the
+    sessions named by its wake-ups, by the planner's plans since the last read and by the
+    snapshots the planner has not answered yet, and every node (``named``); a periodic tick, a
+    wake-up that names no session, and a wake-up tick later than this after the last whole
+    read read the pool whole."""
+    pool_at: float | None = None
+    """When the last whole read of the pool began."""
+    moved: set[str] = field(default_factory=set)
+    """Sessions whose records changed outside any wake-up since the last read began: those of
+    the plans received (admitted, interrupted, or discarded) and of the idle sweep."""
+    outstanding: dict[int, tuple[float, frozenset[str]]] = field(default_factory=dict)
+    """Published snapshots the planner has not answered with a plan yet: tick → (published at,
+    the sessions listed). Its apply may move them before its plan arrives."""
+    answered: int = 0
+    """The newest tick of this valuation a plan answered."""
+    named_ticks: int = 0
+    """Ticks that read only named sessions."""
 
     def __post_init__(self) -> None:
         if self.reader is None:
             self.reader = SessionReader(self.store)
+
+    async def on_plan(self, msg: Plan, d: Delivery) -> None:
+        """A plan the planner applied (or discarded): its sessions are read again at the next
+        tick, and the snapshots up to its tick are answered (the planner plans the newest
+        snapshot it has, so an older one left unanswered was superseded)."""
+        self.moved.update(a.session for a in msg.assignments)
+        self.moved.update(a.session for a in msg.interrupts)
+        if msg.tick <= self.tick:  # a tick of this valuation (another one's counts apart)
+            self.answered = max(self.answered, msg.tick)
+            for t in [t for t in self.outstanding if t <= self.answered]:
+                del self.outstanding[t]
+
+    def _names(self, named: Collection[str] | None, reason: str, now: float) -> set[str] | None:
+        """The sessions a tick reads, or ``None`` to read the whole pool (module docstring)."""
+        whole = (
+            named is None
+            or reason != "wake"
+            or self.thunderagent
+            or self.pool_at is None
+            or now - self.pool_at >= self.pool_every_s
+        )
+        for t in [t for t, (at, _) in self.outstanding.items() if now - at > OUTSTANDING_S]:
+            del self.outstanding[t]  # superseded, or no planner leads: nothing will answer
+        moved, self.moved = self.moved, set()
+        if whole:
+            return None
+        names = set(named or ()) | moved
+        for _, listed in self.outstanding.values():
+            names |= listed
+        return names
 
     async def _report_load(self, views: list[NodeView], pool: list[Session], now: float) -> None:
         """Publish the domain's load for the gateways' upper-level choice (a lost one is
@@ -234,14 +299,27 @@ class Valuator:
         except Exception as exc:
             self.log.warning("domain_load_unpublished", error=f"{type(exc).__name__}: {exc}")
 
-    async def run_tick(self, reason: str = "period") -> TickSnapshot:
+    async def run_tick(
+        self, reason: str = "period", named: Collection[str] | None = None
+    ) -> TickSnapshot:
         """Value the pool now (and the interrupt candidates when they can matter); persist
-        changed probe marks; publish the snapshot if useful."""
+        changed probe marks; publish the snapshot if useful. ``named``: the sessions the
+        wake-ups named (``None``: one named none), read alone when the rest of the pool may be
+        reused (:attr:`pool_every_s`)."""
         reader = self.reader
         assert reader is not None
         self.tick += 1
         now = self.clock()
-        pool, residency, views = await reader.tick_read("pool")
+        names = self._names(named, reason, now)
+        if names is None:
+            self.pool_at = now
+        else:
+            self.named_ticks += 1
+        try:
+            pool, residency, views = await reader.tick_read("pool", names)
+        except BaseException:
+            self.pool_at = None  # the names taken are lost with this tick: read whole next
+            raise
         history = self.history
         stale = self.history_at is None or now - self.history_at >= self.pressure_every_s
         if history is None or reason != "wake" or stale:
@@ -295,6 +373,7 @@ class Valuator:
         stored = {s.id: s.probe_mark for s in sessions}
         marks = {sid: m for sid, m in snap.probe_marks.items() if stored.get(sid) != m}
         written = await self.store.put_probe_marks(marks, snap.versions) if marks else 0
+        reader.note_probe_marks("pool", marks)
         held: list[Held] | None = None
         if self.thunderagent:
             rest = (await self.store.session_ids()) - set(stored)
@@ -312,6 +391,9 @@ class Valuator:
             data, deferred = fit_payload(to_wire(snap, views, held), self.bus.max_payload)
             await self.bus.publish(subjects.valuation_snapshot(), data)
             self.published += 1
+            listed = frozenset(c.id for c in snap.candidates) | {c.id for c in snap.interrupts}
+            if listed:
+                self.outstanding[self.tick] = (now, listed)
         self.last_nonempty = bool(
             snap.candidates or snap.overflow or snap.pressure or snap.stranded
         )
@@ -329,6 +411,7 @@ class Valuator:
             marks_written=written,
             published=publish,
             deferred=deferred or None,
+            named=None if names is None else len(names),
             **skipped_fields(snap.skipped),
         )
         return snap
@@ -360,6 +443,7 @@ class Valuator:
             for sid, rec in ended:
                 tg.start_soon(publish, sid, rec.gateway_id)
         names = [sid for sid, _ in ended]
+        self.moved.update(names)  # left the pool: the next named read must see it
         self.log.info("idle_sweep", ended=len(names), sessions=names or None)
         return names
 

@@ -13,7 +13,7 @@ telemetry node status, dead letters; consumes session      writes nodes and resi
 tools    wake-ups, session ends, dead letters; consumes   writes sessions, their index sets and
          session, tool and hook events                    tool statistics, reads nodes
 valuation snapshots, idle sessions' ends, dead letters;   writes probe marks and idle ends on
-         core subscription to wake-ups                    sessions, reads the rest
+         core subscriptions to wake-ups and plans         sessions, reads the rest
 planner  **placements** (the only role that may), plans,  writes sessions, nodes' reservations,
          replan wake-ups, dead letters; subscribes to     the planner's counters
          snapshots
@@ -144,7 +144,7 @@ NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
     ),
     "valuation": NatsGrant(
         publish=(_S.valuation_snapshot(), _S.session_events("end"), _DLQ),
-        subscribe=(_S.wake(),),
+        subscribe=(_S.wake(), _S.plan()),
         leases=True,
     ),
     "planner": NatsGrant(

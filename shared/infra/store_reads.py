@@ -31,7 +31,7 @@ here as ``store._r``) and key builder; its script is loaded with :func:`store.lo
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
@@ -69,6 +69,17 @@ def _text(x: Any) -> str:
     if x is None:
         return ""
     return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def _views(flat_nodes: Sequence[Any]) -> list[NodeView]:
+    """read_index.lua's node replies (id, flat HGETALL, ...) as views, by id."""
+    views: list[NodeView] = []
+    pairs = sorted((_text(flat_nodes[j]), flat_nodes[j + 1]) for j in range(0, len(flat_nodes), 2))
+    for node, flat in pairs:
+        rec = decode_node(node, dict(zip(flat[::2], flat[1::2], strict=True)))
+        if rec is not None:
+            views.append(rec.view())
+    return views
 
 
 def _opt_float(text: str) -> float | None:
@@ -141,6 +152,8 @@ class SessionReader:
             self._read_index = self._redis._r.register_script(_READ_INDEX)
         self._res: dict[str, dict[str, _Parsed]] = {}
         """Per cache, each session's last residency reply and its parse (reused while equal)."""
+        self._whole: set[str] = set()
+        """The index sets read whole at least once: a named read reuses the rest of them."""
 
     async def index(self, which: Index) -> tuple[list[Session], ResidencyMap]:
         """The sessions of index set ``which`` (sorted by id, absent ones skipped) and the
@@ -148,11 +161,23 @@ class SessionReader:
         ids = await (self.store.pool_ids() if which == "pool" else self.store.admitted_tool_ids())
         return await self.read(sorted(ids), which)
 
-    async def tick_read(self, which: Index) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
+    async def tick_read(
+        self, which: Index, named: Collection[str] | None = None
+    ) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
         """:meth:`index` and the store's ``node_views()`` as of one instant: on Redis one
         ``EVALSHA`` of ``lua/read_index.lua`` (the set's members, their records as
         :meth:`read` gets them, their residency and every node hash), whatever the set's size
-        up to :attr:`chunk` members; a larger set is read as :meth:`index` does."""
+        up to :attr:`chunk` members; a larger set is read as :meth:`index` does.
+
+        ``named`` (a wake-up tick's read): only these sessions are read, with whether each is
+        still a member, and every node; the rest of the set is what the last read held (its
+        records and residency as they were then). Without an earlier read of ``which``, or
+        with more than :attr:`chunk` names, the whole set is read."""
+        if named is not None and which in self._whole and len(named) <= self.chunk:
+            if self._redis is None:
+                return await self._named_apart(which, named)
+            return await self._named(which, named)
+        self._whole.add(which)
         if self._redis is None or len(self._held.get(which, {})) > self.chunk:
             return await self._tick_read_apart(which)  # past a chunk: one call holds Redis long
         keys = self._redis.keys
@@ -160,40 +185,120 @@ class SessionReader:
         names = self._names.get(which, {})
         cut = len(keys.session("x")) - 1  # the session key's prefix: what is left is the token
         lines = [f"{names[sid][cut:]} {h.v} {h.updated_at}\n" for sid, h in old.items()]
-        index_key = keys.pool if which == "pool" else keys.admitted_tool
-        args = [keys.session("x")[:cut], keys.residency("x")[:-1], keys.node_prefix]
-        args += ["".join(lines), keys.nodes]
-        members, flat_nodes = await self._read_index(keys=[index_key], args=args)
+        members, flat_nodes = await self._read_index(
+            keys=[self._index_key(which)], args=[*self._prefixes(), "".join(lines), keys.nodes]
+        )
         if len(members) // 3 > self.chunk:  # it grew past a chunk meanwhile: read it in chunks
             return await self._tick_read_apart(which)
-        replies = sorted(
-            (_text(members[j]), members[j + 1], members[j + 2]) for j in range(0, len(members), 3)
-        )
         new: dict[str, _Held] = {}
         fresh: dict[str, str] = {}
-        out: list[Session] = []
-        residency: ResidencyMap = {}
         seen, parsed = self._res.get(which, {}), {}
-        for sid, raw, res in replies:
+        for sid, raw, res in self._replies(members):
             fresh[sid] = names.get(sid) or keys.session(sid)
             parsed[sid] = _reparsed(res, seen.get(sid))
-            residency[sid] = parsed[sid][1]
             held = self._one(sid, raw, old.get(sid))
             if held is not None:
                 new[sid] = held
-                out.append(held.session)
         self._held[which] = new
         self._names[which] = fresh
         self._res[which] = parsed
-        views: list[NodeView] = []
-        pairs = sorted(
-            (_text(flat_nodes[j]), flat_nodes[j + 1]) for j in range(0, len(flat_nodes), 2)
+        return self._held_out(which, _views(flat_nodes))
+
+    def note_probe_marks(self, which: Index, marks: Mapping[str, float | None]) -> None:
+        """The reader's own probe-mark writes, patched into what it holds of ``which`` (a
+        named read reuses those records without reading their marks again)."""
+        held = self._held.get(which)
+        if not held:
+            return
+        for sid, mark in marks.items():
+            h = held.get(sid)
+            if h is not None:
+                text = "" if mark is None else repr(float(mark))
+                s = msgspec.structs.replace(h.session, probe_mark=mark)
+                held[sid] = _Held(h.v, h.updated_at, text, s)
+
+    def _index_key(self, which: Index) -> str:
+        assert self._redis is not None
+        keys = self._redis.keys
+        return keys.pool if which == "pool" else keys.admitted_tool
+
+    def _prefixes(self) -> list[str]:
+        """read_index.lua's ARGV[1..3]: the session, residency and node key prefixes."""
+        assert self._redis is not None
+        keys = self._redis.keys
+        cut = len(keys.session("x")) - 1
+        return [keys.session("x")[:cut], keys.residency("x")[:-1], keys.node_prefix]
+
+    @staticmethod
+    def _replies(members: Sequence[Any]) -> list[tuple[str, Any, Any]]:
+        """read_index.lua's session replies as (id, record reply, residency reply), by id."""
+        return sorted(
+            (_text(members[j]), members[j + 1], members[j + 2]) for j in range(0, len(members), 3)
         )
-        for node, flat in pairs:
-            rec = decode_node(node, dict(zip(flat[::2], flat[1::2], strict=True)))
-            if rec is not None:
-                views.append(rec.view())
-        return out, residency, views
+
+    def _held_out(
+        self, which: Index, views: list[NodeView]
+    ) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
+        """What the cache of ``which`` holds: its sessions by id, the residency of every id the
+        last reads saw (absent ones included, as a whole read reports them) and ``views``."""
+        held = self._held[which]
+        out = [held[sid].session for sid in sorted(held)]
+        return out, {sid: p[1] for sid, p in self._res[which].items()}, views
+
+    async def _named(
+        self, which: Index, named: Collection[str]
+    ) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
+        """A named read on Redis: one ``read_index.lua`` call over ``named`` and every node."""
+        assert self._redis is not None
+        keys = self._redis.keys
+        ids = sorted(set(named))
+        held, names = self._held.setdefault(which, {}), self._names.setdefault(which, {})
+        seen = self._res.setdefault(which, {})
+        cut = len(keys.session("x")) - 1
+        tokens = {sid: names.get(sid) or keys.session(sid) for sid in ids}
+        lines = [
+            f"{tokens[sid][cut:]} {h.v} {h.updated_at}\n"
+            for sid in ids
+            if (h := held.get(sid)) is not None
+        ]
+        members, flat_nodes = await self._read_index(
+            keys=[self._index_key(which)],
+            args=[*self._prefixes(), "".join(lines), keys.nodes, "named", *ids],
+        )
+        for sid, raw, res in self._replies(members):
+            got = self._one(sid, raw, held.get(sid))
+            if got is None:  # left the set, or its record is gone
+                held.pop(sid, None)
+                names.pop(sid, None)
+                seen.pop(sid, None)
+                continue
+            held[sid] = got
+            names[sid] = tokens[sid]
+            seen[sid] = _reparsed(res, seen.get(sid))
+        return self._held_out(which, _views(flat_nodes))
+
+    async def _named_apart(
+        self, which: Index, named: Collection[str]
+    ) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
+        """A named read on any other store: the set's membership, the named records and their
+        residency, and the node views (several reads; the in-memory store is one process)."""
+        members = await (
+            self.store.pool_ids() if which == "pool" else self.store.admitted_tool_ids()
+        )
+        ids = sorted(sid for sid in set(named) if sid in members)
+        gone = set(named) - set(ids)
+        sessions = {s.id: s for s in await self.store.sessions(ids)} if ids else {}
+        residency = await self.store.residency(ids) if ids else {}
+        self.decoded += len(sessions)
+        held = self._held.setdefault(which, {})
+        seen = self._res.setdefault(which, {})
+        for sid in gone | (set(ids) - set(sessions)):
+            held.pop(sid, None)
+            seen.pop(sid, None)
+        for sid, s in sessions.items():
+            held[sid] = _Held("", "", "", s)
+            seen[sid] = ((), residency.get(sid, {}))
+        return self._held_out(which, await self.store.node_views())
 
     async def read(
         self, ids: Sequence[str], cache: str, *, residency: bool = True
@@ -240,6 +345,9 @@ class SessionReader:
         self, which: Index
     ) -> tuple[list[Session], ResidencyMap, list[NodeView]]:
         sessions, residency = await self.index(which)
+        if self._redis is None:  # what a later named read reuses (Redis' read() keeps its own)
+            self._held[which] = {s.id: _Held("", "", "", s) for s in sessions}
+        self._res[which] = {sid: ((), r) for sid, r in residency.items()}
         return sessions, residency, await self.store.node_views()
 
     def _one(self, sid: str, raw: Sequence[Any], held: _Held | None) -> _Held | None:

@@ -159,6 +159,86 @@ class TestTickRead:
         await self._same(reader, store, "pool")  # and with a cache of 3 held
 
 
+class TestNamedTickRead:
+    """``tick_read(which, named)``: the named sessions read as a whole read would read them
+    (changed, gone, newly pooled, not a member), the rest of the set as the last read held it
+    (changes made meanwhile unseen), and every node read fresh."""
+
+    async def _expected(
+        self, store: StateStore, before: list[Session], res: dict[str, object], named: set[str]
+    ) -> tuple[list[Session], dict[str, object]]:
+        pool = await store.pool_ids()
+        kept = {s.id: s for s in before if s.id not in named}
+        fresh = {s.id: s for s in await store.sessions(sorted(named & pool))}
+        got = {**kept, **fresh}
+        want_res = {sid: r for sid, r in res.items() if sid not in named}
+        want_res.update(await store.residency(sorted(named & pool)))
+        return [got[sid] for sid in sorted(got)], want_res
+
+    async def test_named_read_reuses_the_rest(self, store: StateStore) -> None:
+        await _seed(store)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=True))
+        reader = SessionReader(store)
+        before, res, _ = await reader.tick_read("pool")
+        await store.update_session(
+            "p0", lambda s: None if s is None else on_request(s, "r9", 21.0)[0]
+        )
+        await store.put_probe_marks({"p1": 42.5})  # not named: unseen
+        await store.put_residency("p1", "n2", 4096, 30.0)  # not named: unseen
+        await store.delete_session("weird id:{x}/é")  # named: gone
+        new, _ = on_request(Session("p9"), "r10", 22.0, model="m", tokens_estimate=900)
+        await store.update_session("p9", _put(new))  # named: newly pooled
+        await store.put_residency("p9", "n1", 64, 22.0)
+        await store.put_node_status("n1", NodeUpdate(healthy=False))  # nodes: always read
+        named = {"p0", "weird id:{x}/é", "p9", "t0", "nobody"}  # t0 is admitted: not a member
+        got, got_res, views = await reader.tick_read("pool", named)
+        want, want_res = await self._expected(store, before, dict(res), named)
+        assert got == want
+        assert got_res == want_res
+        assert views == await store.node_views()
+        assert [s.id for s in got] == ["p0", "p1", "p9"]
+        p1 = next(s for s in got if s.id == "p1")
+        assert p1.probe_mark is None  # as the first read held it
+        # the next whole read sees everything again
+        got, got_res, _ = await reader.tick_read("pool")
+        plain, plain_res = await _plain(store, "pool")
+        assert (got, got_res) == (plain, plain_res)
+
+    async def test_no_names_reads_the_nodes_only(self, store: StateStore) -> None:
+        await _seed(store)
+        reader = SessionReader(store)
+        before, res, _ = await reader.tick_read("pool")
+        await store.delete_session("p0")
+        await store.put_node_status("n3", NodeUpdate(capacity_tokens=500, healthy=True))
+        got, got_res, views = await reader.tick_read("pool", set())
+        assert (got, got_res) == (before, res)
+        assert views == await store.node_views()
+        assert "n3" in {v.id for v in views}
+
+    async def test_whole_read_first_and_past_a_chunk(self, store: StateStore) -> None:
+        """Without an earlier whole read, or with more names than a chunk, the set is read
+        whole (the names alone would leave the rest unknown)."""
+        await _seed(store)
+        reader = SessionReader(store, chunk=2)
+        got, res, _ = await reader.tick_read("pool", {"p0"})  # first read: whole
+        assert (got, res) == await _plain(store, "pool")
+        await store.delete_session("p1")
+        got, res, _ = await reader.tick_read("pool", {"p0", "p9", "t0"})  # 3 > chunk: whole
+        assert (got, res) == await _plain(store, "pool")
+
+    async def test_own_probe_marks_are_patched_in(self, store: StateStore) -> None:
+        """The reader's own probe-mark writes show in the records a named read reuses."""
+        await _seed(store)
+        reader = SessionReader(store)
+        await reader.tick_read("pool")
+        await store.put_probe_marks({"p1": 7.5})
+        reader.note_probe_marks("pool", {"p1": 7.5})
+        got, _, _ = await reader.tick_read("pool", set())
+        assert next(s for s in got if s.id == "p1").probe_mark == 7.5
+        got, _, _ = await reader.tick_read("pool")
+        assert got == (await _plain(store, "pool"))[0]
+
+
 class TestIdleCandidates:
     async def test_same_as_rule_on_full_records(self, store: StateStore) -> None:
         """The four-field read selects exactly the idle or in-a-tool, not-ended sessions

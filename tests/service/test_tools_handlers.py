@@ -323,7 +323,9 @@ class TestToolEvents:
 class TestToolBatch:
     async def test_batch_applies_in_order_and_wakes_once(self, env: Env) -> None:
         """A batch with start and end of one call and a start of another session applies each
-        in stream order, records the duration once and publishes one wake-up."""
+        in stream order, records the duration once and publishes one wake-up, which names the
+        session whose call ended and the pooled one whose record the batch changed (the
+        valuation reads only the sessions its wake-ups name)."""
         await env.send(request("s1"), request("s2"))
         before = len(env.wakes())
         d = Delivery(subjects.tool_event("s1"), {}, 1, None, 0.0)
@@ -339,7 +341,8 @@ class TestToolBatch:
         assert s2 is not None and s2.tool is not None and s2.tool.call_id == "h9"
         assert (await env.store.history()).of("Bash").count == 1
         wakes = env.wakes()[before:]
-        assert [(w.reason, w.session_id) for w in wakes] == [("tool_end", "s1")]
+        assert [(w.reason, w.names()) for w in wakes] == [("tool_end", {"s1", "s2"})]
+        assert await env.store.pool_ids() >= {"s2"}
 
 
 class TestSessionBatch:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import anyio
 import pytest
 
@@ -11,6 +13,7 @@ from services.valuation.handlers import Valuator
 from shared.contracts import subjects
 from shared.contracts.codec import decode
 from shared.contracts.domain import DomainLoadReport
+from shared.contracts.plan import Plan, WireAssignment
 from shared.contracts.session import SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
 from shared.contracts.wake import Wake
@@ -253,6 +256,126 @@ class TestIdleSweep:
         assert await valuator(store, bus, now=102.0 + 299.0).sweep_idle() == []
 
 
+def plan(tick: int, admitted: Sequence[str] = (), interrupted: Sequence[str] = ()) -> Plan:
+    return Plan(
+        tick=tick,
+        policy="tao",
+        assignments=[WireAssignment(sid, "n1") for sid in admitted],
+        interrupts=[WireAssignment(sid, "n1") for sid in interrupted],
+    )
+
+
+def versions_of(snap: ValuationSnapshot) -> dict[str, int]:
+    return {c.id: c.signature.version for c in snap.candidates}
+
+
+async def pooled(store: FakeStore, sid: str, at: float = 990.0) -> Session:
+    s, _ = on_request(Session(sid), f"r-{sid}", at, model="m", tokens_estimate=1000)
+    await put(store, s)
+    return s
+
+
+async def again(store: FakeStore, sid: str, at: float) -> None:
+    """A change of ``sid``'s pooled record that no wake-up names (a new request id)."""
+    await store.update_session(sid, lambda s: None if s is None else on_request(s, "rx", at)[0])
+
+
+D = Delivery(subject=subjects.plan(), headers={}, num_delivered=1, stream_seq=None, received_at=0.0)
+
+
+class TestNamedReads:
+    """A wake-up tick reads the sessions its wake-ups named, those of the plans heard since the
+    last read and those listed by snapshots the planner has not answered, and reuses the rest
+    of the pool as the last whole read saw it, for up to ``pool_every_s``."""
+
+    async def test_a_wake_tick_reads_only_what_is_named(self, store: FakeStore) -> None:
+        bus = FakeBus()
+        v = valuator(store, bus)
+        a, b = await pooled(store, "a"), await pooled(store, "b")
+        await v.run_tick("period")
+        await v.on_plan(plan(1), D)  # answered: nothing outstanding
+        await again(store, "a", 991.0)
+        await again(store, "b", 991.0)
+        await v.run_tick("wake", {"a"})
+        assert versions_of(snapshots(bus)[-1]) == {"a": a.version + 1, "b": b.version}
+        assert v.named_ticks == 1
+        await v.run_tick("period")  # a whole read sees b's change
+        assert versions_of(snapshots(bus)[-1]) == {"a": a.version + 1, "b": b.version + 1}
+
+    async def test_a_snapshot_not_answered_is_read_again(self, store: FakeStore) -> None:
+        """The planner may have applied a snapshot whose plan has not arrived: its sessions
+        are read again, so an admitted one is not listed as waiting at its old version."""
+        bus = FakeBus()
+        v = valuator(store, bus)
+        await pooled(store, "a")
+        await pooled(store, "b")
+        await v.run_tick("period")  # tick 1 lists a and b
+        await admit_on(store, "a", "n1", 2000, 991.0)
+        await v.run_tick("wake", set())  # tick 1 unanswered: a and b read again
+        assert [c.id for c in snapshots(bus)[-1].candidates] == ["b"]
+        await v.on_plan(plan(2), D)  # answers ticks 1 and 2
+        assert v.outstanding == {}
+        b = await store.get_session("b")
+        assert b is not None
+        await again(store, "b", 992.0)
+        await v.run_tick("wake", set())  # nothing outstanding, nothing moved: b reused
+        assert versions_of(snapshots(bus)[-1]) == {"b": b.version}
+
+    async def test_a_plans_sessions_are_read_at_the_next_tick(self, store: FakeStore) -> None:
+        bus = FakeBus()
+        v = valuator(store, bus)
+        await pooled(store, "a")
+        b = await pooled(store, "b")
+        await v.run_tick("period")
+        await v.on_plan(plan(1, admitted=["b"]), D)
+        await again(store, "b", 991.0)
+        await v.run_tick("wake", set())
+        assert versions_of(snapshots(bus)[-1])["b"] == b.version + 1
+        assert v.moved == set()  # taken by that tick
+
+    async def test_whole_reads(self, store: FakeStore) -> None:
+        """A wake-up that named none, a wake tick a second after the last whole read, and any
+        tick under ThunderAgent read the whole pool."""
+        now = [NOW]
+        bus = FakeBus()
+        v = valuator(store, bus)
+        v.clock = lambda: now[0]
+        b = await pooled(store, "b")
+        await v.run_tick("period")
+        await v.on_plan(plan(1), D)
+        await again(store, "b", 991.0)
+        await v.run_tick("wake", None)
+        assert versions_of(snapshots(bus)[-1]) == {"b": b.version + 1}
+        await v.on_plan(plan(2), D)
+        await again(store, "b", 992.0)
+        now[0] += v.pool_every_s
+        await v.run_tick("wake", set())
+        assert versions_of(snapshots(bus)[-1]) == {"b": b.version + 2}
+        assert v.named_ticks == 0
+        ta = valuator(store, FakeBus())
+        ta.thunderagent = True
+        await ta.run_tick("period")
+        await again(store, "b", 993.0)
+        await ta.run_tick("wake", set())
+        assert ta.named_ticks == 0
+
+    async def test_a_plan_of_another_valuations_tick_answers_nothing(
+        self, store: FakeStore
+    ) -> None:
+        v = valuator(store, FakeBus())
+        await pooled(store, "a")
+        await v.run_tick("period")
+        await v.on_plan(plan(7, interrupted=["x"]), D)
+        assert (v.answered, set(v.outstanding), v.moved) == (0, {1}, {"x"})
+
+    async def test_the_idle_sweep_names_what_it_ended(self, store: FakeStore) -> None:
+        a2 = await admitted_in_a_call(store, "a")
+        await put(store, on_response(a2, 102.0, total_tokens=1500))
+        v = valuator(store, FakeBus(), now=102.0 + 301.0)
+        assert await v.sweep_idle() == ["a"]
+        assert v.moved == {"a"}
+
+
 class TestTicker:
     async def test_wake_ends_the_wait_early(self) -> None:
         """A wake-up ends the period wait early (after the debounce) and reports "wake"."""
@@ -284,6 +407,23 @@ class TestTicker:
                 assert await t.wait(60.0, debounce_s) == "wake"
             assert t.wakes == 2
             assert await t.wait(0.0, debounce_s) == "period"  # both went into that one tick
+
+    async def test_the_names_are_gathered_until_taken(self) -> None:
+        """The sessions the wake-ups name are gathered until the tick loop takes them; one
+        wake-up that names none makes the next tick read the whole pool."""
+        t = Ticker()
+        d = Delivery(
+            subject=subjects.wake(), headers={}, num_delivered=1, stream_seq=None, received_at=0.0
+        )
+        await t.on_wake(Wake(reason="arrival", ts=0.0, session_id="a"), d)
+        await t.on_wake(Wake(reason="tool_end", ts=0.0, session_ids=["b", "c"]), d)
+        assert t.take() == {"a", "b", "c"}
+        assert t.take() == set()
+        await t.on_wake(Wake(reason="arrival", ts=0.0, session_id="a"), d)
+        await t.on_wake(Wake(reason="replan", ts=0.0), d)
+        await t.on_wake(Wake(reason="arrival", ts=0.0, session_id="d"), d)
+        assert t.take() is None
+        assert t.take() == set()
 
 
 class TestSnapshotFitsThePayload:

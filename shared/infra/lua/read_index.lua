@@ -12,6 +12,10 @@
 -- ARGV[5] the nodes set, or "" for no nodes. Not a declared key: EVALSHA declares its keys
 -- read-write, and the valuation's Redis user may only read the nodes set (shared/infra/
 -- access.py); like the keys above it shares KEYS[1]'s slot.
+-- ARGV[6] when given ("named"): ARGV[7..] are the raw ids to read instead of every member of
+-- KEYS[1] (a wake-up tick's named read, SessionReader.tick_read(named=...); none: the nodes
+-- only). Each comes back in the same three replies, with {} as its record when it is not a
+-- member (or has no record).
 -- Returns {sessions, nodes}:
 --   sessions: per member of KEYS[1], three replies: the id, then
 --               {}                                  the record is absent
@@ -28,12 +32,22 @@ local function escape(c)
   return string.format('~%02X', string.byte(c))
 end
 local sessions = {}
-for _, sid in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+local named = ARGV[6] ~= nil
+local members
+if named then
+  members = {}
+  for j = 7, #ARGV do
+    members[#members + 1] = ARGV[j]
+  end
+else
+  members = redis.call('SMEMBERS', KEYS[1])
+end
+for _, sid in ipairs(members) do
   local tok = (string.gsub(sid, '[^A-Za-z0-9_%-]', escape))
   local key = ARGV[1] .. tok
   local head = redis.call('HMGET', key, 'v', 'updated_at', 'probe')
   local rec
-  if not head[1] then
+  if not head[1] or (named and redis.call('SISMEMBER', KEYS[1], sid) == 0) then
     rec = {}
   elseif head[2] and head[1] .. ' ' .. head[2] == held[tok] then
     rec = {head[1], head[2], head[3]}

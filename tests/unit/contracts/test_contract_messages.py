@@ -38,6 +38,7 @@ from shared.contracts import (
     decode_tool_event,
     encode,
 )
+from shared.contracts.wake import WAKE_NAMES_MAX, wake_for
 
 SIG = WireSignature(session_id="s1", version=7, eligibility_digest="ab12")
 
@@ -69,6 +70,7 @@ SAMPLES: list[Message] = [
         duration_s=1.5,
     ),
     Wake(reason="tool_end", ts=1767225650.5, session_id="s1"),
+    Wake(reason="arrival", ts=1767225650.5, session_ids=["s1", "s2"]),
     DomainLoadReport(
         domain="pool-a", ts=1767225650.5, tick=7, capacity=64_000, demand=51_200, models=["m"]
     ),
@@ -265,6 +267,27 @@ class TestCompatibility:
         a = Plan(tick=1, policy="rr")
         b = Plan(tick=2, policy="rr")
         assert a.assignments == [] and a.assignments is not b.assignments
+
+
+class TestWakeNames:
+    def test_names(self) -> None:
+        """One name, several, or none (a wake-up that makes the valuation read its whole pool);
+        an older reader that knows only ``session_id`` sees none for several."""
+        assert Wake(reason="arrival", ts=0.0, session_id="a").names() == {"a"}
+        assert Wake(reason="arrival", ts=0.0, session_ids=["a", "b"]).names() == {"a", "b"}
+        assert Wake(reason="arrival", ts=0.0, session_ids=[]).names() == frozenset()
+        assert Wake(reason="arrival", ts=0.0).names() is None
+
+    def test_wake_for(self) -> None:
+        assert wake_for("end", 1.0, {"a"}) == Wake(reason="end", ts=1.0, session_id="a")
+        several = wake_for("end", 1.0, {"b", "a"})
+        assert (several.session_id, several.session_ids) == (None, ["a", "b"])
+        assert wake_for("end", 1.0, set()).names() is None
+        many = {f"s{i}" for i in range(WAKE_NAMES_MAX + 1)}
+        assert wake_for("end", 1.0, many).names() is None
+        assert len(wake_for("end", 1.0, sorted(many)[:WAKE_NAMES_MAX]).session_ids or ()) == (
+            WAKE_NAMES_MAX
+        )
 
 
 class TestDecodeErrors:

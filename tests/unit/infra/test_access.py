@@ -75,6 +75,7 @@ class TestNatsPermissions:
         fails silently: the planner's replan wake-ups went nowhere under access control)."""
         wants = {
             "tools": ([subjects.wake()], []),
+            "valuation": ([subjects.valuation_snapshot()], [subjects.wake(), subjects.plan()]),
             "planner": ([subjects.wake(), subjects.plan()], [subjects.valuation_snapshot()]),
         }
         for role, (pubs, subs) in wants.items():

@@ -242,7 +242,8 @@ class Valuator:
     the plans received (admitted, interrupted, or discarded) and of the idle sweep."""
     outstanding: dict[int, tuple[float, frozenset[str]]] = field(default_factory=dict)
     """Published snapshots the planner has not answered with a plan yet: tick → (published at,
-    the sessions listed). Its apply may move them before its plan arrives."""
+    the sessions its plan may move: the candidates eligible somewhere, the interrupt
+    candidates). Its apply may move them before its plan arrives."""
     answered: int = 0
     """The newest tick of this valuation a plan answered."""
     named_ticks: int = 0
@@ -391,7 +392,9 @@ class Valuator:
             data, deferred = fit_payload(to_wire(snap, views, held), self.bus.max_payload)
             await self.bus.publish(subjects.valuation_snapshot(), data)
             self.published += 1
-            listed = frozenset(c.id for c in snap.candidates) | {c.id for c in snap.interrupts}
+            # what the plan may move: a candidate eligible on no node cannot be admitted
+            listed = frozenset(c.id for c in snap.candidates if c.eligible)
+            listed |= {c.id for c in snap.interrupts}
             if listed:
                 self.outstanding[self.tick] = (now, listed)
         self.last_nonempty = bool(

@@ -321,6 +321,18 @@ class TestNamedReads:
         await v.run_tick("wake", set())  # nothing outstanding, nothing moved: b reused
         assert versions_of(snapshots(bus)[-1]) == {"b": b.version}
 
+    async def test_a_candidate_the_plan_cannot_move_is_not_outstanding(
+        self, store: FakeStore
+    ) -> None:
+        """A candidate eligible on no node (here: too large for any node) cannot be admitted by
+        the plan of its snapshot, so it is not read again for that snapshot."""
+        v = valuator(store, FakeBus())
+        await pooled(store, "a")
+        big, _ = on_request(Session("big"), "r-big", 990.0, model="m", tokens_estimate=500_000)
+        await put(store, big)
+        await v.run_tick("period")
+        assert v.outstanding == {1: (NOW, frozenset({"a"}))}
+
     async def test_a_plans_sessions_are_read_at_the_next_tick(self, store: FakeStore) -> None:
         bus = FakeBus()
         v = valuator(store, bus)

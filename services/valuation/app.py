@@ -140,6 +140,8 @@ async def run(
         thunderagent=is_thunderagent(settings.policy),
         rules=policy_rules(get_policy(settings.policy)),
     )
+    counted = await store.rebuild_contexts()  # the context totals, right from here on
+    valuator.log.info("contexts_rebuilt", sessions=counted)
     ticker = Ticker()
     await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)
     await bus.subscribe(subjects.plan(), name, lambda b: decode(b, Plan), valuator.on_plan)

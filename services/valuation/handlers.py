@@ -11,7 +11,10 @@ and decide's evacuation releases them all with the ones in a tool. Otherwise
 node-overflow step runs only on over-committed nodes and ``select_interrupts`` frees nothing
 without a deficit), so the snapshot simply lists none. Consequence: the readiness probe marks
 of in-tool admitted sessions advance only on ticks where they are read (shortfall ticks); a
-probe mark matters only to the interrupt rule, which runs only on those ticks. Under
+probe mark matters only to the interrupt rule, which runs only on those ticks. The
+``payback_context`` rule's pressure comes from the nodes' context totals read with the nodes
+(:func:`shared.core.tick.node_pressure`; the store keeps ``contexts`` and ``held`` beside
+``reserved``), on every tick. Under
 ``thunderagent`` / ``thunderagent-ideal`` the candidates are always read (its pause rule counts
 acting programs).
 
@@ -77,7 +80,7 @@ from shared.core.domains import domain_load
 from shared.core.predictor import History
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
-from shared.core.tick import Residency, TickSnapshot, context_pressure, value_snapshot
+from shared.core.tick import Residency, TickSnapshot, node_pressure, value_snapshot
 from shared.core.valuation import NodeView, ValuationParams
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.settings import Settings
@@ -218,15 +221,11 @@ class Valuator:
     rules: TaoRules = PAPER
     """The policy's rules (``TAO_POLICY``): the growth rule sets the candidates' reserve."""
     reader: SessionReader | None = field(default=None)
-    pressure_every_s: float = 1.0
-    """How long a wake-up tick may reuse the last context pressure (the ``payback_context``
-    rule's read of every admitted session): periodic ticks always read it, wake-up ticks, the
-    tool end → placement path, only when it is older than this."""
-    pressure: dict[str, int] = field(default_factory=dict)
-    pressure_at: float | None = None
+    history_every_s: float = 1.0
+    """How long a wake-up tick may reuse the tool-duration history (:attr:`history`)."""
     history: History | None = None
     """The tool-duration history of the last tick that read it: a wake-up tick reuses one
-    younger than :attr:`pressure_every_s` (a second's new samples barely move the readiness
+    younger than :attr:`history_every_s` (a second's new samples barely move the readiness
     estimates; a periodic tick always reads it)."""
     history_at: float | None = None
     pool_every_s: float = 1.0
@@ -322,7 +321,7 @@ class Valuator:
             self.pool_at = None  # the names taken are lost with this tick: read whole next
             raise
         history = self.history
-        stale = self.history_at is None or now - self.history_at >= self.pressure_every_s
+        stale = self.history_at is None or now - self.history_at >= self.history_every_s
         if history is None or reason != "wake" or stale:
             history = self.history = await self.store.history()
             self.history_at = now
@@ -341,22 +340,15 @@ class Valuator:
         async def read_admitted() -> list[Session]:
             in_pool = {s.id for s in pool}
             others = sorted((await self.store.session_ids()) - in_pool)
-            # decoded only when changed; their residency is not needed (contexts, stranded)
+            # decoded only when changed; their residency is not needed (stranded)
             got, _ = await reader.read(others, "admitted", residency=False)
             return got
 
-        if self.rules.payback_context:  # the contexts of every admitted session, on each node
-            fresh = self.pressure_at is not None and now - self.pressure_at < self.pressure_every_s
-            if reason != "wake" or not fresh:
-                admitted = await read_admitted()
-                self.pressure = context_pressure(
-                    admitted,
-                    views,
-                    self.rules.payback_headroom,
-                    full=self.rules.payback_capacity,
-                )
-                self.pressure_at = now
-            snap = replace(snap, pressure=dict(self.pressure))
+        if self.rules.payback_context:  # each node's context total, read with the node
+            pressure = node_pressure(
+                views, self.rules.payback_headroom, full=self.rules.payback_capacity
+            )
+            snap = replace(snap, pressure=pressure)
         stranded: list[Session] = []
         if down:  # idle sessions admitted on a dead node, to be released (decide's step 0)
             if admitted is None:

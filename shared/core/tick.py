@@ -62,6 +62,7 @@ __all__ = [
     "decide",
     "live_free",
     "needs_gpu",
+    "node_pressure",
     "policy_rules",
     "releasable",
     "skip_reason",
@@ -333,6 +334,21 @@ def context_pressure(
     out: dict[str, int] = {}
     for nv in nodes:
         over = held.get(nv.id, 0) - (nv.capacity_tokens if full else usable_capacity(nv))
+        if nv.healthy and over > 0:
+            out[nv.id] = over
+    return out
+
+
+def node_pressure(
+    nodes: Sequence[NodeView], headroom: int, *, full: bool = False
+) -> dict[str, int]:
+    """:func:`context_pressure` from the nodes' own totals (``contexts`` + ``headroom`` ×
+    ``held``: the store keeps them beside ``reserved``), without the sessions: the same
+    result when the totals count every admitted session."""
+    out: dict[str, int] = {}
+    for nv in nodes:
+        cap = nv.capacity_tokens if full else usable_capacity(nv)
+        over = nv.contexts + headroom * nv.held - cap
         if nv.healthy and over > 0:
             out[nv.id] = over
     return out

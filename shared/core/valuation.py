@@ -119,7 +119,9 @@ def eligible(
 @dataclass(frozen=True, slots=True)
 class NodeView:
     """A node as the store sees it: ``reserved`` = Σ weights of sessions admitted on it;
-    ``running`` the requests its engine runs (telemetry's ``vllm:num_requests_running``)."""
+    ``running`` the requests its engine runs (telemetry's ``vllm:num_requests_running``);
+    ``contexts`` = Σ tokens of the sessions admitted on it (not ended) and ``held`` how many
+    they are (the ``payback_context`` rule's totals, :func:`shared.core.tick.node_pressure`)."""
 
     id: str
     capacity_tokens: int
@@ -128,6 +130,8 @@ class NodeView:
     healthy: bool = True
     models: frozenset[str] | None = None
     running: int = 0
+    contexts: int = 0
+    held: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,6 +36,7 @@ from shared.infra.store_types import (
     SessionFn,
     SessionFnWith,
     check_new,
+    context_of,
     fold_tools,
     fold_updates,
     merge_node,
@@ -180,20 +181,41 @@ class FakeStore:
             status.node_id, node_status_update(status, target_utilisation, failures)
         )
 
+    def _contexts(self) -> dict[str, tuple[int, int]]:
+        """Per node, Σ tokens and count of the sessions holding a context there, counted from
+        the records themselves (the Redis store keeps them as running totals)."""
+        out: dict[str, tuple[int, int]] = {}
+        for s in self._sessions.values():
+            held = context_of(s)
+            if held is not None:
+                tokens, n = out.get(held[0], (0, 0))
+                out[held[0]] = (tokens + held[1], n + 1)
+        return out
+
     def _with_reserved(self, rec: NodeRecord) -> NodeRecord:
-        return replace(rec, reserved=self._reserved.get(rec.id, 0))
+        tokens, held = self._contexts().get(rec.id, (0, 0))
+        return replace(rec, reserved=self._reserved.get(rec.id, 0), contexts=tokens, held=held)
 
     async def get_node(self, node: str) -> NodeRecord | None:
         check_node_id(node)
         rec = self._status.get(node)
         if rec is None:
-            if node not in self._reserved:
+            if node not in self._reserved and node not in self._contexts():
                 return None
-            return NodeRecord(id=node, reserved=self._reserved[node])
+            return self._with_reserved(NodeRecord(id=node))
         return self._with_reserved(rec)
 
     async def nodes(self) -> list[NodeRecord]:
-        return [self._with_reserved(self._status[n]) for n in sorted(self._status)]
+        held = self._contexts()
+        return [
+            replace(
+                self._status[n],
+                reserved=self._reserved.get(n, 0),
+                contexts=held.get(n, (0, 0))[0],
+                held=held.get(n, (0, 0))[1],
+            )
+            for n in sorted(self._status)
+        ]
 
     async def node_views(self) -> list[NodeView]:
         return [rec.view() for rec in await self.nodes()]
@@ -314,6 +336,10 @@ class FakeStore:
         if applied.truncated:
             self._count("plans_truncated", 1)
         return applied
+
+    async def rebuild_contexts(self) -> int:
+        """The totals are counted from the records on every read here: nothing to rebuild."""
+        return sum(n for _, n in self._contexts().values())
 
     async def fence(self, epoch: int) -> bool:
         if epoch < self._counters.get("epoch", 0):

@@ -132,6 +132,7 @@ return 1
 """Raise the planner epoch (field ``epoch`` of the planner hash) unless it is already higher."""
 _BATCH_READ: Final = load_script("batch_read")
 _BATCH_WRITE: Final = load_script("batch_write")
+_REBUILD_CONTEXTS: Final = load_script("rebuild_contexts")
 _CHAIN_PAGE: Final = 256  # chains read per MGET on restore
 
 
@@ -161,6 +162,7 @@ class Store:
         self._r = redis
         self._apply = redis.register_script(_APPLY)
         self._fence = redis.register_script(_FENCE)
+        self._rebuild_contexts = redis.register_script(_REBUILD_CONTEXTS)
         self._probe = redis.register_script(_PROBE)
         self._batch_read = redis.register_script(_BATCH_READ)
         self._batch_write = redis.register_script(_BATCH_WRITE)
@@ -673,6 +675,15 @@ class Store:
             truncated=truncated,
             sessions=out,
         )
+
+    async def rebuild_contexts(self) -> int:
+        """Recount every node's ``contexts`` / ``held`` from the session records in one atomic
+        script (``lua/rebuild_contexts.lua``); returns how many sessions hold a context. The
+        session writes keep the totals as they go; this sets them where they were never kept
+        (records written before they existed). O(stored sessions): run at start-up."""
+        cut = len(self.keys.session("x")) - 1
+        args = [self.keys.session("x")[:cut], self.keys.node_prefix, self.keys.nodes]
+        return int(await self._rebuild_contexts(keys=[self.keys.sessions], args=args))
 
     async def fence(self, epoch: int) -> bool:
         """Raise the domain's planner epoch to ``epoch`` (a new leader, on taking over), so

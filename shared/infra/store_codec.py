@@ -151,7 +151,8 @@ def decode_session_values(values: list[Any]) -> Session:
 
 
 def encode_node_fields(rec: NodeRecord) -> dict[str, str]:
-    """Telemetry's fields of a node hash plus ``usable`` (never ``reserved``)."""
+    """Telemetry's fields of a node hash plus ``usable`` (never ``reserved``, ``contexts`` or
+    ``held``: the session writes keep those)."""
     models = None if rec.models is None else sorted(rec.models)
     return {
         "url": rec.url or "",
@@ -179,8 +180,9 @@ def _opt_int(text: str | None) -> int | None:
 
 
 def decode_node(node_id: str, raw: Mapping[Any, Any]) -> NodeRecord | None:
-    """Read a node hash (None for an empty reply). A hash holding only ``reserved`` (a
-    reservation on a node telemetry never reported) reads as unhealthy with capacity 0."""
+    """Read a node hash (None for an empty reply). A hash holding only ``reserved`` and the
+    context totals (a reservation on a node telemetry never reported) reads as unhealthy
+    with capacity 0."""
     if not raw:
         return None
     f = str_map(raw)
@@ -203,6 +205,8 @@ def decode_node(node_id: str, raw: Mapping[Any, Any]) -> NodeRecord | None:
             prefix_cache_hits=_opt_int(f.get("prefix_cache_hits")),
             updated_at=float(f.get("updated_at", "0.0")),
             failures=int(f.get("failures", "0")),
+            contexts=int(f.get("contexts", "0")),
+            held=int(f.get("held", "0")),
         )
     except (ValueError, msgspec.DecodeError) as exc:
         raise StoreError(f"corrupt node record {node_id!r}: {exc}") from None

@@ -14,7 +14,7 @@ import msgspec
 from shared.core.session import Session
 from shared.infra.keys import GLOBAL_TOOL_FIELD, Keys, tool_field
 from shared.infra.store_codec import SESSION_FIELDS, decode_toolstats, encode_toolstats
-from shared.infra.store_types import Folded, fold_tools
+from shared.infra.store_types import Folded, context_moves, fold_tools
 
 __all__ = [
     "FIRST_SESSION_KEY",
@@ -70,7 +70,11 @@ def index_ops(pipe: Any, keys: Keys, sid: str, old: Session | None, new: Session
 
 def reserve_ops(pipe: Any, keys: Keys, old: Session | None, new: Session | None) -> None:
     """Queue ``reserved`` moves: old node -old weight, new node +new weight (nothing when
-    the node and the weight did not change)."""
+    the node and the weight did not change), and the context totals' moves
+    (:func:`~shared.infra.store_types.context_moves`: ``contexts`` and ``held``)."""
+    for node, tokens, held in context_moves(old, new):
+        pipe.hincrby(keys.node(node), "contexts", tokens)
+        pipe.hincrby(keys.node(node), "held", held)
     if old is not None and new is not None and (old.node, old.weight) == (new.node, new.weight):
         return
     if old is not None and old.node is not None and old.weight:
@@ -118,9 +122,10 @@ def write_args(
     session read (its ``v``, ``updated_at`` and ``probe`` as read, or absent) and of every
     statistics field ``stats`` folds into (``(field, old text or None, new text)``); per
     written session the fields that differ from the stored hash, its index moves (only where
-    membership changes), and the net reserved moves."""
+    membership changes), and the net reserved and context-total moves."""
     index = {sid: i for i, sid in enumerate(keys, start=FIRST_SESSION_KEY)}
-    node_keys = [keys_of.node(n) for n in folded.reserved]
+    nodes = list(dict.fromkeys([*folded.reserved, *folded.contexts]))
+    node_keys = [keys_of.node(n) for n in nodes]
     checks: list[list[object]] = []
     for sid, old in olds.items():
         if old is None:
@@ -141,7 +146,11 @@ def write_args(
                     w += (name, value)
         writes.append(w)
     first_node = FIRST_SESSION_KEY + len(keys)
-    deltas = [[first_node + j, str(delta)] for j, delta in enumerate(folded.reserved.values())]
+    deltas: list[list[object]] = []
+    for j, node in enumerate(nodes):  # false: no move of that total (the field stays unmade)
+        r, c = folded.reserved.get(node), folded.contexts.get(node)
+        deltas.append([first_node + j, False if r is None else str(r),
+                       *([False, False] if c is None else [str(c[0]), str(c[1])])])  # fmt: skip
     all_keys = [keys_of.sessions, keys_of.pool, keys_of.admitted_tool]
     all_keys += [*keys.values(), *node_keys]
     batch: dict[str, object] = {"c": checks, "s": writes, "r": deltas, "t": []}

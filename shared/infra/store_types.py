@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Final, Generic, NamedTuple, Protocol, TypeVar
 
 from shared.contracts.node import NodeStatus
@@ -48,6 +48,8 @@ __all__ = [
     "StoreError",
     "check_finite",
     "check_new",
+    "context_moves",
+    "context_of",
     "fold_tools",
     "fold_updates",
     "merge_node",
@@ -116,6 +118,11 @@ class NodeRecord:
     prefix_cache_hits: int | None = None
     updated_at: float = 0.0
     failures: int = 0
+    contexts: int = 0
+    """Σ tokens of the sessions admitted here and not ended (kept beside ``reserved`` by
+    every session write, :func:`context_of`)."""
+    held: int = 0
+    """How many sessions ``contexts`` sums."""
 
     @property
     def usable(self) -> int:
@@ -137,6 +144,8 @@ class NodeRecord:
             healthy=self.healthy,
             models=self.models,
             running=self.running,
+            contexts=self.contexts,
+            held=self.held,
         )
 
 
@@ -180,15 +189,38 @@ def no_value(fn: SessionFn) -> SessionFnWith[None]:
     return lambda s: (fn(s), None)
 
 
+def context_of(s: Session | None) -> tuple[str, int] | None:
+    """``(node, tokens)`` when ``s`` holds a context on a node (admitted, not ended): what
+    the node's ``contexts`` / ``held`` totals count."""
+    if s is None or s.node is None or s.ended:
+        return None
+    return s.node, s.tokens
+
+
+def context_moves(old: Session | None, new: Session | None) -> list[tuple[str, int, int]]:
+    """``(node, tokens delta, held delta)`` moves of the context totals for ``old -> new``
+    (none when what it holds did not change)."""
+    a, b = context_of(old), context_of(new)
+    if a == b:
+        return []
+    out: list[tuple[str, int, int]] = []
+    if a is not None:
+        out.append((a[0], -a[1], -1))
+    if b is not None:
+        out.append((b[0], b[1], 1))
+    return out
+
+
 @dataclass(slots=True)
 class Folded(Generic[E]):
     """What a batch of session transitions does (:func:`fold_updates`): per written session
-    its final record and ``encode(final)``, and per node the net ``reserved`` change (0 for a
+    its final record and ``encode(final)``, per node the net ``reserved`` change (0 for a
     node a step touched and another step restored, so the node's hash exists as after the
-    single updates)."""
+    single updates) and the net ``[contexts, held]`` change (likewise)."""
 
     writes: dict[str, tuple[Session, E]]
     reserved: dict[str, int]
+    contexts: dict[str, list[int]] = field(default_factory=dict)
 
 
 def _same(new: Session, old: Session) -> bool:
@@ -213,6 +245,7 @@ def fold_updates(
     results: list[tuple[Session | None, T]] = []
     finals: dict[str, Session] = {}
     reserved: dict[str, int] = {}
+    contexts: dict[str, list[int]] = {}
     for sid, fn in updates:
         old = cur[sid]
         new, extra = fn(old)
@@ -227,10 +260,14 @@ def fold_updates(
                 reserved[old.node] = reserved.get(old.node, 0) - old.weight
             if new.node is not None and new.weight:
                 reserved[new.node] = reserved.get(new.node, 0) + new.weight
+        for node, tokens, held in context_moves(old, new):
+            total = contexts.setdefault(node, [0, 0])
+            total[0] += tokens
+            total[1] += held
         cur[sid] = new
         results.append((new, extra))
     writes = {sid: (new, encode(new)) for sid, new in finals.items()}
-    return results, Folded(writes, reserved)
+    return results, Folded(writes, reserved, contexts)
 
 
 def fold_tools(
@@ -399,6 +436,7 @@ class StateStore(Protocol):
 
     # apply and counters
     async def apply(self, decision: Decision, at: float, *, epoch: int = 0) -> Applied: ...
+    async def rebuild_contexts(self) -> int: ...
     async def fence(self, epoch: int) -> bool: ...
     async def incr(self, **counts: int) -> None: ...
     async def record_solve(

@@ -37,15 +37,22 @@ async def _in_tool_on(store: StateStore, sid: str, node: str, weight: int) -> Se
 
 
 async def _check_consistent(store: StateStore) -> None:
-    """reserved = Σ admitted weights per node, and the index sets agree with the records."""
+    """reserved = Σ admitted weights per node, contexts / held = Σ tokens / how many of the
+    admitted sessions not ended, and the index sets agree with the records."""
     sessions = await store.sessions()
     want: dict[str, int] = {}
+    held: dict[str, tuple[int, int]] = {}
     for s in sessions:
         if s.node is not None:
             want[s.node] = want.get(s.node, 0) + s.weight
+            if not s.ended:
+                tokens, n = held.get(s.node, (0, 0))
+                held[s.node] = (tokens + s.tokens, n + 1)
     for node in set(want) | {n.id for n in await store.nodes()}:
         rec = await store.get_node(node)
         assert (0 if rec is None else rec.reserved) == want.get(node, 0), node
+        got = (0, 0) if rec is None else (rec.contexts, rec.held)
+        assert got == held.get(node, (0, 0)), node
     assert await store.pool_ids() == {s.id for s in sessions if s.pooled}
     in_tool = {s.id for s in sessions if s.node is not None and s.activity == "tool"}
     assert await store.admitted_tool_ids() == in_tool

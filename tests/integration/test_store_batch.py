@@ -46,23 +46,27 @@ def _bump(s: Session | None) -> Session | None:
     return on_response(s, 2.0, total_tokens=s.tokens + 1, reserve=100)
 
 
-async def _reserved_by_node(store: StateStore) -> dict[str, int | None]:
-    """Every node's stored reserved total (None: no node hash)."""
-    out: dict[str, int | None] = {}
+async def _reserved_by_node(store: StateStore) -> dict[str, tuple[int, int, int] | None]:
+    """Every node's stored reserved and context totals (None: no node hash)."""
+    out: dict[str, tuple[int, int, int] | None] = {}
     for node in _NODES:
         rec = await store.get_node(node)
-        out[node] = None if rec is None else rec.reserved
+        out[node] = None if rec is None else (rec.reserved, rec.contexts, rec.held)
     return out
 
 
 async def _check_reserved(store: StateStore) -> None:
-    """reserved = Σ admitted weights on every node."""
-    want = dict.fromkeys(_NODES, 0)
+    """reserved = Σ admitted weights on every node; contexts = Σ tokens and held = how many
+    of the sessions admitted there and not ended."""
+    want = {n: [0, 0, 0] for n in _NODES}
     for s in await store.sessions():
         if s.node is not None:
-            want[s.node] += s.weight
+            want[s.node][0] += s.weight
+            if not s.ended:
+                want[s.node][1] += s.tokens
+                want[s.node][2] += 1
     got = await _reserved_by_node(store)
-    assert {n: v or 0 for n, v in got.items()} == want
+    assert {n: v or (0, 0, 0) for n, v in got.items()} == {n: tuple(v) for n, v in want.items()}
 
 
 class TestUpdateSessions:

@@ -11,6 +11,7 @@ import pytest
 
 from shared.contracts.node import NodeStatus
 from shared.core.predictor import History, ToolStats, censor, record, update
+from shared.core.problem import ZERO, PlanResult
 from shared.core.session import (
     Session,
     admit,
@@ -21,10 +22,13 @@ from shared.core.session import (
     on_tool_start,
     release,
 )
+from shared.core.tick import Decision, Move
 from shared.infra.fake_store import FakeStore
 from shared.infra.keys import KeyNameError
 from shared.infra.store import Store
 from shared.infra.store_types import CHAIN_TTL_S, NodeUpdate, StateStore, StoreError
+
+_RESULT = PlanResult(assignments=(), objective=ZERO, exact=True, method="test")
 
 
 def _waiting(sid: str, tokens: int = 1000, at: float = 1.0) -> Session:
@@ -201,6 +205,57 @@ class TestNodes:
         assert (await store.nodes())[0] == rec
         assert await store.delete_node("n9")
         assert await store.nodes() == []
+
+    async def test_context_totals_follow_every_write(self, store: StateStore) -> None:
+        """``contexts`` / ``held`` = Σ tokens / how many of the sessions admitted on the node
+        and not ended, after an admission by the apply script and by a transition, a response
+        that grows the context, a release, an end and a delete; a status write keeps them."""
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=100_000, healthy=True))
+        await _create(store, _waiting("a", 1000))
+        await _create(store, _waiting("b weird/id", 2000))
+        a = await store.get_session("a")
+        assert a is not None
+        d = Decision(1, (), (Move("a", "n1", 1500, a.version),), _RESULT)
+        assert (await store.apply(d, 2.0)).admitted
+        await _admit(store, "b weird/id", "n1", 2500)
+
+        async def totals() -> tuple[int, int]:
+            rec = await store.get_node("n1")
+            return (0, 0) if rec is None else (rec.contexts, rec.held)
+
+        assert await totals() == (3000, 2)
+        await store.update_session(
+            "a", lambda s: None if s is None else on_response(s, 3.0, total_tokens=1800)
+        )
+        assert await totals() == (3800, 2)
+        await store.put_node_status("n1", NodeUpdate(healthy=False))
+        assert await totals() == (3800, 2)
+        await store.update_session("a", lambda s: None if s is None else release(s, 4.0))
+        assert await totals() == (2000, 1)
+        await store.update_session("b weird/id", lambda s: None if s is None else on_end(s, 5.0))
+        assert await totals() == (0, 0)
+        await _create(store, _waiting("c", 700))
+        await _admit(store, "c", "n1", 900)
+        assert await totals() == (700, 1)
+        assert await store.delete_session("c")
+        assert await totals() == (0, 0)
+
+    async def test_rebuild_contexts_recounts_from_the_records(self, store: StateStore) -> None:
+        """Totals that were never kept (records from before them) or drifted are set right
+        by the one atomic recount the valuation runs at start-up."""
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=100_000, healthy=True))
+        await store.put_node_status("n2", NodeUpdate(capacity_tokens=100_000, healthy=True))
+        for sid, tokens in (("a", 1000), ("b weird/id", 2000), ("c", 400)):
+            await _create(store, _waiting(sid, tokens))
+        await _admit(store, "a", "n1", 1500)
+        await _admit(store, "b weird/id", "n1", 2500)
+        if isinstance(store, Store):  # the in-memory store counts from its records anyway
+            await store._r.hset(store.keys.node("n1"), mapping={"contexts": 7, "held": 9})
+            await store._r.hset(store.keys.node("n2"), mapping={"contexts": 5, "held": 1})
+        assert await store.rebuild_contexts() == 2
+        n1, n2 = await store.get_node("n1"), await store.get_node("n2")
+        assert n1 is not None and (n1.contexts, n1.held) == (3000, 2)
+        assert n2 is not None and (n2.contexts, n2.held) == (0, 0)
 
     async def test_bad_status_refused(self, store: StateStore) -> None:
         """Out-of-range values are refused with a message naming the field."""

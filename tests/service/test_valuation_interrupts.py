@@ -182,27 +182,30 @@ class TestConditionalRead:
         plain = await _valuator(store, FakeBus()).run_tick()
         assert plain.pressure == {}
 
-    async def test_wake_ticks_reuse_recent_pressure(self) -> None:
-        """The read of every admitted session runs on periodic ticks; a wake-up tick (the
-        tool end -> placement path) reuses a pressure younger than pressure_every_s."""
+    async def test_every_tick_sees_the_pressure_as_it_is(self) -> None:
+        """The pressure comes from the nodes' context totals, read with the nodes on every
+        tick: a wake-up tick (the tool end -> placement path) sees a context that grew or a
+        capacity that shrank at once, with no read of the admitted sessions (it used to reuse
+        a pressure up to a second old, and contexts over a node's capacity went unpaid for
+        that long in a burst of wake-ups)."""
         store = await _world(100_000)
         await store.update_session("r00", lambda _: Session("r00", version=2,
                                    activity="running", node="n1", weight=5_000, tokens=4_600,
                                    request_id="q"))  # fmt: skip
         await store.put_node_status("n1", NodeUpdate(capacity_tokens=7_000))
-        clock = [NOW]
         v = Valuator(store=store, bus=FakeBus(), log=get_logger("test"), params=PARAMS,
-                     idle_timeout_s=300.0, clock=lambda: clock[0],
-                     rules=DEFAULT_RULES)  # fmt: skip
-        first = await v.run_tick("period")
-        assert first.pressure == {"n1": 288}
+                     idle_timeout_s=300.0, clock=lambda: NOW, rules=DEFAULT_RULES)  # fmt: skip
+        assert (await v.run_tick("period")).pressure == {"n1": 288}
         await store.put_node_status("n1", NodeUpdate(capacity_tokens=100_000))  # room now
-        clock[0] += 0.5
-        assert (await v.run_tick("wake")).pressure == {"n1": 288}  # reused, 0.5 s old
-        assert (await v.run_tick("period")).pressure == {}  # a periodic tick reads again
+        assert (await v.run_tick("wake", set())).pressure == {}
         await store.put_node_status("n1", NodeUpdate(capacity_tokens=7_000))
-        clock[0] += 1.5
-        assert (await v.run_tick("wake")).pressure == {"n1": 288}  # stale: read again
+        assert (await v.run_tick("wake", set())).pressure == {"n1": 288}
+        await store.update_session(
+            "r00", lambda s: None if s is None else msgspec.structs.replace(
+                s, version=s.version + 1, tokens=s.tokens + 1_000)
+        )  # fmt: skip
+        assert (await v.run_tick("wake", set())).pressure == {"n1": 1_288}
+        assert v.reader is not None and "admitted" not in v.reader._held  # never read
 
 
 class TestSweepTask:

@@ -140,7 +140,10 @@ for j = NI + 1, NI + NA do
   admitted = admitted + 1
 end
 
--- 4. write: fields, version + 1, reserved totals (old node - old weight, new + new), indexes.
+-- 4. write: fields, version + 1, reserved totals (old node - old weight, new + new), the
+--    context totals where the node changed (old node - tokens and one held, new + both; the
+--    tokens are the one value read from the record's JSON: an admission never changes them),
+--    indexes.
 local out = {}
 for _, i in ipairs(order) do
   local key = KEYS[3 + i]
@@ -153,6 +156,18 @@ for _, i in ipairs(order) do
   end
   if f.node ~= '' and f.weight ~= 0 then
     redis.call('HINCRBY', nprefix .. f.node, 'reserved', f.wtext)
+  end
+  if s.node ~= f.node and s.ended ~= '1' then  -- the context totals (store_types.context_of)
+    -- as integer text: a Lua number would be sent as "-0" or "1e+15", which HINCRBY refuses
+    local tokens = cjson.decode(redis.call('HGET', key, 'data')).tokens or 0
+    if s.node ~= '' then
+      redis.call('HINCRBY', nprefix .. s.node, 'contexts', string.format('%d', -tokens))
+      redis.call('HINCRBY', nprefix .. s.node, 'held', -1)
+    end
+    if f.node ~= '' then
+      redis.call('HINCRBY', nprefix .. f.node, 'contexts', string.format('%d', tokens))
+      redis.call('HINCRBY', nprefix .. f.node, 'held', 1)
+    end
   end
   local pooled = f.node == '' and s.ended ~= '1' and (f.activity == 'waiting' or f.activity == 'tool')
   if pooled then

@@ -5,7 +5,8 @@
 -- then the node hashes, then (only with tool samples) the tool statistics hash.
 -- ARGV[1] JSON {"c": [[key index, v, updated_at, probe], ...], "s": [[key index, raw id,
 -- new 0/1, pooled, in tool, field, value, field, value, ...], ...], "r": [[key index, reserved
--- delta], ...], "t": [[field, old, new], ...], "k": key index of the statistics hash}.
+-- delta, contexts delta, held delta], ...] (false: that total does not move), "t": [[field,
+-- old, new], ...], "k": key index of the statistics hash}.
 --
 -- ARGV[2..]: the session fields a moved hash is sent back with (store_codec.SESSION_FIELDS).
 --
@@ -72,7 +73,13 @@ for _, w in ipairs(batch.s) do
   end
 end
 for _, r in ipairs(batch.r) do
-  redis.call('HINCRBY', KEYS[r[1]], 'reserved', r[2])
+  if r[2] ~= false then
+    redis.call('HINCRBY', KEYS[r[1]], 'reserved', r[2])
+  end
+  if r[3] ~= false then
+    redis.call('HINCRBY', KEYS[r[1]], 'contexts', r[3])
+    redis.call('HINCRBY', KEYS[r[1]], 'held', r[4])
+  end
 end
 for _, t in ipairs(batch.t) do
   redis.call('HSET', KEYS[batch.k], t[1], t[3])

@@ -29,6 +29,7 @@ from shared.core.tick import (
     TickSnapshot,
     context_pressure,
     decide,
+    node_pressure,
     policy_rules,
     value_snapshot,
 )
@@ -203,6 +204,13 @@ class TestPaybackContext:
         assert context_pressure(sessions, nodes, 0) == {}
         # ``full`` (payback_capacity, tao's default): against the whole cache, not the target
         assert context_pressure(sessions, nodes, 100, full=True) == {"n0": 100}
+        # from the nodes' own totals (what the store keeps), the same on every setting
+        totals = {"n0": (9_900, 2), "n1": (4_950, 1), "n2": (5_000, 1)}
+        counted = [replace(nv, contexts=totals[nv.id][0], held=totals[nv.id][1]) for nv in nodes]
+        for headroom, full in ((100, False), (0, False), (100, True), (3_000, True)):
+            assert node_pressure(counted, headroom, full=full) == context_pressure(
+                sessions, nodes, headroom, full=full
+            )
 
     @pytest.mark.parametrize(
         ("policy", "paid_back"), [("tao", False), ("tao-payback-usable", True)]

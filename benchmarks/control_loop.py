@@ -69,11 +69,11 @@ import orjson
 import redis.asyncio as aioredis
 import structlog
 
-from services.planner.handlers import decode_snapshot, solves_inline
+from services.planner.handlers import decode_snapshot, plan_msg, solves_inline
 from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
-from shared.contracts.plan import Placement, Plan, WireAssignment
+from shared.contracts.plan import Placement
 from shared.contracts.session import SessionRequest
 from shared.contracts.tool import ToolEnd
 from shared.contracts.wake import Wake
@@ -454,7 +454,8 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
         t4 = time.perf_counter()
         if not applied.admitted:
             raise RuntimeError(f"tick bench: {sid} was not admitted ({applied})")
-        await valuator.on_plan(plan_of(decision), NO_DELIVERY)  # as the planner publishes it
+        plan = plan_msg(decision, policy.name, 0.0)  # as the planner publishes it
+        await valuator.on_plan(plan, NO_DELIVERY)
         fake.published.clear()
         for part, a, b in (("valuation run_tick", t0, t1), ("decode", t1, t2),
                            ("solve", t2, t3), ("apply", t3, t4), ("total", t0, t4)):  # fmt: skip
@@ -474,16 +475,6 @@ async def tick_times(store: Store, world: World, ticks: int) -> dict[str, list[f
 
 
 NO_DELIVERY = Delivery(subjects.plan(), {}, 1, None, 0.0)
-
-
-def plan_of(decision: Decision) -> Plan:
-    """The ``Plan`` the planner publishes for ``decision`` (its sessions, for the valuation)."""
-    return Plan(
-        tick=decision.tick,
-        policy="tao",
-        assignments=[WireAssignment(m.session, m.node) for m in decision.admits],
-        interrupts=[WireAssignment(m.session, m.node) for m in decision.interrupts],
-    )
 
 
 def wake_step(sid: str, tokens: int) -> SessionFn:

@@ -47,7 +47,7 @@ from shared.infra.lease import Leadership
 from shared.infra.signing import PlacementSigner
 from shared.infra.store_types import StateStore
 
-__all__ = ["Planner", "Snapshot", "decode_snapshot"]
+__all__ = ["Planner", "Snapshot", "decode_snapshot", "plan_msg"]
 
 _tracer = tracing.tracer("services.planner")
 
@@ -74,7 +74,8 @@ def decode_snapshot(data: bytes) -> Snapshot:
     )
 
 
-def _plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
+def plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
+    """The ``Plan`` published on ``tao.v1.plan`` for ``d``."""
     r = d.result
     return Plan(
         tick=d.tick,
@@ -252,7 +253,7 @@ class Planner:
         # The plan before the replan and the bookkeeping: the valuation re-reads the sessions it
         # names at its next tick (it reuses the rest of its pool, services/valuation/handlers.py)
         await self.bus.publish(
-            subjects.plan(), encode(_plan_msg(shown, self.policy.name, elapsed_ms))
+            subjects.plan(), encode(plan_msg(shown, self.policy.name, elapsed_ms))
         )
         if applied.discarded and not applied.fenced:
             await self._ask_replan(applied)

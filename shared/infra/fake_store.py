@@ -192,30 +192,27 @@ class FakeStore:
                 out[held[0]] = (tokens + held[1], n + 1)
         return out
 
-    def _with_reserved(self, rec: NodeRecord) -> NodeRecord:
-        tokens, held = self._contexts().get(rec.id, (0, 0))
+    def _with_reserved(
+        self, rec: NodeRecord, counts: dict[str, tuple[int, int]] | None = None
+    ) -> NodeRecord:
+        """``rec`` with the live ``reserved`` and context totals (``counts``: the
+        :meth:`_contexts` of this read, counted once for many records)."""
+        tokens, held = (self._contexts() if counts is None else counts).get(rec.id, (0, 0))
         return replace(rec, reserved=self._reserved.get(rec.id, 0), contexts=tokens, held=held)
 
     async def get_node(self, node: str) -> NodeRecord | None:
         check_node_id(node)
+        counts = self._contexts()
         rec = self._status.get(node)
         if rec is None:
-            if node not in self._reserved and node not in self._contexts():
+            if node not in self._reserved and node not in counts:
                 return None
-            return self._with_reserved(NodeRecord(id=node))
-        return self._with_reserved(rec)
+            rec = NodeRecord(id=node)
+        return self._with_reserved(rec, counts)
 
     async def nodes(self) -> list[NodeRecord]:
-        held = self._contexts()
-        return [
-            replace(
-                self._status[n],
-                reserved=self._reserved.get(n, 0),
-                contexts=held.get(n, (0, 0))[0],
-                held=held.get(n, (0, 0))[1],
-            )
-            for n in sorted(self._status)
-        ]
+        counts = self._contexts()
+        return [self._with_reserved(self._status[n], counts) for n in sorted(self._status)]
 
     async def node_views(self) -> list[NodeView]:
         return [rec.view() for rec in await self.nodes()]

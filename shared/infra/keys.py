@@ -152,6 +152,16 @@ class Keys:
         return f"{self.base}n:{check_node_id(node)}"
 
     @property
+    def session_prefix(self) -> str:
+        """What :meth:`session` puts before the escaped id (the Lua scripts append ids to it)."""
+        return f"{self.base}s:"
+
+    @property
+    def residency_prefix(self) -> str:
+        """What :meth:`residency` puts before the escaped id."""
+        return f"{self.base}res:"
+
+    @property
     def node_prefix(self) -> str:
         """What :meth:`node` puts before the node id (the Lua scripts append ids to it)."""
         return f"{self.base}n:"

@@ -681,8 +681,7 @@ class Store:
         script (``lua/rebuild_contexts.lua``); returns how many sessions hold a context. The
         session writes keep the totals as they go; this sets them where they were never kept
         (records written before they existed). O(stored sessions): run at start-up."""
-        cut = len(self.keys.session("x")) - 1
-        args = [self.keys.session("x")[:cut], self.keys.node_prefix, self.keys.nodes]
+        args = [self.keys.session_prefix, self.keys.node_prefix, self.keys.nodes]
         return int(await self._rebuild_contexts(keys=[self.keys.sessions], args=args))
 
     async def fence(self, epoch: int) -> bool:

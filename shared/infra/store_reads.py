@@ -183,7 +183,7 @@ class SessionReader:
         keys = self._redis.keys
         old = self._held.get(which, {})
         names = self._names.get(which, {})
-        cut = len(keys.session("x")) - 1  # the session key's prefix: what is left is the token
+        cut = len(keys.session_prefix)  # what is left of a session key is the token
         lines = [f"{names[sid][cut:]} {h.v} {h.updated_at}\n" for sid, h in old.items()]
         members, flat_nodes = await self._read_index(
             keys=[self._index_key(which)], args=[*self._prefixes(), "".join(lines), keys.nodes]
@@ -226,8 +226,7 @@ class SessionReader:
         """read_index.lua's ARGV[1..3]: the session, residency and node key prefixes."""
         assert self._redis is not None
         keys = self._redis.keys
-        cut = len(keys.session("x")) - 1
-        return [keys.session("x")[:cut], keys.residency("x")[:-1], keys.node_prefix]
+        return [keys.session_prefix, keys.residency_prefix, keys.node_prefix]
 
     @staticmethod
     def _replies(members: Sequence[Any]) -> list[tuple[str, Any, Any]]:
@@ -254,7 +253,7 @@ class SessionReader:
         ids = sorted(set(named))
         held, names = self._held.setdefault(which, {}), self._names.setdefault(which, {})
         seen = self._res.setdefault(which, {})
-        cut = len(keys.session("x")) - 1
+        cut = len(keys.session_prefix)
         tokens = {sid: names.get(sid) or keys.session(sid) for sid in ids}
         lines = [
             f"{tokens[sid][cut:]} {h.v} {h.updated_at}\n"
@@ -315,8 +314,8 @@ class SessionReader:
         out: list[Session] = []
         found: ResidencyMap = {}
         keys = self._redis.keys
-        cut = len(keys.session("x")) - 1  # the session key's prefix: what is left is the token
-        head = [keys.session("x")[:cut], keys.residency("x")[:-1] if residency else ""]
+        cut = len(keys.session_prefix)  # what is left of a session key is the token
+        head = [keys.session_prefix, keys.residency_prefix if residency else ""]
         names = self._names.get(cache, {})
         fresh: dict[str, str] = {}
         for lo in range(0, len(ids), self.chunk):

@@ -22,6 +22,7 @@ from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.core.policies import DEFAULT_BUDGET
 from shared.core.problem import ProblemError
 from shared.sim.des import SimConfig
+from shared.sim.describe import describe
 from shared.sim.runner import SIM_POLICIES, Run, run_grid, simulate
 from shared.sim.snapshots import SnapshotStudy, compare_snapshots
 from shared.sim.workloads import BUILTIN, Task, generate_tasks, load_workload
@@ -166,6 +167,11 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--describe-workload", action="store_true",
+        help="print the workload's tool-time and token fit (--tasks tasks, seed 0) beside the "
+        "published figures it cites, and run nothing",
+    )  # fmt: skip
     p.set_defaults(run=cmd_sim)
 
 
@@ -230,6 +236,10 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.snapshots < 0:
         raise ProblemError("--snapshots", f"must be >= 0, got {args.snapshots}")
     make, desc, timed = _tasks_maker(args)
+    if args.describe_workload:
+        family = args.workload or ("trace" if args.trace is not None else "swe-lite")
+        out.write(describe(family, make(0)) + "\n")
+        return 0
     workers: list[int | None]
     if args.workers is not None:
         workers = list(args.workers)

@@ -34,6 +34,27 @@ ours, stated so a reader can change them with a workload file):
 ``automation`` — AutomationBench-like remote-API tools (paper Table 3, 800 tasks). Assumptions:
   12 turns median, small contexts (3k → ~10k), API latency log-normal median 1.0 s, p90 6 s
   ("high variance"), 2 % of calls 20–90 s.
+``swe-agent`` — SWE-agent 1.1 on SWE-Bench Pro (github.com/nilenso/swe-bench-pro-cost-token-time-
+  analysis: 616 tasks × 2 models). Measured there: median step ≈ 0.42 s, 2.4–3.7 % of steps
+  over 10 s, 0.7–1.05 % over 60 s, the longest call per task p50 16–39 s; steps per task
+  p10/p50/p90 28/59/113 and 52/78/105; mean context per call 35–42k tokens. Fit: turns log-normal
+  median 66, p90 110 (between the two models), clipped to [10, 250]; tools 96.4 % quick
+  editor/shell calls (log-normal median 0.4 s, p90 1.5 s), 3 % test runs (median 14 s, p90 45 s),
+  0.6 % long runs uniform 60–600 s. Context: 6k first request, observations median 350 / p90
+  1,400 tokens and outputs median 200 / p90 600 (assumptions, chosen so the mean context per
+  call lands in 35–42k). Tool names are the command's program, so per-tool history can separate
+  the quick calls from test runs (assumption, as for swe-lite).
+``claude-code`` — interactive Claude Code / Codex with the heavy tail of TraceLab
+  (github.com/uw-syfi/TraceLab, 357k steps of real Claude Code and Codex use): per call p50
+  0.3 s, p90 13.6 s, p99 3.6 min, mean 18.4 s; 61 % < 1 s, 27 % 1–10 s, 8 % 10–60 s, 4 % > 60 s,
+  and the calls over 60 s hold 85 % of all tool time; Claude's Bash p50 0.41 s, Read 36 ms, Edit
+  95 ms; median append 875 tokens, median output 214. Fit: Read (median 36 ms), Edit (95 ms),
+  Grep/Glob (0.15 s), Bash (median 0.9 s, p90 5 s, Claude Code's 120 s default timeout),
+  ``Bash:test`` (test and build runs, median 15 s, p90 45 s, a 600 s timeout: the Bash tool's
+  maximum) and ``Task`` (sub-agents and other long work, median 100 s, p90 800 s, ≤ 1 h). The
+  ``Bash:<kind>`` names assume the hook reports a test or build command apart from other Bash
+  calls. Turns, prefix and the tails of the token distributions are terminal-bench's
+  assumptions. ``tao sim --describe-workload`` prints the fit's quantiles beside these.
 ``chat`` — no tools, one turn (assumption: prompt log-normal median 800, output median 250).
 
 The TOML format (docs/evaluation.md) has exactly the keys of :data:`BUILTIN`'s tables.
@@ -127,6 +148,7 @@ class WorkloadSpec:
 
 
 _SHORT = {"dist": "lognormal", "median": 0.4, "p90": 0.7}
+_QUICK = {"dist": "lognormal", "median": 0.4, "p90": 1.5, "max": 30}
 
 BUILTIN: dict[str, dict[str, object]] = {
     "swe-lite": {
@@ -181,6 +203,53 @@ BUILTIN: dict[str, dict[str, object]] = {
             {"name": "http", "weight": 98.0, "duration": {"dist": "lognormal", "median": 1.0,
                                                           "p90": 6.0, "max": 60}},
             {"name": "http", "weight": 2.0, "duration": {"dist": "uniform", "lo": 20, "hi": 90}},
+        ],
+    },
+    "swe-agent": {
+        "description": "SWE-agent 1.1 on SWE-Bench Pro (measured tool times)",
+        "shared_prefix_tokens": 2000,
+        "initial_tokens": {"dist": "uniform", "lo": 3000, "hi": 5000},
+        "turns": {"dist": "lognormal", "median": 66, "p90": 110, "min": 10, "max": 250},
+        "output_tokens": {"dist": "lognormal", "median": 200, "p90": 600, "min": 20, "max": 4000},
+        "observation_tokens": {"dist": "lognormal", "median": 350, "p90": 1400, "max": 16000},
+        "max_context": 128000,
+        "tools": [
+            {"name": "view", "weight": 30.0, "duration": _QUICK},
+            {"name": "edit", "weight": 20.0, "duration": _QUICK},
+            {"name": "grep", "weight": 15.0, "duration": _QUICK},
+            {"name": "find", "weight": 8.0, "duration": _QUICK},
+            {"name": "ls", "weight": 8.0, "duration": _QUICK},
+            {"name": "git", "weight": 5.0, "duration": _QUICK},
+            {"name": "python", "weight": 10.4, "duration": _QUICK},
+            {"name": "pytest", "weight": 3.0, "duration": {"dist": "lognormal", "median": 14,
+                                                            "p90": 45, "max": 600}},
+            {"name": "pytest", "weight": 0.4, "duration": {"dist": "uniform", "lo": 60, "hi": 600}},
+            {"name": "make", "weight": 0.2, "duration": {"dist": "uniform", "lo": 60, "hi": 600}},
+        ],
+    },
+    "claude-code": {
+        "description": "interactive Claude Code / Codex (TraceLab tool times)",
+        "shared_prefix_tokens": 15000,
+        "initial_tokens": {"dist": "uniform", "lo": 1000, "hi": 3000},
+        "turns": {"dist": "lognormal", "median": 40, "p90": 90, "min": 5, "max": 200},
+        "output_tokens": {"dist": "lognormal", "median": 214, "p90": 800, "min": 20, "max": 4000},
+        "observation_tokens": {"dist": "lognormal", "median": 875, "p90": 4000, "max": 20000},
+        "max_context": 120000,
+        "tools": [
+            {"name": "Read", "weight": 21.0, "duration": {"dist": "lognormal", "median": 0.036,
+                                                           "p90": 0.15, "max": 10}},
+            {"name": "Edit", "weight": 13.0, "duration": {"dist": "lognormal", "median": 0.095,
+                                                           "p90": 0.4, "max": 10}},
+            {"name": "Grep", "weight": 6.0, "duration": {"dist": "lognormal", "median": 0.15,
+                                                          "p90": 0.8, "max": 30}},
+            {"name": "Glob", "weight": 4.0, "duration": {"dist": "lognormal", "median": 0.15,
+                                                          "p90": 0.8, "max": 30}},
+            {"name": "Bash", "weight": 40.0, "timeout_s": 120.0,
+             "duration": {"dist": "lognormal", "median": 0.9, "p90": 5.0, "max": 120}},
+            {"name": "Bash:test", "weight": 11.0, "timeout_s": 600.0,
+             "duration": {"dist": "lognormal", "median": 15.0, "p90": 45.0, "max": 600}},
+            {"name": "Task", "weight": 4.2, "duration": {"dist": "lognormal", "median": 100.0,
+                                                          "p90": 800.0, "max": 3600}},
         ],
     },
     "chat": {

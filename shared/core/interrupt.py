@@ -24,12 +24,13 @@ Pure: values in, values out.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 __all__ = [
     "InterruptCandidate",
     "InterruptDecision",
+    "ReleaseKey",
     "interrupt_key",
     "pool_deficit",
     "select_interrupts",
@@ -81,15 +82,21 @@ def interrupt_key(c: InterruptCandidate) -> tuple[int, int, int, int, str]:
     return (c.credit, c.ready, c.tokens, -c.weight, c.id)
 
 
+ReleaseKey = Callable[[InterruptCandidate], tuple[object, ...]]
+"""An order of release, first released first (:func:`interrupt_key` by default)."""
+
+
 def select_interrupts(
     running: Sequence[InterruptCandidate],
     demand: int,
     free: int,
     *,
     protect_ready: bool = True,
+    key: ReleaseKey = interrupt_key,
 ) -> InterruptDecision:
     """Interrupt the least valuable non-ready sessions until ``demand - free`` is freed
-    (``protect_ready=False``: whatever their readiness)."""
+    (``protect_ready=False``: whatever their readiness; ``key``: another order, e.g. the
+    cost model's most seconds gained first)."""
     seen: set[str] = set()
     for c in running:
         if c.id in seen:
@@ -98,7 +105,7 @@ def select_interrupts(
             raise ValueError(f"running[{c.id!r}].weight: must be >= 0, got {c.weight}")
         seen.add(c.id)
     deficit = max(0, demand - max(0, free))
-    order = sorted(running, key=interrupt_key)
+    order = sorted(running, key=key)
     protected = tuple(c.id for c in order if c.ready) if protect_ready else ()
     chosen: list[str] = []
     per_node: dict[str, int] = {}
@@ -122,8 +129,10 @@ def select_interrupts(
     )
 
 
-def select_releases(running: Sequence[InterruptCandidate], need: int) -> InterruptDecision:
-    """Release sessions in ascending value order, *whatever their readiness*, until ``need``
-    tokens are freed (the pay-back rule of :mod:`shared.core.rules`: an over-committed node
-    must come back within capacity, or the engine preempts)."""
-    return select_interrupts(running, need, 0, protect_ready=False)
+def select_releases(
+    running: Sequence[InterruptCandidate], need: int, key: ReleaseKey = interrupt_key
+) -> InterruptDecision:
+    """Release sessions in ascending value order (or ``key``'s), *whatever their readiness*,
+    until ``need`` tokens are freed (the pay-back rule of :mod:`shared.core.rules`: an
+    over-committed node must come back within capacity, or the engine preempts)."""
+    return select_interrupts(running, need, 0, protect_ready=False, key=key)

@@ -29,6 +29,26 @@ the upper clip (the true duration exceeded ``L_cens``, so the range must allow i
 predicted end is ``start + d``; the remaining time ``max(0, start + d - now)`` is the estimate
 minus elapsed, floored at 0. This is a scheduling heuristic, not a calibrated probability.
 
+**Expected remaining time** (:func:`expected_remaining_s`, what a release of the session's
+room is worth): the prediction bound above answers "by when will it most likely have ended",
+which is what readiness needs; the time a held reservation stays unused is the *mean* remaining
+duration given that the call has already run ``e`` seconds, ``E[D - e | D > e]``. Tool times
+are heavy-tailed (a call that has run long is expected to run longer), so it is computed from a
+log-normal fitted to the history's mean ``m`` and variance ``v`` by moments,
+``σ² = ln(1 + v/m²)``, ``μ = ln m - σ²/2``::
+
+    E[D - e | D > e] = exp(μ + σ²/2) · Q(z - σ) / Q(z) - e,   z = (ln e - μ) / σ
+
+(``Q`` the standard normal survival function; ``e <= 0`` gives ``m``). Where ``Q(z)`` underflows
+(the call has outrun its history by far) it is "as long again as it has run so far", ``e``;
+with interface evidence it is ``end - now`` while the end is ahead, then ``e``; with no history
+``DEFAULT_DURATION_S - e``, then ``e``. A ``deadline`` caps it at ``deadline - now``.
+
+**Liveness** (``Prediction.alive_ts``): the time of the latest evidence that an open call is
+still running. An end is reported when it happens (a hook, or the gateway's next request), so
+its absence is such evidence up to ``now``: an open call's prediction never goes stale while it
+runs (a session that silently stopped is ended by the idle sweep, not by readiness).
+
 ``t_{ν, 0.90}`` comes from the standard Student-t table for ν = 1..30 (4 decimals); beyond 30
 from the normal quantile ``z = 1.2815516`` with the two-term Cornish–Fisher correction
 ``z + (z³ + z)/(4ν) + (5z⁵ + 16z³ + 3z)/(96ν²)`` (error < 1e-4 there, tends to ``z``).
@@ -56,6 +76,7 @@ __all__ = [
     "censor",
     "duration_bound",
     "estimate_duration",
+    "expected_remaining_s",
     "fold",
     "margin_factor",
     "predict_end",
@@ -259,11 +280,19 @@ class ToolCallView:
 
 @dataclass(frozen=True, slots=True)
 class Prediction:
-    """When the call is predicted to end, from which evidence, last updated when."""
+    """When the call is predicted to end, from which evidence, last updated when, and the
+    time of the latest evidence that the call is still running (``alive_ts``: ``now`` for an
+    open call, module docstring; ``evidence_ts`` when not given)."""
 
     predicted_end: float
     evidence: Evidence
     evidence_ts: float
+    alive_ts: float | None = field(default=None, compare=False)
+
+    @property
+    def alive(self) -> float:
+        """``alive_ts``, else ``evidence_ts``."""
+        return self.evidence_ts if self.alive_ts is None else self.alive_ts
 
     @property
     def observed(self) -> bool:
@@ -313,5 +342,52 @@ def predict_end(call: ToolCallView, history: History, now: float) -> Prediction:
         duration, evidence = estimate_duration(history, call.tool)
         end, ts = call.started_at + duration, call.started_at
     if call.deadline is not None and call.deadline < end:
-        return Prediction(call.deadline, "deadline", min(now, call.deadline))
-    return Prediction(end, evidence, min(ts, now))
+        return Prediction(call.deadline, "deadline", min(now, call.deadline), now)
+    return Prediction(end, evidence, min(ts, now), now)
+
+
+def _q(z: float) -> float:
+    """Standard normal survival function ``P(Z > z)``."""
+    return 0.5 * math.erfc(z / math.sqrt(2.0))
+
+
+def _mean_residual(stats: ToolStats, elapsed: float) -> float | None:
+    """``E[D - e | D > e]`` under the moment-fitted log-normal (module docstring); None when
+    the tail has underflowed or the history cannot fit one."""
+    m, v = stats.mean, stats.variance
+    if m <= 0.0:
+        return None
+    if elapsed <= 0.0:
+        return m
+    s2 = math.log1p(v / (m * m))
+    if s2 <= 0.0:  # every sample the same: a point mass at m
+        return m - elapsed if elapsed < m else None
+    sigma = math.sqrt(s2)
+    z = (math.log(elapsed) - (math.log(m) - s2 / 2.0)) / sigma
+    tail = _q(z)
+    if tail < 1e-12:
+        return None
+    return max(0.0, m * _q(z - sigma) / tail - elapsed)
+
+
+def expected_remaining_s(call: ToolCallView, history: History, now: float) -> float:
+    """Mean remaining seconds of ``call`` given how long it has run (module docstring)."""
+    pred = predict_end(call, history, now)
+    if pred.observed:
+        return 0.0
+    elapsed = max(0.0, now - call.started_at)
+    again = elapsed
+    if pred.evidence in ("expected_end", "progress"):
+        out = pred.predicted_end - now if now < pred.predicted_end else again
+    else:
+        stats = history.of(call.tool)
+        if stats.count < MIN_SAMPLES:
+            stats = history.overall
+        if stats.count >= MIN_SAMPLES:
+            got = _mean_residual(stats, elapsed)
+            out = again if got is None else got
+        else:
+            out = DEFAULT_DURATION_S - elapsed if elapsed < DEFAULT_DURATION_S else again
+    if call.deadline is not None:
+        out = min(out, max(0.0, call.deadline - now))
+    return max(0.0, out)

@@ -11,9 +11,13 @@ Rules, first match wins (the ``rule`` names are what :class:`ReadinessResult` re
    result carries ``probe_consumed=True``; afterwards ``probe-spent`` → 0 until newer evidence
    arrives (an ``evidence_ts`` later than the one the probe was spent on re-arms it). The
    session is therefore never stuck at "ready".
-3. ``horizon`` → 1 when the predicted remaining time is ≤ ``horizon_s`` *and* the evidence is
-   fresh (``now - evidence_ts <= freshness_s``, both inclusive); otherwise ``stale`` → 0 (old
+3. ``horizon`` → 1 when the predicted remaining time is ≤ ``horizon_s`` *and* the evidence that
+   the call is still running is fresh (``now - alive <= freshness_s``, both inclusive, where
+   ``alive`` is :attr:`Prediction.alive`: for an open call the absence of its end, i.e. ``now``,
+   so a long call's prediction does not go stale while it runs); otherwise ``stale`` → 0 (old
    evidence) or ``beyond-horizon`` → 0 (fresh, but the end is further than the horizon).
+   The horizon is the caller's: the paper's constant ``H``, or per session the time its
+   readmission takes (:func:`shared.core.rules.readmit_horizon_s`).
 
 The probe is explicit state the caller persists per session: ``probe_mark`` is the evidence
 timestamp the probe was last spent on (``None`` = never). Pass it in, store
@@ -96,7 +100,7 @@ def readiness(
         if mark is None or pred.evidence_ts > mark:
             return ReadinessResult(1, "probe", probe_consumed=True, probe_mark=pred.evidence_ts)
         return ReadinessResult(0, "probe-spent", probe_mark=mark)
-    if now - pred.evidence_ts > freshness_s:
+    if now - pred.alive > freshness_s:
         return ReadinessResult(0, "stale", probe_mark=mark)
     if pred.remaining(now) <= horizon_s:
         return ReadinessResult(1, "horizon", probe_mark=mark)

@@ -5,17 +5,22 @@ The full account: docs/internals.md, section ``shared/core/rules.py``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Final
 
 __all__ = [
     "ABLATIONS",
     "DEFAULT_RULES",
+    "HOLD",
     "PAPER",
     "TaoRules",
     "expected_remaining",
     "growth_reserve",
+    "readmit_horizon_s",
+    "recompute_s",
     "release_cost_s",
+    "release_net_s",
     "release_worth",
 ]
 
@@ -31,14 +36,21 @@ class TaoRules:
 
     use_cache: bool = True
     use_ready: bool = True
+    cost: bool = True
+    """The time cost model (docs/internals.md, "The time a decision saves or costs"): a
+    tool-running session's expected remaining time is the mean residual of its tool's history
+    (:func:`shared.core.predictor.expected_remaining_s`); the pay-back releases the sessions
+    whose release nets the most seconds first (:func:`release_net_s`); the readiness horizon
+    of each session is the time its readmission takes (:func:`readmit_horizon_s`). Off: the
+    paper's constant horizon, the ``(k, r, t)`` release order and "as long again"."""
     payback: bool = True
     need: bool = True
     hold: bool = True
     growth: bool = True
     aging: bool = False
     stay: bool = True
-    evict: bool = False
-    demand: bool = False
+    evict: bool = True
+    demand: bool = True
     payback_context: bool = True
     payback_smallest: bool = False
     readmit: bool = False
@@ -72,10 +84,18 @@ class TaoRules:
 
 
 DEFAULT_RULES: Final = TaoRules()
-"""``tao``: the rules and constants of the documented sweeps (docs/evaluation.md): pay-back on
-contexts, no release for the pool's demand, no aging."""
+"""``tao``: the time cost model (``cost``) deciding which tool-running sessions release their
+room, for the pool's demand (``demand`` with ``evict``: only where the room is worth the
+release) and for a full node's pay-back on contexts (most seconds gained first), and when a
+released session is taken back (readiness with a per-session horizon); no aging."""
+
+HOLD: Final = TaoRules(cost=False, evict=False, demand=False)
+"""``tao-hold``: the rules before the cost model (the default until 2026-12-06): pay-back on
+contexts in ``(k, r, t)`` order, no release for the pool's demand, the paper's 1 s horizon."""
 
 PAPER: Final = TaoRules(
+    cost=False,
+    evict=False,
     payback=False,
     need=False,
     hold=False,
@@ -91,25 +111,28 @@ PAPER: Final = TaoRules(
 ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-no-cache": replace(DEFAULT_RULES, use_cache=False),
     "tao-no-ready": replace(DEFAULT_RULES, use_ready=False),
+    "tao-no-cost": replace(DEFAULT_RULES, cost=False),
+    "tao-hold": HOLD,
     "tao-no-cache-no-ready": replace(DEFAULT_RULES, use_cache=False, use_ready=False),
     "tao-no-payback": replace(DEFAULT_RULES, payback=False),
     "tao-no-need": replace(DEFAULT_RULES, need=False),
-    "tao-demand": replace(DEFAULT_RULES, demand=True),
-    "tao-no-hold": replace(DEFAULT_RULES, demand=True, hold=False),
+    "tao-demand": replace(HOLD, demand=True),
+    "tao-no-hold": replace(HOLD, demand=True, hold=False),
     "tao-no-growth": replace(DEFAULT_RULES, growth=False),
     "tao-aging": replace(DEFAULT_RULES, aging=True),
     "tao-no-stay": replace(DEFAULT_RULES, stay=False),
     "tao-paper": PAPER,
-    "tao-evict": replace(DEFAULT_RULES, demand=True, hold=False, evict=True),
-    "tao-payback-reserved": replace(DEFAULT_RULES, payback_context=False),
-    "tao-prev": replace(DEFAULT_RULES, payback_context=False, demand=True),
-    "tao-readmit": replace(DEFAULT_RULES, readmit=True),
-    "tao-payback-usable": replace(DEFAULT_RULES, payback_capacity=False),
+    "tao-evict": replace(HOLD, demand=True, hold=False, evict=True),
+    "tao-payback-reserved": replace(HOLD, payback_context=False),
+    "tao-prev": replace(HOLD, payback_context=False, demand=True),
+    "tao-readmit": replace(HOLD, readmit=True),
+    "tao-payback-usable": replace(HOLD, payback_capacity=False),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
-``tao-paper``, which switches off every rule; ``tao-no-hold`` and ``tao-evict``, which turn the
-demand step on to change how it chooses; and ``tao-prev``, the rules before the pay-back on
-contexts and without the demand step, kept to compare with)."""
+``tao-paper``, which switches off every rule, and the variants of ``tao-hold``, the rules before
+the cost model: ``tao-demand``, ``tao-no-hold``, ``tao-evict``, ``tao-payback-reserved``,
+``tao-prev``, ``tao-readmit`` and ``tao-payback-usable`` each differ from ``tao-hold`` in the
+rule they name, as they did from the default they were measured against)."""
 
 
 def growth_reserve(n: int, mean: float, m2: float, default: int, rules: TaoRules) -> int:
@@ -131,14 +154,36 @@ def expected_remaining(predicted_end: float, started_at: float, now: float) -> f
     return max(0.0, now - started_at)
 
 
+def recompute_s(evicted: int, kept: int, rules: TaoRules) -> float:
+    """Seconds of prefill to recompute ``evicted`` tokens after ``kept`` cached ones: the
+    profile's ``b`` per token plus ``f`` per attended (token, context token) pair."""
+    e, k = max(0, evicted), max(0, kept)
+    return e * (rules.evict_prefill_s + rules.evict_attn_s * (k + e / 2))
+
+
 def release_cost_s(tokens: int, slack: int, running: int, rules: TaoRules) -> float:
     """Expected seconds a release of a ``tokens``-long session costs (the ``evict`` rule):
     the recompute of the tail that the node's unclaimable cache ``slack`` (capacity − reserved −
     free tokens) cannot keep, times the ``1 + running`` requests it delays, plus the re-queue."""
     evicted = min(max(0, tokens), max(0, tokens - max(0, slack)))
     kept = max(0, tokens) - evicted
-    recompute = evicted * (rules.evict_prefill_s + rules.evict_attn_s * (kept + evicted / 2))
-    return (1 + max(0, running)) * recompute + rules.evict_requeue_s
+    return (1 + max(0, running)) * recompute_s(evicted, kept, rules) + rules.evict_requeue_s
+
+
+def readmit_horizon_s(tokens: int, rules: TaoRules) -> float:
+    """How long before a released session's call returns it must be taken back so that it
+    can run when it does (the ``cost`` rule's readiness horizon): the control loop's round
+    trip plus the prefill of its whole context (a released prefix is assumed evicted; a host
+    tier would make this its reload)."""
+    return rules.evict_requeue_s + recompute_s(tokens, 0, rules)
+
+
+def release_net_s(remaining_s: float, tokens: int, slack: int, running: int, rules: TaoRules) -> float:
+    """Seconds a release nets: the room's expected idle time ``remaining_s`` minus
+    :func:`release_cost_s` (``inf`` when the remaining time is unknown)."""
+    if math.isinf(remaining_s):
+        return math.inf
+    return remaining_s - release_cost_s(tokens, slack, running, rules)
 
 
 def release_worth(

@@ -17,7 +17,7 @@ Pure: ``now`` / ``at`` are arguments.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from shared.core.decay import decayed_credits
@@ -28,7 +28,7 @@ from shared.core.interrupt import (
     select_releases,
 )
 from shared.core.policies.base import PlanOptions, Policy
-from shared.core.predictor import History, predict_end
+from shared.core.predictor import History, expected_remaining_s, predict_end
 from shared.core.problem import Candidate, Node, Phase, PlanResult, Problem
 from shared.core.readiness import ReadinessState, readiness
 from shared.core.rules import (
@@ -36,6 +36,8 @@ from shared.core.rules import (
     TaoRules,
     expected_remaining,
     growth_reserve,
+    readmit_horizon_s,
+    release_cost_s,
     release_worth,
 )
 from shared.core.session import Session, admit, release
@@ -241,7 +243,7 @@ def value_snapshot(
         r = readiness(
             ReadinessState(pred, s.probe_mark),
             now,
-            horizon_s=params.horizon_s,
+            horizon_s=readmit_horizon_s(s.tokens, rules) if rules.cost else params.horizon_s,
             freshness_s=params.freshness_s,
         )
         marks[s.id] = r.probe_mark
@@ -250,11 +252,12 @@ def value_snapshot(
             node = s.node
             assert node is not None
             credits = credits_of(s.id)
-            remaining = (
-                math.inf
-                if pred is None or s.tool is None
-                else expected_remaining(pred.predicted_end, s.tool.started_at, now)
-            )
+            if pred is None or s.tool is None:
+                remaining = math.inf
+            elif rules.cost:  # the mean residual of its history (shared.core.predictor)
+                remaining = expected_remaining_s(s.tool.view(), history, now)
+            else:
+                remaining = expected_remaining(pred.predicted_end, s.tool.started_at, now)
             inter.append(
                 InterruptCandidate(
                     id=s.id,
@@ -382,6 +385,7 @@ def _ablated(snapshot: TickSnapshot, rules: TaoRules) -> TickSnapshot:
             ic,
             credit=ic.credit if rules.use_cache else 0,
             ready=ic.ready if rules.use_ready else 0,
+            remaining_s=ic.remaining_s if rules.use_ready else math.inf,
         )
         for ic in snapshot.interrupts
     )
@@ -405,14 +409,20 @@ def releasable(ic: InterruptCandidate, snapshot: TickSnapshot, rules: TaoRules) 
     only when the pool's demand exceeds every node's free room, which it then fills), else with
     ``hold`` when its tool will run :func:`hold_threshold` longer, else always."""
     if rules.evict:
-        nd = next((nd for nd in snapshot.nodes if nd.id == ic.node), None)
-        claimed = 0 if nd is None else nd.load + nd.free  # the pool takes the free room too
-        slack = snapshot.capacity.get(ic.node, 0) - claimed
+        slack = _slack(snapshot, ic.node)
         running = snapshot.running.get(ic.node, 0)
         return release_worth(ic.remaining_s, ic.tokens, slack, running, rules)
     if rules.hold:
         return ic.remaining_s >= hold_threshold(ic, rules)
     return True
+
+
+def _slack(snapshot: TickSnapshot, node: str) -> int:
+    """The cache on ``node`` no reservation can claim once the pool takes the free room:
+    ``capacity − reserved − free`` (the ``evict`` rule)."""
+    nd = next((nd for nd in snapshot.nodes if nd.id == node), None)
+    claimed = 0 if nd is None else nd.load + nd.free  # the pool takes the free room too
+    return snapshot.capacity.get(node, 0) - claimed
 
 
 def decide(
@@ -519,6 +529,23 @@ class _Round:
         if node in self.free:
             self.free[node] += tokens - paid
 
+    def net_key(self, node: str | None) -> Callable[[InterruptCandidate], tuple[object, ...]]:
+        """The cost model's release order (``cost``): most seconds a release nets first
+        (:func:`shared.core.rules.release_net_s`: expected idle time of the room minus the
+        recompute and re-queue it causes), then the ``(k, r, t)`` order on ties. ``node``:
+        the pay-back of that full node, where nothing of a released prefix stays (slack 0);
+        None: the demand step, with each node's slack as :func:`releasable` reads it."""
+        snapshot, rules = self.snapshot, self.rules
+
+        def key(ic: InterruptCandidate) -> tuple[object, ...]:
+            slack = 0 if node is not None else _slack(snapshot, ic.node)
+            running = snapshot.running.get(ic.node, 0)
+            cost = release_cost_s(ic.tokens, slack, running, rules)
+            net = -math.inf if math.isinf(ic.remaining_s) else cost - ic.remaining_s
+            return (net, *interrupt_key(ic))
+
+        return key
+
     def pay_back(self) -> None:
         """1. Over-committed nodes first: on reservations, or (``payback_context``) on
         contexts."""
@@ -532,10 +559,11 @@ class _Round:
                 on_node = [replace(c, weight=c.tokens + rules.payback_headroom) for c in on_node]
                 if rules.payback_smallest:  # value order without credit and readiness: by tokens
                     on_node = [replace(c, credit=0, ready=0) for c in on_node]
+            key = self.net_key(node) if rules.cost else interrupt_key
             if rules.payback:
-                first = select_releases(on_node, need)
+                first = select_releases(on_node, need, key)
             else:
-                first = select_interrupts(on_node, need, 0)
+                first = select_interrupts(on_node, need, 0, key=key)
             self.take(first.interrupt, "payback")
             for sid in first.interrupt:
                 self.freed(node, self.by_id[sid].weight)
@@ -587,7 +615,10 @@ class _Round:
             and releasable(c, snapshot, self.rules)
         ]
         second = select_interrupts(
-            rest, demand, sum(v for b, v in self.free.items() if b not in blocked)
+            rest,
+            demand,
+            sum(v for b, v in self.free.items() if b not in blocked),
+            key=self.net_key(None) if self.rules.cost else interrupt_key,
         )
         self.take(second.interrupt, "demand")
         for node, tokens in second.freed_per_node.items():

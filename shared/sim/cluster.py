@@ -202,7 +202,12 @@ class PooledScheduler(_Base):
         self.tag = tag
         """Prefix of this scheduler's timer names (a domain's, so they reach it)."""
         self.name = policy_name
-        self.rules = policy_rules(self.policy)
+        # the cost model's prefill terms are the engine profile's (docs/internals.md)
+        self.rules = replace(
+            policy_rules(self.policy),
+            evict_prefill_s=sim.profile.prefill_b,
+            evict_attn_s=sim.profile.prefill_f,
+        )
         self.latency = sim.config.latency
         self.tick_no = 0
         self.next_wake: float | None = None

@@ -303,10 +303,12 @@ class TestHold:
         assert run(s, DEMAND)[0] == []
 
     def test_no_demand_step_keeps_every_tool_session(self) -> None:
-        """``tao`` (the demand step off): a needy request does not get a long tool's room."""
+        """``tao-hold`` (the demand step off): a needy request does not get a long tool's
+        room; ``tao`` (the cost model) gives it the room."""
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", remaining_s=600.0)])
-        assert run(s, DEFAULT_RULES) == ([], [])
+        assert run(s, ABLATIONS["tao-hold"]) == ([], [])
         assert run(s, DEMAND) == (["t"], [("w", "n0")])
+        assert run(s, DEFAULT_RULES) == (["t"], [("w", "n0")])
 
 
 EVICT = ABLATIONS["tao-evict"]
@@ -385,7 +387,7 @@ class TestEvict:
 
     def test_variant_replaces_the_hold(self) -> None:
         assert replace(DEMAND, hold=False, evict=True) == EVICT
-        assert not DEFAULT_RULES.evict
+        assert not ABLATIONS["tao-hold"].evict and DEFAULT_RULES.evict
 
 
 class TestAging:

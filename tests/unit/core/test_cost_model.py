@@ -1,0 +1,207 @@
+"""The time cost model: expected remaining time, liveness, the readmission horizon, the
+release order and gate (shared/core/predictor.py, readiness.py, rules.py, tick.py)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from shared.core.interrupt import InterruptCandidate
+from shared.core.policies import get_policy
+from shared.core.predictor import (
+    DEFAULT_DURATION_S,
+    History,
+    ToolCallView,
+    expected_remaining_s,
+    fold,
+    predict_end,
+    record,
+)
+from shared.core.problem import Node
+from shared.core.readiness import ReadinessState, readiness
+from shared.core.rules import (
+    ABLATIONS,
+    DEFAULT_RULES,
+    HOLD,
+    PAPER,
+    readmit_horizon_s,
+    recompute_s,
+    release_cost_s,
+    release_net_s,
+)
+from shared.core.tick import TickSnapshot, decide
+
+
+def _history(tool: str, durations: list[float]) -> History:
+    h = History()
+    for d in durations:
+        h = record(h, tool, d)
+    return h
+
+
+HEAVY = [0.2, 0.3, 0.4, 0.5, 1.0, 2.0, 30.0, 300.0]
+"""A heavy-tailed tool: mostly short calls and a few very long ones."""
+
+
+class TestExpectedRemaining:
+    """``E[D − e | D > e]`` under the moment-fitted log-normal, with its fallbacks."""
+
+    @pytest.mark.parametrize(
+        ("call", "history", "now", "expected"),
+        [
+            # no history: the default duration minus elapsed, then as long again
+            (ToolCallView("x", 0.0), History(), 1.0, DEFAULT_DURATION_S - 1.0),
+            (ToolCallView("x", 0.0), History(), 8.0, 8.0),
+            # observed: nothing remains
+            (ToolCallView("x", 0.0, completed_at=2.0), History(), 3.0, 0.0),
+            # interface evidence: its end while ahead, then as long again
+            (ToolCallView("x", 0.0, expected_end=10.0), History(), 4.0, 6.0),
+            (ToolCallView("x", 0.0, expected_end=10.0), History(), 12.0, 12.0),
+            # a deadline caps it
+            (ToolCallView("x", 0.0, deadline=3.0), History(), 1.0, 2.0),
+            # every sample equal: a point mass
+            (ToolCallView("t", 0.0), _history("t", [4.0, 4.0, 4.0]), 1.0, 3.0),
+        ],
+    )  # fmt: skip
+    def test_table(
+        self, call: ToolCallView, history: History, now: float, expected: float
+    ) -> None:
+        """Each row's evidence gives its documented remaining time."""
+        assert expected_remaining_s(call, history, now) == pytest.approx(expected)
+
+    def test_at_start_is_the_mean(self) -> None:
+        """Before a call has run, its expected remaining time is its history's mean."""
+        h = _history("t", HEAVY)
+        assert expected_remaining_s(ToolCallView("t", 5.0), h, 5.0) == pytest.approx(
+            fold(HEAVY).mean
+        )
+
+    def test_heavy_tail_grows_with_elapsed(self) -> None:
+        """A heavy-tailed tool that has run long is expected to run longer still."""
+        h = _history("t", HEAVY)
+        got = [expected_remaining_s(ToolCallView("t", 0.0), h, e) for e in (0.1, 1.0, 10.0, 60.0)]
+        assert got[1] > got[0] or got[0] == pytest.approx(got[1], rel=0.05)
+        assert got[2] > got[1]
+        assert got[3] > got[2]
+
+    def test_matches_numeric_integral(self) -> None:
+        """The closed form equals the residual mean integrated numerically."""
+        h = _history("t", HEAVY)
+        st = h.of("t")
+        s2 = math.log1p(st.variance / st.mean**2)
+        mu, sigma = math.log(st.mean) - s2 / 2, math.sqrt(s2)
+        e = 5.0
+        xs = [e * math.exp(i * 0.001) for i in range(1, 20000)]
+
+        def pdf(x: float) -> float:
+            return math.exp(-((math.log(x) - mu) ** 2) / (2 * s2)) / (x * sigma * math.sqrt(2 * math.pi))
+
+        num = sum((x - e) * pdf(x) * x * 0.001 for x in xs)
+        den = sum(pdf(x) * x * 0.001 for x in xs)
+        assert expected_remaining_s(ToolCallView("t", 0.0), h, e) == pytest.approx(num / den, rel=0.01)
+
+    def test_global_history_when_the_tool_has_none(self) -> None:
+        """A tool without two samples of its own uses the global history."""
+        h = _history("a", [1.0, 3.0])
+        assert expected_remaining_s(ToolCallView("new", 0.0), h, 0.0) == pytest.approx(2.0)
+
+
+class TestLiveness:
+    """An open call's prediction is fresh while it runs; a long call can become ready."""
+
+    def test_long_call_reaches_the_horizon(self) -> None:
+        """A 100 s history call is ready 1 s before its predicted end, 99 s after it started
+        (its evidence, the start, is long past the 30 s freshness window)."""
+        h = _history("t", [100.0, 100.0])
+        pred = predict_end(ToolCallView("t", 0.0), h, 99.5)
+        assert pred.alive == 99.5 and pred.evidence_ts == 0.0
+        got = readiness(ReadinessState(pred), 99.5)
+        assert (got.r, got.rule) == (1, "horizon")
+
+    def test_old_liveness_is_stale(self) -> None:
+        """Liveness older than the freshness window still makes a prediction stale."""
+        from shared.core.predictor import Prediction
+
+        pred = Prediction(100.0, "history:tool", 0.0, alive_ts=50.0)
+        assert readiness(ReadinessState(pred), 99.5).rule == "stale"
+
+
+class TestHorizonAndNet:
+    """The readmission horizon and the seconds a release nets, from the profile's terms."""
+
+    @pytest.mark.parametrize(
+        ("tokens", "expected"),
+        [(0, 0.014), (10_000, 0.014 + 10_000 * (50e-6 + 2.3e-9 * 5_000)),
+         (30_000, 0.014 + 30_000 * (50e-6 + 2.3e-9 * 15_000))],
+    )  # fmt: skip
+    def test_horizon(self, tokens: int, expected: float) -> None:
+        """Control loop plus the whole context's prefill."""
+        assert readmit_horizon_s(tokens, DEFAULT_RULES) == pytest.approx(expected)
+
+    def test_recompute_counts_kept_context(self) -> None:
+        """Recomputing after kept tokens attends to them too."""
+        assert recompute_s(100, 1000, DEFAULT_RULES) > recompute_s(100, 0, DEFAULT_RULES)
+
+    @pytest.mark.parametrize(
+        ("remaining", "tokens", "slack", "running", "sign"),
+        [(300.0, 30_000, 0, 0, 1), (0.2, 30_000, 0, 0, -1), (5.0, 30_000, 0, 8, -1),
+         (5.0, 30_000, 40_000, 8, 1), (math.inf, 1, 0, 0, 1)],
+    )  # fmt: skip
+    def test_net_sign(
+        self, remaining: float, tokens: int, slack: int, running: int, sign: int
+    ) -> None:
+        """A long call nets time, a short one costs it; a kept prefix costs only the loop."""
+        net = release_net_s(remaining, tokens, slack, running, DEFAULT_RULES)
+        assert (net > 0) == (sign > 0)
+        if not math.isinf(remaining):
+            assert net == pytest.approx(
+                remaining - release_cost_s(tokens, slack, running, DEFAULT_RULES)
+            )
+
+
+def _ic(sid: str, remaining: float, tokens: int = 10_000, credit: int = 0) -> InterruptCandidate:
+    return InterruptCandidate(
+        id=sid, node="n0", weight=tokens + 512, credit=credit, ready=0, tokens=tokens,
+        remaining_s=remaining,
+    )  # fmt: skip
+
+
+def _full(*ics: InterruptCandidate, over: int) -> TickSnapshot:
+    return TickSnapshot(
+        tick=1, now=0.0, quantum=512, nodes=(Node(id="n0", free=0, load=0),),
+        candidates=(), interrupts=ics, versions={c.id: 1 for c in ics},
+        capacity={"n0": 100_000}, pressure={"n0": over},
+    )  # fmt: skip
+
+
+class TestReleaseOrder:
+    """The pay-back of a full node releases the session whose release nets most first."""
+
+    def test_longest_remaining_first(self) -> None:
+        """Cost model: the 300 s call goes, though it has the most credit; the paper's order
+        releases the least credit first."""
+        snap = _full(_ic("short", 0.3, credit=0), _ic("long", 300.0, credit=9_000), over=100)
+        got = decide(snap, get_policy("tao"), rules=DEFAULT_RULES)
+        assert [m.session for m in got.interrupts] == ["long"]
+        old = decide(snap, get_policy("tao"), rules=HOLD)
+        assert [m.session for m in old.interrupts] == ["short"]
+
+    def test_readiness_off_forgets_remaining(self) -> None:
+        """``tao-no-ready`` releases by value, as if it did not know the remaining times."""
+        snap = _full(_ic("short", 0.3, credit=0), _ic("long", 300.0, credit=9_000), over=100)
+        got = decide(snap, get_policy("tao-no-ready"), rules=ABLATIONS["tao-no-ready"])
+        assert [m.session for m in got.interrupts] == ["short"]
+
+
+class TestRuleSets:
+    """``tao`` runs the cost model; ``tao-hold`` is the previous default; the paper has none."""
+
+    def test_defaults(self) -> None:
+        """The named rule sets differ where documented."""
+        assert DEFAULT_RULES.cost and DEFAULT_RULES.demand and DEFAULT_RULES.evict
+        assert not HOLD.cost and not HOLD.demand and not HOLD.evict and HOLD.hold
+        assert not PAPER.cost and not PAPER.evict
+        assert ABLATIONS["tao-hold"] == HOLD
+        assert ABLATIONS["tao-no-cost"] == replace(DEFAULT_RULES, cost=False)

@@ -131,7 +131,7 @@ def _chars(value: object) -> int:
                 text = block.get(key)
                 total += len(text) if isinstance(text, str) else 0
             if block.get("type") == "tool_use":
-                total += len(block.get("name") or "") + len(orjson.dumps(block.get("input")))
+                total += _chars(block.get("name")) + len(orjson.dumps(block.get("input")))
             total += _chars(block.get("content"))  # tool_result
     return total
 
@@ -153,6 +153,9 @@ def describe_messages(body: Mapping[str, Any]) -> RequestInfo:
         raise BadRequest(
             f"'max_tokens' is required and must be an integer >= 1, got {max_tokens!r}"
         )
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise BadRequest("'system' must be a string or a list of blocks")
     chars = _chars(body.get("system")) + sum(_chars(m.get("content")) for m in messages)
     return RequestInfo(
         model=model,

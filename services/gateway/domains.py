@@ -35,7 +35,7 @@ from aiohttp import web
 
 from services.gateway.apis import Api
 from services.gateway.relay import Relay
-from services.gateway.requests import parse_body
+from services.gateway.requests import read_body
 from shared.contracts.domain import DomainLoadReport
 from shared.core.domains import DomainLoad, choose_domain
 from shared.core.valuation import session_weight
@@ -176,7 +176,7 @@ class DomainRouter:
         if caller is None:
             return first
         try:
-            body = parse_body(await request.json())
+            body = read_body(await request.read())
             info = api.describe(body)
         except Exception:  # the relay answers 400/413 itself
             return first

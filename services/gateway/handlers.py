@@ -14,6 +14,11 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
     GET    /healthz               {"status": "ok", "gateway_id", "held", "admitted"}
     GET    /metrics               Prometheus text
 
+A model request's body is read in one place (:func:`.requests.read_body`): one that is not
+strict JSON (invalid UTF-8, a lone surrogate, ``NaN`` / ``Infinity`` / ``1e400``), nests
+deeper than :data:`.requests.MAX_BODY_DEPTH` levels or gives a field the gateway reads the
+wrong type is answered 400 in the endpoint's error format, naming the field.
+
 Request headers read by the model endpoints:
 
     X-Session-ID      the session id. First of: (/v1/messages) Claude Code's

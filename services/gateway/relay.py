@@ -69,9 +69,10 @@ from services.gateway.requests import (
     SESSION_HEADER,
     BadRequest,
     RequestInfo,
+    check_headers,
     harness_of,
     parent_session,
-    parse_body,
+    read_body,
 )
 from services.gateway.store_check import STORE_RECHECK_S, StoreCheck
 from services.gateway.tokenids import TokenIdNodes, block_keys_of, rejects_field
@@ -327,8 +328,9 @@ class Relay:
         if caller is None:
             return out.answer("unauthorized", self._needs_key(api))
         try:
-            body = parse_body(await request.json())
+            body = read_body(await request.read())
             info = api.describe(body)
+            check_headers(request.headers)
             named_harness = harness_of(request.headers)
         except web.HTTPRequestEntityTooLarge:
             limit = self.settings.max_body_bytes
@@ -336,11 +338,6 @@ class Relay:
             return out.answer("too_large", api.error(413, message, "invalid_request_error"))
         except BadRequest as exc:
             return out.answer("bad_request", api.error(400, exc.message, "invalid_request_error"))
-        except ValueError as exc:
-            return out.answer(
-                "bad_request",
-                api.error(400, f"request body is not JSON: {exc}", "invalid_request_error"),
-            )
         served = self.nodes.models()
         if served and info.model and info.model not in served:
             # As vLLM answers an unknown model: 404 at once, never a hold that cannot end.

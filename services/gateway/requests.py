@@ -38,6 +38,13 @@
   Streaming requests ask the node for usage (``stream_options.include_usage``) so the gateway
   can report it; :attr:`RequestInfo.client_wants_usage` says whether the client asked itself.
   With ``token_ids`` the body asks for ``return_token_ids`` too (:mod:`.tokenids`).
+* **Body** (:func:`read_body`, the one place a model request's body is decoded, for every
+  endpoint and for the multi-domain router): strict JSON with orjson, so text is valid UTF-8
+  with no lone surrogate (escaped or not) and every number is finite (``NaN``, ``Infinity``
+  and ``1e400`` are refused); at most :data:`MAX_BODY_DEPTH` levels of arrays and objects;
+  a JSON object whose fields the gateway reads have their types (:data:`FIELD_TYPES`; ``null``
+  counts as absent). Anything else is a :class:`BadRequest` (HTTP 400) whose message names the
+  field, as a path like ``messages[0].content``, never a 500.
 * **Prompt size estimate**: characters / 4 of the message texts (or of the completion prompt),
   a common rule of thumb for English BPE tokenisers (OpenAI, "What are tokens and how to count
   them", help.openai.com: "1 token ~= 4 chars in English"). Token-id prompts count exactly. The
@@ -46,9 +53,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Literal
+
+import orjson
 
 from shared.harness.claude import SUB_AGENT_INFIX, sub_agent_session
 
@@ -58,7 +68,9 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "CLAUDE_AGENT_HEADER",
     "CLAUDE_SESSION_HEADER",
+    "FIELD_TYPES",
     "HARNESS_HEADER",
+    "MAX_BODY_DEPTH",
     "MAX_HARNESS_CHARS",
     "MAX_ID_CHARS",
     "PARENT_HEADER",
@@ -66,13 +78,16 @@ __all__ = [
     "BadRequest",
     "IdSource",
     "RequestInfo",
+    "check_headers",
     "describe_request",
     "estimate_prompt_tokens",
     "harness_from_agent",
     "harness_of",
     "header",
+    "json_path",
     "parent_session",
     "parse_body",
+    "read_body",
     "session_identity",
     "upstream_body",
 ]
@@ -120,11 +135,203 @@ class RequestInfo:
     client_wants_usage: bool
 
 
+MAX_BODY_DEPTH: Final = 128
+"""The deepest nesting of arrays and objects a request body may have (the body itself is
+level 1). Agents' requests nest far less (a tool's JSON schema in a Claude Code request: about
+ten levels); orjson, which encodes the body again for the node, refuses more than 254 levels,
+and the gateway's own readers recurse at most this deep."""
+
+_TOO_DEEP: Final = f"request body nests deeper than {MAX_BODY_DEPTH} levels of arrays and objects"
+_INT64: Final = 2**63
+
+
+def _positive_int(value: object) -> bool:
+    return type(value) is int and 1 <= value < _INT64
+
+
+def _session_name(value: object) -> bool:
+    return type(value) is str or (type(value) is int and -_INT64 <= value < _INT64)
+
+
+FIELD_TYPES: Final[tuple[tuple[str, str, Callable[[object], bool]], ...]] = (
+    ("model", "a string", lambda v: type(v) is str),
+    ("messages", "a list", lambda v: type(v) is list),
+    ("prompt", "a string or a list", lambda v: type(v) in (str, list)),
+    ("stream", "a boolean (true or false)", lambda v: type(v) is bool),
+    ("stream_options", "an object", lambda v: type(v) is dict),
+    ("max_tokens", f"an integer from 1 to {_INT64 - 1}", _positive_int),
+    ("max_completion_tokens", f"an integer from 1 to {_INT64 - 1}", _positive_int),
+    ("user", "a string", lambda v: type(v) is str),
+    ("program_id", "a string or an integer", _session_name),
+    ("metadata", "an object", lambda v: type(v) is dict),
+    ("return_token_ids", "a boolean (true or false)", lambda v: type(v) is bool),
+)
+"""The body fields the gateway reads, what each must be, and its check (``null`` is absent).
+The endpoint's own rules come after (:func:`describe_request`,
+:func:`.anthropic.describe_messages`)."""
+
+
+def _kind(value: object) -> str:
+    """A JSON value's kind, for error messages."""
+    match value:
+        case None:
+            return "null"
+        case bool():
+            return "a boolean"
+        case int():
+            return "an integer"
+        case float():
+            return "a number"
+        case str():
+            return "a string"
+        case list():
+            return "a list"
+        case dict():
+            return "an object"
+    return type(value).__name__
+
+
 def parse_body(raw: object) -> dict[str, Any]:
-    """Check the decoded JSON body is an object; raise :class:`BadRequest` otherwise."""
+    """The decoded JSON body as an object whose fields in :data:`FIELD_TYPES` have their
+    types; raise :class:`BadRequest` naming the first field that does not."""
     if not isinstance(raw, dict):
-        raise BadRequest(f"request body must be a JSON object, got {type(raw).__name__}")
+        raise BadRequest(f"request body must be a JSON object, got {_kind(raw)}")
+    for name, want, check in FIELD_TYPES:
+        value = raw.get(name)
+        if value is not None and not check(value):
+            raise BadRequest(f"'{name}' must be {want}, got {_kind(value)}")
+    metadata = raw.get("metadata")
+    user_id = metadata.get("user_id") if isinstance(metadata, dict) else None
+    if user_id is not None and type(user_id) is not str:
+        raise BadRequest(f"'metadata.user_id' must be a string, got {_kind(user_id)}")
     return raw
+
+
+def read_body(data: bytes) -> dict[str, Any]:
+    """Decode and check a model request's body (module docstring, "Body"): the object, or
+    :class:`BadRequest` naming what is wrong and where."""
+    try:
+        tree = orjson.loads(data)
+    except orjson.JSONDecodeError as exc:
+        raise BadRequest(_not_json(data, exc)) from None
+    if data.count(b"[") + data.count(b"{") > MAX_BODY_DEPTH:  # else it cannot nest deeper
+        path = _deeper(tree, MAX_BODY_DEPTH)
+        if path is not None:
+            path.reverse()
+            raise BadRequest(_TOO_DEEP + _at(path))
+    return parse_body(tree)
+
+
+def _deeper(node: object, room: int) -> list[str | int] | None:
+    """The path (innermost first) to the first array or object below ``node`` that lies
+    deeper than ``room`` levels (``node`` is one), else ``None``. Recurses at most ``room``
+    deep."""
+    if room == 0:
+        return []
+    items = node.items() if type(node) is dict else enumerate(node)  # type: ignore[arg-type]
+    for key, child in items:
+        if type(child) is dict or type(child) is list:
+            found = _deeper(child, room - 1)
+            if found is not None:
+                found.append(key)
+                return found
+    return None
+
+
+_PATH_SHOWN: Final = 8
+"""Path components an error message shows; a longer path ends in ``…``."""
+_TOKEN: Final = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{},:]')
+"""A JSON string (closed or not: it may run to where decoding stopped) or a structural
+character; what lies between (numbers, literals, blanks) does not move the path."""
+_NAME: Final = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_PATH_SCAN_TOKENS: Final = 200_000
+"""Tokens :func:`_path_at` reads at most (tens of milliseconds), whatever the body's size."""
+
+
+def json_path(path: Sequence[str | int]) -> str:
+    """A path from the body's top as error messages write it: ``messages[0].content``, a key
+    that is not a plain name quoted (``metadata["a b"]``)."""
+    out = ""
+    for part in path:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _NAME.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f"[{orjson.dumps(part).decode()}]"
+    return out
+
+
+def _at(path: list[str | int]) -> str:
+    """`` at 'messages[0].content'`` (its first :data:`_PATH_SHOWN` parts), '' for the body."""
+    if not path:
+        return ""
+    more = len(path) - _PATH_SHOWN
+    tail = f"… ({more} levels more)" if more > 0 else ""
+    return f" at '{json_path(path[:_PATH_SHOWN])}'{tail}"
+
+
+def _path_at(text: str, pos: int) -> list[str | int]:
+    """The path of the value being read at character ``pos`` of the JSON ``text`` (where a
+    decoder stopped): the key or index of each array and object open there; ``[]`` past
+    :data:`_PATH_SCAN_TOKENS` tokens (an error message is not worth more time)."""
+    frames: list[list[Any]] = []  # [is_object, key or index, expecting a key]
+    for n, match in enumerate(_TOKEN.finditer(text, 0, pos)):
+        if n == _PATH_SCAN_TOKENS:
+            return []
+        token = match.group()
+        if token == "{":
+            frames.append([True, None, True])
+        elif token == "[":
+            frames.append([False, 0, False])
+        elif token in "}]":
+            if frames:
+                frames.pop()
+        elif not frames:
+            continue
+        elif token == ",":
+            top = frames[-1]
+            if top[0]:
+                top[1], top[2] = None, True
+            else:
+                top[1] += 1
+        elif token == ":":
+            frames[-1][2] = False
+        elif frames[-1][0] and frames[-1][2]:  # a key
+            try:
+                frames[-1][1] = orjson.loads(token)
+            except orjson.JSONDecodeError:  # the bad text is in the key itself
+                frames[-1][1] = token.strip('"')
+    return [key for _, key, _ in frames if key is not None]
+
+
+def _not_json(data: bytes, exc: orjson.JSONDecodeError) -> str:
+    """Why ``data`` is not a body the gateway takes, and where (``exc``: orjson's refusal)."""
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as bad:
+        head = data[: bad.start].decode("utf-8", "surrogateescape")
+        return (
+            f"request body is not valid UTF-8: byte 0x{data[bad.start]:02x} at offset "
+            f"{bad.start}{_at(_path_at(head, len(head)))}"
+        )
+    pos = min(max(exc.pos, 0), len(text))
+    where = _at(_path_at(text, pos))
+    reason = exc.msg
+    if "surrogate" in reason:
+        return f"request body has invalid Unicode (a lone surrogate escape){where}"
+    if "infinity" in reason:
+        return f"request body has a number too large to be finite{where}"
+    if "depth" in reason:
+        return _TOO_DEEP + where
+    literal = re.match(r"NaN|Infinity", text[pos : pos + 8])
+    if literal:
+        sign = "-" if text[pos - 1 : pos] == "-" else ""
+        return (
+            f"request body has {sign}{literal.group()}, which is not JSON (numbers must be "
+            f"finite){where}"
+        )
+    return f"request body is not JSON: {reason} (line {exc.lineno}, column {exc.colno}){where}"
 
 
 def _id_value(value: object) -> str | None:
@@ -206,6 +413,26 @@ def harness_from_agent(headers: Mapping[str, str]) -> str | None:
     """The harness a ``User-Agent`` names (:data:`AGENT_HARNESSES`), else ``None``."""
     agent = header(headers, "User-Agent")
     return next((h for prefix, h in AGENT_HARNESSES if agent.startswith(prefix)), None)
+
+
+_READ_HEADERS: Final = (
+    CLAUDE_SESSION_HEADER,
+    SESSION_HEADER,
+    AFFINITY_HEADER,
+    PARENT_HEADER,
+    CLAUDE_AGENT_HEADER,
+    HARNESS_HEADER,
+)
+
+
+def check_headers(headers: Mapping[str, str]) -> None:
+    """Raise :class:`BadRequest` naming the first header the gateway reads whose value is not
+    UTF-8 (the server passes such bytes on as lone surrogates, which no message can carry)."""
+    for name in _READ_HEADERS:
+        try:
+            header(headers, name).encode("utf-8")
+        except UnicodeEncodeError:
+            raise BadRequest(f"header {name} is not valid UTF-8") from None
 
 
 def harness_of(headers: Mapping[str, str]) -> str | None:
@@ -303,6 +530,14 @@ def describe_request(body: Mapping[str, Any], *, chat: bool) -> RequestInfo:
     messages = body.get("messages")
     if chat and not isinstance(messages, list):
         raise BadRequest("'messages' must be a list of messages")
+    if chat and isinstance(messages, list):
+        for i, message in enumerate(messages):
+            content = message.get("content") if isinstance(message, dict) else None
+            if not isinstance(message, dict) or not isinstance(content, str | list | None):
+                raise BadRequest(
+                    f"'messages[{i}]' must be an object whose 'content' is a string, a list "
+                    f"or null, got {_kind(message if not isinstance(message, dict) else content)}"
+                )
     if not chat and "prompt" not in body:
         raise BadRequest("'prompt' is required")
     stream = body.get("stream") is True

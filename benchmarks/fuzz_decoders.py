@@ -32,8 +32,8 @@ def _target(name: str) -> Callable[[bytes], None]:
     with atheris.instrument_imports():
         import orjson
 
-        from services.gateway.apis import CHAT, MESSAGES
-        from services.gateway.requests import BadRequest, parse_body
+        from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES
+        from services.gateway.requests import BadRequest, read_body
         from services.tools.hooks import decode_hook
         from shared.contracts import codec
         from shared.contracts.errors import ContractError
@@ -78,15 +78,17 @@ def _target(name: str) -> Callable[[bytes], None]:
                 m.map(body, 1_000.0)
 
     def gateway(data: bytes) -> None:
-        tree = json_of(data)
-        for api in (CHAT, MESSAGES):
+        try:
+            body = read_body(data)  # the gateway's one reading of a model request's body
+        except BadRequest:
+            return
+        for api in (CHAT, COMPLETIONS, MESSAGES):
             try:
-                body = parse_body(tree)
                 info = api.describe(body)
-                api.identity({}, body, lambda: "gen")
-                api.upstream(body, info, token_ids=True)
             except BadRequest:
-                pass
+                continue
+            api.identity({}, body, lambda: "gen")
+            orjson.dumps(api.upstream(body, info, token_ids=True))
 
     tmp = Path(tempfile.mkdtemp(prefix="tao-fuzz-")) / "nodes.toml"
 

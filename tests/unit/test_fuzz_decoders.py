@@ -24,9 +24,16 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES
-from services.gateway.requests import BadRequest, parse_body
+from services.gateway.requests import (
+    FIELD_TYPES,
+    MAX_BODY_DEPTH,
+    BadRequest,
+    json_path,
+    parse_body,
+    read_body,
+)
 from services.tools.hooks import decode_hook
-from shared.contracts import codec
+from shared.contracts import SessionRequest, codec
 from shared.contracts.errors import ContractError
 from shared.contracts.frames import parse_kv_frames
 from shared.contracts.kv import KV_ENCODINGS, decode_kv_batch, encode_kv_batch
@@ -199,6 +206,76 @@ class TestHooks:
         only((ContractError,), lambda: mapper.map(body, 1_000.0))
 
 
+def _serve(data: bytes) -> None:
+    """What the gateway does with a body before forwarding it, on every model endpoint: read,
+    describe, find the session, register (the message must encode), build the node's body."""
+    body = read_body(data)
+    for api in (CHAT, COMPLETIONS, MESSAGES):
+        try:
+            info = api.describe(body)
+        except BadRequest:
+            continue
+        api.identity({}, body, lambda: "gen")
+        codec.encode(
+            SessionRequest(
+                session_id="s", request_id="r", model=info.model, arrived_at=0.0,
+                gateway_id="g", prompt_tokens_estimate=info.prompt_tokens_estimate,
+                messages_count=info.messages_count, stream=info.stream,
+                max_tokens=info.max_tokens,
+            )
+        )  # fmt: skip
+        orjson.dumps(api.upstream(body, info, token_ids=True))
+
+
+_finite_trees = st.recursive(
+    st.one_of(
+        st.none(),
+        st.booleans(),
+        st.integers(min_value=-(2**63), max_value=2**63 - 1),
+        st.floats(allow_nan=False, allow_infinity=False),
+        st.text(max_size=20),
+    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(_keys, inner, max_size=4)),
+    max_leaves=20,
+)
+_MARK = "\u2603 the bad value \u2603"
+_BAD_VALUES = [
+    b'"\\ud800"',
+    b'"ok \\udfff ok"',
+    b'"\\ud83d\\u0041"',
+    b'"\xff"',
+    b'"ok \xed\xa0\x80"',
+    b'"\xc3"',
+    b"NaN",
+    b"-Infinity",
+    b"1e400",
+    b"-2e308",
+    b"[" * MAX_BODY_DEPTH + b"]" * MAX_BODY_DEPTH,
+    b'{"a":' * 2_000 + b"1" + b"}" * 2_000,
+]
+"""Raw JSON that no body may hold: lone surrogate escapes, bytes that are not UTF-8 (a lone
+continuation byte, an encoded surrogate, a truncated sequence), non-finite numbers, nesting
+past the limit (the body adds at least one level) and past the parser's own."""
+
+
+def _put(tree: dict[str, object], steps: list[int], value: object) -> list[str | int]:
+    """Put ``value`` in place of a value of ``tree``, the one ``steps`` lead to (each the
+    index of a child, modulo their count; a scalar or an empty container ends the walk);
+    its path."""
+    node: Any = tree
+    path: list[str | int] = []
+    for i, step in enumerate([*steps, 0]):
+        keys = list(node) if isinstance(node, dict) else list(range(len(node)))
+        key = keys[step % len(keys)]
+        path.append(key)
+        child = node[key]
+        if i == len(steps) or not isinstance(child, dict | list) or not child:
+            node[key] = value
+            break
+        node = child
+    return path
+
+
 class TestGatewayBodies:
     @FUZZ
     @given(tree=json_trees)
@@ -235,6 +312,45 @@ class TestGatewayBodies:
 
             only((BadRequest,), run)
 
+    @FUZZ
+    @given(data=st.binary(max_size=300))
+    def test_body_bytes(self, data: bytes) -> None:
+        """Whatever the bytes, the body is refused (BadRequest) or served through."""
+        only((BadRequest,), lambda: _serve(data))
+
+    @FUZZ
+    @given(tree=json_trees)
+    def test_body_text(self, tree: object) -> None:
+        only((BadRequest,), lambda: _serve(_json_bytes(tree)))
+
+    @FUZZ
+    @given(
+        tree=st.dictionaries(_keys, _finite_trees, min_size=1, max_size=6),
+        steps=st.lists(st.integers(min_value=0, max_value=50), max_size=6),
+        bad=st.sampled_from(_BAD_VALUES),
+    )  # fmt: skip
+    def test_a_bad_value_anywhere_is_named(
+        self, tree: dict[str, object], steps: list[int], bad: bytes
+    ) -> None:
+        """A lone surrogate, bytes that are not UTF-8, a number that is not finite or nesting
+        past MAX_BODY_DEPTH, put at any place of a body: a 400 naming that place."""
+        path = _put(tree, steps, _MARK)
+        data = orjson.dumps(tree).replace(orjson.dumps(_MARK), bad)
+        with pytest.raises(BadRequest) as err:
+            read_body(data)
+        assert f"at '{json_path(path[:8])}" in err.value.message, (path, err.value.message)
+
+    @FUZZ
+    @given(field=st.sampled_from([f for f, _, _ in FIELD_TYPES]), value=json_trees)
+    def test_a_field_of_the_wrong_type_is_named(self, field: str, value: object) -> None:
+        body = {"model": "m", "messages": [{"role": "user", "content": "x"}], field: value}
+        check = next(c for f, _, c in FIELD_TYPES if f == field)
+        if value is None or check(value):
+            parse_body(body)
+        else:
+            with pytest.raises(BadRequest, match=f"'{field}' must be"):
+                parse_body(body)
+
     def test_deep_and_huge_json(self) -> None:
         """10,000 levels of nesting and a 5 MB message: refused or described, no crash."""
         deep: object = "x"
@@ -247,6 +363,9 @@ class TestGatewayBodies:
             for api in (CHAT, MESSAGES):
                 only((BadRequest,), lambda api=api, tree=tree: api.describe(parse_body(tree)))
         nested = b"[" * 100_000 + b"]" * 100_000
+        for body in (nested, b'{"messages":' + nested + b"}", b'{"a":' * 50_000 + b"1"):
+            with pytest.raises(BadRequest):
+                read_body(body)
         for dec in DECODERS:
             only((ContractError,), lambda dec=dec: dec(nested))
         only((ContractError,), lambda: decode_hook(nested))

@@ -66,7 +66,10 @@ class TaoRules:
     +100 per program of ThunderAgent's own accounting (``backend/state.py``)."""
     hold_s: float = 2.0
     hold_per_ktoken_s: float = 0.1
-    growth_z: float = 0.0
+    growth_z: float = 2.0
+    """Standard deviations of a session's per-turn growth reserved above its mean: 2, chosen
+    by the sweep of docs/evaluation.md ("Tool-awareness that pays", defaults) once the shared
+    prefix was counted once per node (z = 0 left 90–140 preemptions per run there)."""
     growth_min: int = 256
     growth_max: int = 16_384
     starve_s: float = 300.0
@@ -89,9 +92,10 @@ room, for the pool's demand (``demand`` with ``evict``: only where the room is w
 release) and for a full node's pay-back on contexts (most seconds gained first), and when a
 released session is taken back (readiness with a per-session horizon); no aging."""
 
-HOLD: Final = TaoRules(cost=False, evict=False, demand=False)
+HOLD: Final = TaoRules(cost=False, evict=False, demand=False, growth_z=0.0)
 """``tao-hold``: the rules before the cost model (the default until 2026-12-06): pay-back on
-contexts in ``(k, r, t)`` order, no release for the pool's demand, the paper's 1 s horizon."""
+contexts in ``(k, r, t)`` order, no release for the pool's demand, the paper's 1 s horizon, the
+mean growth reserved (z = 0)."""
 
 PAPER: Final = TaoRules(
     cost=False,

@@ -142,6 +142,10 @@ class Session(msgspec.Struct, frozen=True):
     ended_calls: tuple[str, ...] = ()
     """The last :data:`ENDED_CALLS_KEPT` call ids whose end was recorded (:func:`on_tool_end`),
     so that the same end delivered again after the session moved on records nothing twice."""
+    shared: int = 0
+    """Tokens at the start of its context that are a prefix other sessions share (a harness's
+    system prompt and tool schemas): held once per node, so they are not part of its weight
+    (paper App. B.1, ``w_i = tokens − shared + reserve``; :func:`on_request` sets it)."""
 
     @property
     def admitted(self) -> bool:
@@ -183,12 +187,14 @@ def on_request(
     model: str | None = None,
     gateway_id: str | None = None,
     tokens_estimate: int = 0,
+    shared: int | None = None,
 ) -> tuple[Session, ToolCall | None]:
     """A model request arrived: ``waiting`` (pooled) or, when admitted, ``running``.
 
     The request ends the session's open tool call, if any (the inferred end); that call is
     returned completed at ``at`` so the caller can log it. ``tokens_estimate`` raises the token
-    count when the prompt grew (the node's usage replaces it on the response).
+    count when the prompt grew (the node's usage replaces it on the response). ``shared`` (when
+    known) is the prompt's prefix shared with other sessions (:attr:`Session.shared`).
     """
     ended: ToolCall | None = None
     if s.tool is not None and s.tool.open:
@@ -208,6 +214,7 @@ def on_request(
         probe_mark=None,
         created_at=created,
         ended=False,
+        shared=s.shared if shared is None else max(0, shared),
     )
     return out, ended
 
@@ -226,7 +233,7 @@ def on_response(
     one tracked), unless a hook already started a call; otherwise it goes ``idle``.
 
     With ``reserve`` given, an admitted session's reservation follows its grown context:
-    ``weight = total_tokens + reserve`` (the weight rule of DESIGN 3.2 with nothing shared), so
+    ``weight = total_tokens − shared + reserve`` (the weight rule of DESIGN 3.2), so
     the node's reserved total keeps tracking what its sessions will need on their next turn.
     With ``rules`` too, ``reserve`` is only the default of the growth rule
     (:func:`shared.core.rules.growth_reserve` over the session's per-turn growth, this
@@ -248,7 +255,7 @@ def on_response(
     if reserve is not None and s.node is not None:
         if rules is not None:
             reserve = growth_reserve(n, mean, m2, reserve, rules)
-        weight = total + reserve
+        weight = max(total - s.shared, 0) + reserve
     return _touch(
         s,
         at,

@@ -190,7 +190,7 @@ def live_free(nodes: Sequence[NodeView]) -> dict[str, int]:
     """Room per healthy node for the apply step: ``usable - reserved``, negative while grown
     reservations over-commit the node, so that the room an interrupt frees there first pays
     the overflow back (unhealthy nodes are absent: nothing may go there)."""
-    return {nv.id: usable_capacity(nv) - nv.reserved for nv in nodes if nv.healthy}
+    return {nv.id: usable_capacity(nv) - nv.reserved - nv.shared for nv in nodes if nv.healthy}
 
 
 def value_snapshot(
@@ -270,10 +270,10 @@ def value_snapshot(
                 )
             )
             continue
-        weight = session_weight(s.tokens, 0, params.reserve)
+        weight = session_weight(s.tokens, s.shared, params.reserve)
         if rules.growth:  # never so large that it fits nowhere the fixed reserve would fit
             reserve = growth_reserve(s.growth_n, s.growth_mean, s.growth_m2, params.reserve, rules)
-            weight = max(weight, min(session_weight(s.tokens, 0, reserve), largest))
+            weight = max(weight, min(session_weight(s.tokens, s.shared, reserve), largest))
         why = [ineligibility(nv.healthy, nv.models, s.model, weight, usable[nv.id]) for nv in nodes]
         ok = frozenset(nv.id for nv, no in zip(nodes, why, strict=True) if no is None)
         # the credit on the nodes it may go to (none to value where it fits nowhere)
@@ -327,13 +327,19 @@ def context_pressure(
     sessions: Iterable[Session], nodes: Sequence[NodeView], headroom: int, *, full: bool = False
 ) -> dict[str, int]:
     """Per healthy node, how far the contexts of the sessions admitted there (each counted
-    ``headroom`` tokens above its length) exceed its usable capacity (``full``: its whole KV
-    capacity); only nodes where they do. ``sessions`` must hold every admitted session (a
+    ``headroom`` tokens above its length, its shared prefix once per node: the largest
+    :attr:`~shared.core.session.Session.shared` there) exceed its usable capacity (``full``:
+    its whole KV capacity); only nodes where they do. ``sessions`` must hold every admitted session (a
     pooled one counts nowhere)."""
     held: dict[str, int] = {}
+    once: dict[str, int] = {}
     for s in sessions:
         if not s.ended and s.node is not None:
-            held[s.node] = held.get(s.node, 0) + s.tokens + headroom
+            shared = min(s.shared, s.tokens)
+            held[s.node] = held.get(s.node, 0) + s.tokens - shared + headroom
+            once[s.node] = max(once.get(s.node, 0), shared)
+    for b, tokens in once.items():  # the shared prefix, held once
+        held[b] += tokens
     out: dict[str, int] = {}
     for nv in nodes:
         over = held.get(nv.id, 0) - (nv.capacity_tokens if full else usable_capacity(nv))
@@ -352,6 +358,8 @@ def node_pressure(
     for nv in nodes:
         cap = nv.capacity_tokens if full else usable_capacity(nv)
         over = nv.contexts + headroom * nv.held - cap
+        if nv.held > 1 and nv.shared > 0:  # the prefix the sessions share, counted once
+            over -= (nv.held - 1) * nv.shared
         if nv.healthy and over > 0:
             out[nv.id] = over
     return out

@@ -5,7 +5,8 @@ functions (the valuation service and the simulator both call it):
 
 - ``w_i = max(tokens - shared, 0) + reserve`` (:func:`session_weight`): a session that shares
   all of its context still needs the reserve for its next turn, so the weight is ≥ ``reserve``.
-- ``C_b = max(0, floor(capacity × target) - Σ admitted weights)`` (:func:`free_capacity`): an
+- ``C_b = max(0, floor(capacity × target) - Σ admitted weights - shared)`` (:func:`free_capacity`;
+  ``shared``: the prefix the node holds once for its sessions, :attr:`NodeView.shared`): an
   over-committed node has no free capacity, never negative capacity. ``target`` is read as the
   decimal it was written as (0.7 means 7/10 exactly), so ``floor`` does not lose a token to
   binary rounding.
@@ -120,6 +121,7 @@ def eligible(
 class NodeView:
     """A node as the store sees it: ``reserved`` = Σ weights of sessions admitted on it;
     ``running`` the requests its engine runs (telemetry's ``vllm:num_requests_running``);
+    ``shared`` the shared prefix held once for its sessions;
     ``contexts`` = Σ tokens of the sessions admitted on it (not ended) and ``held`` how many
     they are (the ``payback_context`` rule's totals, :func:`shared.core.tick.node_pressure`)."""
 
@@ -132,6 +134,10 @@ class NodeView:
     running: int = 0
     contexts: int = 0
     held: int = 0
+    shared: int = 0
+    """Tokens of the shared prefixes held once on the node for the sessions admitted there
+    (their weights leave them out: :attr:`shared.core.session.Session.shared`); taken off its
+    free capacity."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +160,6 @@ def build_nodes(nodes: Sequence[NodeView]) -> tuple[Node, ...]:
         if nv.id in seen:
             raise ProblemError(f"nodes[{i}].id", f"duplicate node id {nv.id!r}")
         seen.add(nv.id)
-        free = free_capacity(nv.capacity_tokens, nv.target_utilisation, (nv.reserved,))
+        free = free_capacity(nv.capacity_tokens, nv.target_utilisation, (nv.reserved, nv.shared))
         out.append(Node(id=nv.id, free=free, load=nv.reserved))
     return tuple(out)

@@ -82,9 +82,11 @@ class _Base:
     def node_views(self) -> list[NodeView]:
         sim = self.sim
         reserved = dict.fromkeys(self.node_ids, 0)
+        shared = dict.fromkeys(self.node_ids, 0)
         for s in sim.sessions.values():
             if s.node is not None and s.node in reserved:
                 reserved[s.node] += s.weight
+                shared[s.node] = max(shared[s.node], min(s.shared, s.tokens))
         return [
             NodeView(
                 id=n,
@@ -92,6 +94,7 @@ class _Base:
                 target_utilisation=sim.config.target_utilisation,
                 reserved=reserved[n],
                 running=sim.engines[n].running,
+                shared=shared[n],
             )
             for n in self.node_ids
         ]

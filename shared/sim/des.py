@@ -104,6 +104,10 @@ class SimConfig:
     scheduling time). False keeps the weight fixed at admission."""
     kv_tokens: int | None = None
     """Override the profile's KV capacity (tests, what-if runs)."""
+    decay_from_finish: bool = False
+    """Credit decays from the session's last finish on the node even while the engine still
+    holds its prefix (the rule before the event-evidence decay); default: a prefix resident
+    now is observed now."""
     domains: int = 1
     """Scheduling domains the nodes are split into (:class:`shared.sim.cluster.DomainScheduler`;
     TAO-family policies only: routers and ThunderAgent are domain-less)."""
@@ -286,7 +290,11 @@ class Simulator:
         agent.pending = True
         turn = agent.turn
         s, _ = on_request(
-            self.sessions[sid], f"{sid}/{turn}", self.now, tokens_estimate=agent.prompt_len
+            self.sessions[sid],
+            f"{sid}/{turn}",
+            self.now,
+            tokens_estimate=agent.prompt_len,
+            shared=min(agent.task.shared_prefix, agent.prompt_len),  # the family's system prompt
         )
         self.sessions[sid] = s
         self.scheduler.on_request(sid, self.now)  # type: ignore[attr-defined]
@@ -415,9 +423,12 @@ class Simulator:
 
     def residency(self, sid: str, only: str | None = None) -> dict[str, tuple[int, float]]:
         """``{node: (k0, t_obs)}``: the session's prefix resident on each node it was served on
-        (the engine's ground truth, what KV events tell the telemetry), observed when its last
-        request there finished. ``only`` restricts it to one node (an admitted session's, the
-        only credit the interrupt rule reads)."""
+        (the engine's ground truth, what KV events tell the telemetry). ``t_obs`` is now: the
+        event stream reports every eviction as it happens, so a prefix it still shows resident
+        is current evidence and does not decay (docs/internals.md, decayed credit; with
+        ``SimConfig.decay_from_finish`` it is when its last request there finished, the rule
+        before). ``only`` restricts it to one node (an admitted session's, the only credit the
+        interrupt rule reads)."""
         agent = self.agents.get(sid)
         if agent is None or not agent.served:
             return {}
@@ -428,7 +439,7 @@ class Simulator:
                 continue
             k0 = self._resident_blocks(agent, node, nblocks) * self.profile.block_size
             if k0 > 0:
-                out[node] = (k0, t_obs)
+                out[node] = (k0, t_obs if self.config.decay_from_finish else self.now)
         return out
 
     def resident_now(self, sid: str) -> dict[str, int]:

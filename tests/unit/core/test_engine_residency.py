@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from shared.core.engine import PROFILES, ROOT_HASH, BlockPool, Engine, EngineRequest, chain_hash
@@ -80,6 +80,7 @@ class TestResidentBlocks:
     """``resident_blocks`` on the chain hashes answers what ``resident_prefix`` does."""
 
     @settings(max_examples=25, deadline=None)
+    @example(turns=[(s, 200, 40) for _ in range(3) for s in range(4)])  # evicts: 4 × 700 > 1024
     @given(
         turns=st.lists(
             st.tuples(st.integers(0, 3), st.integers(1, 200), st.integers(1, 40)),

@@ -491,7 +491,8 @@ class TestGrowth:
             s = msgspec.structs.replace(s, node="n0")
             s = on_response(s, float(i) + 0.5, total_tokens=total, reserve=512, rules=DEFAULT_RULES)
         assert s.growth_n == 3 and s.growth_mean == pytest.approx(2_000 / 3)
-        assert s.weight == 3_000 + round(2_000 / 3)
+        sd = (s.growth_m2 / 2) ** 0.5  # growths 600, 800, 600
+        assert s.weight == 3_000 + int(2_000 / 3 + DEFAULT_RULES.growth_z * sd + 0.5)
 
     @pytest.mark.parametrize(
         ("end", "start", "now", "expected"),

@@ -10,7 +10,8 @@ by itself (``--minutes`` of load, then a drain of ``--drain-s``)::
 What runs: the stack of ``tao up`` (``shared.cli.stack.Stack``: embedded NATS and Valkey that
 check one user per role, two simnodes with room for every session, the five services) with
 ``TAO_IDLE_TIMEOUT_S=--idle-s``. This process plays the gateways of ``--sessions`` agents at
-once, connected as the ``gateway`` user, with gateway id ``soak``: each agent sends a
+once, connected as the ``gateway`` user, with gateway id ``soak`` (its tool events, as a hook
+would send them, as the ``ops`` user, which ``tao demo`` uses for them too): each agent sends a
 ``SessionRequest``, waits for its ``admit`` placement (unless its session is still admitted),
 "generates" for ``--model-s``, reports the ``SessionResponse`` with a tool call, the tool's
 ``ToolStart``, runs the tool, reports its ``ToolEnd`` and sends the next request: four events
@@ -102,8 +103,10 @@ class Run:
 class Driver:
     """The agents: a timer heap of their next steps, published in batches."""
 
-    def __init__(self, bus: Bus, args: argparse.Namespace, run: Run) -> None:
+    def __init__(self, bus: Bus, hooks: Bus, args: argparse.Namespace, run: Run) -> None:
         self.bus, self.args, self.run = bus, args, run
+        self.hooks = hooks
+        """Where the tool events go (a gateway's user may not publish them)."""
         self.rng = random.Random(args.seed)
         self.agents: dict[str, Agent] = {}
         self.heap: list[tuple[float, int, str, str]] = []
@@ -192,8 +195,9 @@ class Driver:
 
     async def publish(self, msgs: list[object]) -> None:
         async def one(m: object) -> None:
+            bus = self.hooks if isinstance(m, ToolStart | ToolEnd) else self.bus
             try:
-                await self.bus.publish_msg(m)  # type: ignore[arg-type]
+                await bus.publish_msg(m)  # type: ignore[arg-type]
                 self.run.published += 1
                 self.run.rate_per_min[self.run.minute()] += 1
             except Exception:
@@ -296,7 +300,10 @@ async def main_async(args: argparse.Namespace) -> str:
     with Stack(config) as stack:
         print(f"soak: stack up, logs in {stack.log_dir}", file=sys.stderr)
         bus = await Bus.connect(stack.nats_for("gateway"), name="soak", namespace=config.namespace)
-        driver = Driver(bus, args, run)
+        hooks = await Bus.connect(
+            stack.nats_for("ops"), name="soak-hooks", namespace=config.namespace
+        )
+        driver = Driver(bus, hooks, args, run)
 
         async def on_placement(p: Placement, d: Delivery) -> None:
             driver.on_placement(p)
@@ -340,6 +347,7 @@ async def main_async(args: argparse.Namespace) -> str:
         await sampler
         failed = stack.failed()
         await bus.drain()
+        await hooks.drain()
     return report(args, run, load_s, lost, uncollected, failed)
 
 

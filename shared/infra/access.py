@@ -12,21 +12,33 @@ telemetry node status, dead letters; consumes session      writes nodes and resi
          events and KV events; answers ``inspect``        rest
 tools    wake-ups, session ends, dead letters; consumes   writes sessions, their index sets and
          session, tool and hook events                    tool statistics, reads nodes
-valuation snapshots, idle sessions' ends, dead letters;   writes probe marks and idle ends on
-         core subscriptions to wake-ups and plans         sessions, reads the rest
+valuation snapshots, idle sessions' ends, domain loads,   writes probe marks and idle ends on
+         dead letters; subscribes to wake-ups and plans   sessions, reads the rest
 planner  **placements** (the only role that may), plans,  writes sessions, nodes' reservations,
          replan wake-ups, dead letters; subscribes to     the planner's counters
          snapshots
-gateway  session and tool events, hook payloads (its      **read only**: it cannot admit a
-         ``POST /hooks``), dead letters; placements,      session by writing the store
-         node status, session ends
+gateway  session events, hook payloads (its ``POST        **read only**: it cannot admit a
+         /hooks``), dead letters; placements, node        session by writing the store
+         status, session ends, domain loads
 hook     **hook payloads only** (``tao hook``,            none
          mini-swe-agent's environment)
-ops      the operator's CLIs (``tao inspect``, ``demo``,  reads everything
-         ``kv-bridge``, ``status``): everything but
-         placements and stream management
+ops      the operator's CLIs: tool events (``tao demo``,  reads everything
+         as a hook would), KV events (``tao kv-bridge``,
+         which creates the streams if they are not
+         there), ``inspect`` requests (``tao inspect``)
 admin    everything (tests, an operator's repair)          everything
 ======== ================================================ ======================================
+
+Each grant is what the role's code does, no more: ``tests/grant_uses.py`` reads every publish,
+subscription, consumer, stream and lease call of each role's code, and
+``tests/unit/infra/test_access.py`` (``TestGrantsMatchTheCode``) checks them against
+:data:`NATS_GRANTS` and the rendered permissions, both ways. The JetStream API subjects are
+the ones ``Bus`` calls (nats-py 2.x; ``tests/integration/test_access_grants.py`` records them
+on a server): creating or updating the streams ``STREAM.INFO`` / ``CREATE`` / ``UPDATE``; a durable
+consumer ``CONSUMER.DURABLE.CREATE`` and ``CONSUMER.INFO``, an ephemeral one
+``CONSUMER.CREATE``, and acks on ``$JS.ACK``; the lease bucket ``STREAM.INFO`` / ``CREATE`` /
+``MSG.GET`` of its stream (``DIRECT.GET`` when the bucket allows direct reads) and its
+``$KV`` subjects.
 
 Every role but ``admin`` gets its replies on an inbox of its own (``_INBOX_<role>.>``, set by
 :class:`~shared.infra.bus.Bus` from the URL's user name), so no role can read another's
@@ -109,9 +121,11 @@ class NatsGrant:
     publish: tuple[str, ...] = ()
     subscribe: tuple[str, ...] = ()
     consumes: tuple[Stream, ...] = ()
-    """Streams it runs JetStream consumers on (consumer API, acks)."""
+    """Streams it runs durable JetStream consumers on (create, info, acks)."""
+    ephemeral: tuple[Stream, ...] = ()
+    """Streams it runs ephemeral JetStream consumers on (create, acks)."""
     streams: bool = True
-    """May create and update TAO's streams (every service does at start-up)."""
+    """May create and update TAO's streams (whatever runs as a service does at start-up)."""
     responds: bool = False
     """Answers requests (``inspect``): may publish on the requester's reply subject."""
     leases: bool = False
@@ -135,7 +149,8 @@ NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
     "telemetry": NatsGrant(
         publish=(_S.node_statuses(), _DLQ),
         subscribe=(f"{_S.PREFIX}.inspect.*",),
-        consumes=(_S.STREAM_SESSION, _S.STREAM_KV),
+        consumes=(_S.STREAM_SESSION,),
+        ephemeral=(_S.STREAM_KV,),
         responds=True,
     ),
     "tools": NatsGrant(
@@ -143,7 +158,7 @@ NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
         consumes=(_S.STREAM_SESSION, _S.STREAM_TOOL, _S.STREAM_HOOK),
     ),
     "valuation": NatsGrant(
-        publish=(_S.valuation_snapshot(), _S.session_events("end"), _DLQ),
+        publish=(_S.valuation_snapshot(), _S.session_events("end"), _S.domain_load(), _DLQ),
         subscribe=(_S.wake(), _S.plan()),
         leases=True,
     ),
@@ -153,25 +168,12 @@ NATS_GRANTS: Final[Mapping[str, NatsGrant]] = {
         leases=True,
     ),
     "gateway": NatsGrant(
-        publish=(_S.session_events(), _S.tool_events(), _S.hook_events_all(), _S.wake(), _DLQ),
-        subscribe=(_S.node_statuses(), _S.session_events("end")),
-        consumes=(_S.STREAM_PLACEMENT,),
+        publish=(_S.session_events(), _S.hook_events_all(), _DLQ),
+        subscribe=(_S.node_statuses(), _S.session_events("end"), _S.domain_load()),
+        ephemeral=(_S.STREAM_PLACEMENT,),
     ),
     "hook": NatsGrant(publish=(_S.hook_events_all(),), streams=False),
-    "ops": NatsGrant(
-        publish=(
-            _S.tool_events(),
-            _S.session_events(),
-            _S.hook_events_all(),
-            _S.kv_events_all(),
-            f"{_S.PREFIX}.inspect.*",
-            _S.wake(),
-            _DLQ,
-        ),
-        subscribe=(f"{_S.PREFIX}.>",),
-        consumes=subjects.ALL_STREAMS,
-        streams=False,
-    ),
+    "ops": NatsGrant(publish=(_S.tool_events(), _S.kv_events_all(), f"{_S.PREFIX}.inspect.*")),
     ADMIN: NatsGrant(everything=True),
 }
 
@@ -216,22 +218,22 @@ def _nats_permissions(role: str, namespaces: Iterable[str]) -> dict[str, object]
     for ns in namespaces:
         pub += [_ns_subject(ns, s) for s in grant.publish]
         sub += [_ns_subject(ns, s) for s in grant.subscribe]
-        if grant.streams or grant.consumes:
-            pub += ["$JS.API.INFO", "$JS.API.STREAM.NAMES"]
-            pub += [f"$JS.API.STREAM.INFO.{_ns_stream(ns, s)}" for s in subjects.ALL_STREAMS]
-        if grant.streams:
-            for verb in ("CREATE", "UPDATE"):
+        if grant.streams:  # Bus.ensure_streams: info, then create or update
+            for verb in ("INFO", "CREATE", "UPDATE"):
                 pub += [f"$JS.API.STREAM.{verb}.{_ns_stream(ns, s)}" for s in subjects.ALL_STREAMS]
-        if grant.leases:
+        if grant.leases:  # Bus.lease_table and the lease's KV operations
             bucket = subjects.lease_bucket(ns)
             kv = f"KV_{bucket}"
-            pub += ["$JS.API.INFO", f"$JS.API.STREAM.INFO.{kv}", f"$JS.API.STREAM.CREATE.{kv}"]
-            pub += [f"$KV.{bucket}.>", f"$JS.API.DIRECT.GET.{kv}.>"]
-            pub += [f"$JS.API.STREAM.MSG.GET.{kv}"]
-        for stream in grant.consumes:
+            pub += [f"$JS.API.STREAM.INFO.{kv}", f"$JS.API.STREAM.CREATE.{kv}"]
+            pub += [f"$KV.{bucket}.>", f"$JS.API.STREAM.MSG.GET.{kv}"]
+            pub += [f"$JS.API.DIRECT.GET.{kv}.>"]  # a bucket made with direct reads allowed
+        for stream in grant.consumes:  # durable consumers: (re)created by name, read back
             name = _ns_stream(ns, stream)
-            pub += [f"$JS.API.CONSUMER.*.{name}", f"$JS.API.CONSUMER.*.{name}.>"]
-            pub += [f"$JS.API.CONSUMER.DURABLE.CREATE.{name}.*", f"$JS.ACK.{name}.>"]
+            pub += [f"$JS.API.CONSUMER.DURABLE.CREATE.{name}.*", f"$JS.API.CONSUMER.INFO.{name}.*"]
+            pub += [f"$JS.ACK.{name}.>"]
+        for stream in grant.ephemeral:  # ephemeral consumers: named by the server
+            name = _ns_stream(ns, stream)
+            pub += [f"$JS.API.CONSUMER.CREATE.{name}", f"$JS.ACK.{name}.>"]
     perms: dict[str, object] = {
         "publish": {"allow": sorted(set(pub))},
         "subscribe": {"allow": sorted(set(sub))},

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import stat
+from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,11 +19,13 @@ from shared.infra.access import (
     ADMIN,
     CA_FILE,
     NATS_CONF,
+    NATS_GRANTS,
     REDIS_ACL,
     ROLES,
     SERVICE_ROLES,
     Access,
     AccessFileError,
+    _nats_permissions,
     nats_authorization,
     read_access_dir,
     redact,
@@ -32,6 +35,17 @@ from shared.infra.access import (
 )
 from shared.infra.errors import SettingsError
 from shared.infra.settings import Settings
+from tests.grant_uses import (
+    HELPERS,
+    MADE_ELSEWHERE,
+    ROLE_CODE,
+    ROOT,
+    all_sites,
+    api_calls,
+    code_files,
+    role_uses,
+    unresolved,
+)
 
 
 def _users(conf: str) -> dict[str, dict[str, object]]:
@@ -70,19 +84,6 @@ class TestNatsPermissions:
         allowed = {r for r, p in self.users.items() if _allows(p["publish"]["allow"], subject)}  # type: ignore[index]
         assert allowed == {"planner", ADMIN}
 
-    def test_the_services_core_subjects_are_granted(self) -> None:
-        """What each service publishes and subscribes to on core NATS (a refused core publish
-        fails silently: the planner's replan wake-ups went nowhere under access control)."""
-        wants = {
-            "tools": ([subjects.wake()], []),
-            "valuation": ([subjects.valuation_snapshot()], [subjects.wake(), subjects.plan()]),
-            "planner": ([subjects.wake(), subjects.plan()], [subjects.valuation_snapshot()]),
-        }
-        for role, (pubs, subs) in wants.items():
-            perms = self.users[role]
-            assert all(_allows(perms["publish"]["allow"], s) for s in pubs), role  # type: ignore[index]
-            assert all(_allows(perms["subscribe"]["allow"], s) for s in subs), role  # type: ignore[index]
-
     def test_a_hook_publishes_only_hook_subjects_and_calls_no_stream_api(self) -> None:
         hook = self.users["hook"]["publish"]["allow"]  # type: ignore[index]
         assert hook == [subjects.hook_events_all()]
@@ -110,6 +111,82 @@ class TestNatsPermissions:
     def test_only_the_inspect_responder_may_answer_requests(self) -> None:
         responders = {r for r, p in self.users.items() if p.get("allow_responses")}
         assert responders == {"telemetry"}
+
+
+def _covers(pattern: str, used: str) -> bool:
+    """Whether the NATS subject pattern ``pattern`` admits every subject that ``used`` (a
+    subject, or a subscription's pattern) names: ``*`` one token, ``>`` the rest."""
+    want, have = pattern.split("."), used.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or have[i] == ">" or token not in ("*", have[i]):
+            return False
+    return len(want) == len(have)
+
+
+def _both_ways(granted: Iterable[str], used: Iterable[str]) -> tuple[list[str], list[str]]:
+    """(what is used and no grant admits, grants that admit nothing used)."""
+    granted, used = sorted(set(granted)), sorted(set(used))
+    missing = [u for u in used if not any(_covers(g, u) for g in granted)]
+    extra = [g for g in granted if not any(_covers(g, u) for u in used)]
+    return missing, extra
+
+
+USES = role_uses()
+"""What each role's code does on NATS, read from the code (tests/grant_uses.py)."""
+
+
+class TestGrantsMatchTheCode:
+    """Each role's grant is what its code does on NATS, both ways: nothing it does is refused
+    (a refused core publish fails silently: the planner's replan wake-ups and the valuation's
+    domain loads went nowhere, and the kv-bridge retried its stream update for ever, under the
+    access control of ``tao up`` and compose), and nothing is granted that it does not do."""
+
+    def test_every_call_that_reaches_nats_is_read(self) -> None:
+        """The calls whose subject is made elsewhere are the ones listed (a new one must say
+        what it publishes), and every file that reaches NATS runs as some role."""
+        assert unresolved() == set(MADE_ELSEWHERE)
+        owned = {
+            path.relative_to(ROOT).as_posix()
+            for code in ROLE_CODE.values()
+            for where in code
+            for path in code_files(where)
+        }
+        assert set(all_sites()) - owned - HELPERS == set()
+        assert set(ROLE_CODE) == set(ROLES) - {ADMIN}
+
+    @pytest.mark.parametrize("role", sorted(ROLE_CODE))
+    def test_the_grant_is_what_the_code_does(self, role: str) -> None:
+        grant, uses = NATS_GRANTS[role], USES[role]
+        assert _both_ways(grant.publish, uses.publish) == ([], []), "publish"
+        assert _both_ways(grant.subscribe, uses.subscribe) == ([], []), "subscribe"
+        assert set(grant.consumes) == uses.consumes, "durable consumers"
+        assert set(grant.ephemeral) == uses.ephemeral, "ephemeral consumers"
+        flags = (grant.streams, grant.responds, grant.leases, grant.everything)
+        assert flags == (uses.streams, uses.responds, uses.leases, False)
+
+    @pytest.mark.parametrize("namespace", ["", "ns1"])
+    @pytest.mark.parametrize("role", sorted(ROLE_CODE))
+    def test_the_rendered_permissions_are_what_the_client_sends(
+        self, role: str, namespace: str
+    ) -> None:
+        """The server's permissions, JetStream API included, against the subjects the role's
+        client publishes and subscribes to (as ``Bus`` makes them; tests/integration/
+        test_access_grants.py checks that on a server)."""
+        perms = _nats_permissions(role, [namespace])
+        pub, sub = api_calls(role, USES[role], namespace)
+        assert _both_ways(perms["publish"]["allow"], pub) == ([], [])  # type: ignore[index]
+        assert _both_ways(perms["subscribe"]["allow"], sub) == ([], [])  # type: ignore[index]
+        assert bool(perms.get("allow_responses")) == USES[role].responds
+
+    def test_the_reported_gaps_are_closed(self) -> None:
+        """The valuation publishes its domain load each tick and the gateway reads it; the
+        kv-bridge (ops) creates or updates the streams at start-up."""
+        users = _users(nats_authorization(Access.new().passwords, [""]))
+        assert _allows(users["valuation"]["publish"]["allow"], subjects.domain_load())  # type: ignore[index]
+        assert _allows(users["gateway"]["subscribe"]["allow"], subjects.domain_load())  # type: ignore[index]
+        assert "$JS.API.STREAM.UPDATE.TAO_V1_TOOL" in users["ops"]["publish"]["allow"]  # type: ignore[index]
 
 
 class TestRedisAcl:

@@ -13,10 +13,15 @@ NATS exactly as a harness hook would (``ToolStart`` / ``ToolEnd``, ``source="hoo
 result is appended to the conversation, so each turn's prompt extends the previous one and the
 node's prefix cache can serve it — if the session comes back to the node that holds it.
 
-Tool durations: lognormal with median 0.4 s and p90 0.7 s (σ = ln(0.7/0.4)/1.2816), plus a 5 %
-tail of 5 s calls — the shape measured for mini-swe-agent on SWE-bench (the ``swe-lite``
-family of the simulator, which cites its sources). Output lengths 50–300 tokens per turn; tool
-outputs 200–1,500 tokens. The nodes' KV capacity is deliberately small (``--kv-tokens``) so
+Tool calls: drawn from a measured family's mix (``--workload``, default ``claude-code``: TraceLab's
+Claude Code/Codex tool times — Read, Edit, Grep, Glob, Bash, ``Bash:test`` and ``Task``, p50
+0.3 s, p99 3.6 min, the calls over a minute holding most tool time; :mod:`shared.sim.workloads`
+cites every figure), the durations divided by ``--tool-scale`` (10) so that a run fits a few
+minutes on two cores: the shape, and so what a tool-aware scheduler can win, is kept; only the
+clock is faster. ``--workload short`` is the earlier demos' mix: lognormal with median 0.4 s and
+p90 0.7 s plus a 5 % tail of 5 s calls, one tool named ``bash``, under which the policies come
+out level (the tools are too short to be worth releasing). Output lengths 50–300 tokens per
+turn; tool outputs 200–1,500 tokens. The nodes' KV capacity is deliberately small (``--kv-tokens``) so
 that the sessions contend for it, which is when a scheduler matters.
 
 With ``--trace FILE`` the sessions are a recorded session trace instead (docs/evaluation.md,
@@ -63,6 +68,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+import numpy as np
 import orjson
 
 from shared.cli.ops import OpsError
@@ -71,6 +77,7 @@ from shared.contracts import ToolEnd, ToolStart
 from shared.core.policies import POLICY_NAMES
 from shared.infra.access import Access, write_access_dir
 from shared.infra.embedded import EmbeddedServers
+from shared.sim.workloads import BUILTIN, ToolSpec, load_workload
 from shared.tables import render, signed
 
 if TYPE_CHECKING:
@@ -115,6 +122,12 @@ TOOL_MEDIAN_S = 0.4
 TOOL_P90_S = 0.7
 TOOL_TAIL_P = 0.05
 TOOL_TAIL_S = 5.0
+
+
+DEMO_WORKLOAD = "claude-code"
+"""The family whose measured tool mix the built-in sessions run by default."""
+DEMO_TOOL_SCALE = 10.0
+"""Its tool times are divided by this, so that a demo fits a few minutes on two cores."""
 
 
 class DemoError(OpsError):
@@ -195,11 +208,22 @@ def _p99(xs: Sequence[float]) -> float | None:
 
 
 def tool_duration(rng: random.Random) -> float:
-    """A tool duration: the lognormal body (median 0.4 s, p90 0.7 s) or the 5 s tail."""
+    """A tool duration: the lognormal body (median 0.4 s, p90 0.7 s) or the 5 s tail (the
+    demo's load before it followed a measured family: ``--workload short``)."""
     if rng.random() < TOOL_TAIL_P:
         return TOOL_TAIL_S
     sigma = math.log(TOOL_P90_S / TOOL_MEDIAN_S) / 1.2816
     return rng.lognormvariate(math.log(TOOL_MEDIAN_S), sigma)
+
+
+def family_tool(tools: Sequence[ToolSpec], scale: float, rng: random.Random) -> tuple[str, float]:
+    """A tool call drawn from a workload family's measured mix (:mod:`shared.sim.workloads`):
+    its name, and its duration divided by ``scale``."""
+    spec = rng.choices(tools, weights=[t.weight for t in tools])[0]
+    draw = spec.duration.sample(np.random.default_rng(rng.getrandbits(64)))
+    if spec.timeout is not None:
+        draw = min(draw, spec.timeout)
+    return spec.name, max(0.0, draw) / scale
 
 
 def _text(rng: random.Random, tokens: int) -> str:
@@ -235,6 +259,10 @@ class _RandomScript:
     index: int
     turns: int
     delay_s: float = 0.0
+    tools: tuple[ToolSpec, ...] = ()
+    """The family whose measured tool mix the session draws from (empty: the short mix of
+    :func:`tool_duration`, one tool named ``bash``)."""
+    tool_scale: float = 1.0
 
     def opening(self, rng: random.Random) -> list[dict[str, Any]]:
         return [
@@ -249,6 +277,8 @@ class _RandomScript:
         return rng.randint(50, 300)
 
     def tool(self, turn: int, rng: random.Random) -> tuple[str, float] | None:
+        if self.tools:
+            return family_tool(self.tools, self.tool_scale, rng)
         return "bash", tool_duration(rng)
 
     def observation(self, turn: int, rng: random.Random) -> str:
@@ -289,7 +319,7 @@ class _TraceScript:
 def _script(index: int, args: argparse.Namespace) -> _Script:
     tasks: list[Task] | None = args.trace_tasks
     if tasks is None:
-        return _RandomScript(index, args.turns)
+        return _RandomScript(index, args.turns, tools=args.family_tools, tool_scale=args.tool_scale)
     task = tasks[index]
     turns = min(len(task.turns), args.turns or len(task.turns))
     return _TraceScript(task, turns, args.time_scale)
@@ -601,6 +631,17 @@ def add_demo_parser(sub: Any) -> None:
     )
     p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
     p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
+    p.add_argument(
+        "--workload", default=DEMO_WORKLOAD, metavar="NAME",
+        help=f"whose measured tool mix the built-in sessions run: a tao sim family with tools "
+        f"(default {DEMO_WORKLOAD}: TraceLab's Claude Code/Codex times), or 'short' for the "
+        "0.4 s mix of earlier demos",
+    )  # fmt: skip
+    p.add_argument(
+        "--tool-scale", type=float, default=DEMO_TOOL_SCALE, metavar="F",
+        help=f"divide the family's tool times by F (default {DEMO_TOOL_SCALE:g}: its p99 of "
+        "~4.5 min becomes ~27 s, so a run fits a few minutes)",
+    )  # fmt: skip
     p.add_argument("--model", help="model name sent (default: the first the gateway lists)")
     p.add_argument("--seed", type=int, default=0, help="workload seed (default 0)")
     p.add_argument(
@@ -637,6 +678,16 @@ def _check(args: argparse.Namespace) -> list[str]:
             raise DemoError(f"--{opt.replace('_', '-')}: must be >= 1")
     if not args.time_scale > 0:
         raise DemoError("--time-scale: must be > 0")
+    if not args.tool_scale > 0:
+        raise DemoError("--tool-scale: must be > 0")
+    args.family_tools = ()
+    if args.workload != "short":
+        if args.workload not in BUILTIN:
+            raise DemoError(f"--workload: unknown {args.workload!r}; known: short, {', '.join(BUILTIN)}")
+        spec = load_workload(args.workload)
+        if not spec.tools:
+            raise DemoError(f"--workload: {args.workload!r} has no tools")
+        args.family_tools = spec.tools
     args.trace_tasks = None
     if args.trace is None:
         args.sessions = 16 if args.sessions is None else args.sessions

@@ -16,7 +16,7 @@ def _demo(tmp: Path, nats_url: str, redis_url: str, *extra: str) -> subprocess.C
     env = {**os.environ, "TMPDIR": str(tmp), "TAO_NATS_URL": nats_url,
            "TAO_REDIS_URL": redis_url, "TAO_RUN_FILE": str(tmp / "run.json")}  # fmt: skip
     cmd = [sys.executable, "-m", "shared.cli.entry", "demo", "--sessions", "2", "--turns", "2",
-           "--policies", "tao", "--time-scale", "20", *extra]  # fmt: skip
+           "--policies", "tao", "--time-scale", "20", "--workload", "short", *extra]  # fmt: skip
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=DEADLINE_S,
                           check=False)  # fmt: skip
 

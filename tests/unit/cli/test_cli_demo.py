@@ -106,3 +106,41 @@ class TestRepeat:
         from shared.cli.main import main
 
         assert main(["demo", "--repeat", "0"]) == 2
+
+
+class TestMeasuredLoad:
+    """The built-in sessions draw their tools from a measured family, scaled to the machine."""
+
+    def test_default_is_claude_code_scaled_by_ten(self) -> None:
+        """Default ``--workload claude-code --tool-scale 10``."""
+        args = parse()
+        assert (args.workload, args.tool_scale) == ("claude-code", 10.0)
+
+    def test_family_tool_keeps_the_shape(self) -> None:
+        """Names come from the family; durations are its draws divided by the scale (the
+        median of many draws near the family's, a tenth of it scaled)."""
+        import random
+        import statistics
+
+        from shared.cli.demo import family_tool
+        from shared.sim.workloads import load_workload
+
+        tools = load_workload("claude-code").tools
+        one = [family_tool(tools, 1.0, random.Random(7)) for _ in range(1)]
+        ten = [family_tool(tools, 10.0, random.Random(7)) for _ in range(1)]
+        assert one[0][0] == ten[0][0] and ten[0][1] == pytest.approx(one[0][1] / 10)
+        rng = random.Random(0)
+        draws = [family_tool(tools, 1.0, rng) for _ in range(4000)]
+        assert {n for n, _ in draws} == {t.name for t in tools}
+        median = statistics.median(d for _, d in draws)
+        assert 0.2 < median < 0.6  # TraceLab's p50 is 0.3 s
+
+    @pytest.mark.parametrize(
+        "argv",
+        [["--workload", "nope"], ["--workload", "chat"], ["--tool-scale", "0"]],
+    )
+    def test_bad_workload_is_one_line(self, argv: list[str]) -> None:
+        """An unknown family, one without tools, or a non-positive scale: exit 2."""
+        from shared.cli.main import main
+
+        assert main(["demo", *argv]) == 2

@@ -62,6 +62,8 @@ __all__ = [
     "apply_decision",
     "context_pressure",
     "decide",
+    "live_digest",
+    "live_eligible",
     "live_free",
     "needs_gpu",
     "node_pressure",
@@ -144,12 +146,17 @@ class TickSnapshot:
 
 @dataclass(frozen=True, slots=True)
 class Move:
-    """One decision about one session: admit it on (or interrupt it from) ``node``."""
+    """One decision about one session: admit it on (or interrupt it from) ``node``.
+
+    ``digest`` (admits of :func:`decide` only) is the candidate's eligibility digest from the
+    snapshot (:attr:`TickCandidate.digest`), which :func:`apply_decision` compares with the
+    live one; empty (interrupts, ThunderAgent's resumes) means no eligibility check."""
 
     session: str
     node: str
     weight: int
     version: int
+    digest: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +178,11 @@ class Decision:
 class Applied:
     """What the verify-and-apply step did.
 
-    ``discarded`` with ``changed`` naming the sessions whose version (or target node) moved,
-    or ``fenced`` when the plan came from a deposed leader (an older epoch than the store's);
-    otherwise ``interrupted`` and the applied ``admitted`` prefix, ``truncated`` when live
-    capacity cut the plan short. ``sessions`` holds the updated records.
+    ``discarded`` with ``changed`` naming the sessions whose version (or target node, or
+    eligible set: :func:`apply_decision`) moved, or ``fenced`` when the plan came from a
+    deposed leader (an older epoch than the store's); otherwise ``interrupted`` and the
+    applied ``admitted`` prefix, ``truncated`` when live capacity cut the plan short.
+    ``sessions`` holds the updated records.
     """
 
     discarded: bool
@@ -191,6 +199,22 @@ def live_free(nodes: Sequence[NodeView]) -> dict[str, int]:
     reservations over-commit the node, so that the room an interrupt frees there first pays
     the overflow back (unhealthy nodes are absent: nothing may go there)."""
     return {nv.id: usable_capacity(nv) - nv.reserved - nv.shared for nv in nodes if nv.healthy}
+
+
+def live_eligible(nodes: Sequence[NodeView], model: str | None, weight: int) -> frozenset[str]:
+    """The nodes a session of ``model`` reserving ``weight`` may go to: healthy, serving the
+    model, usable capacity at least ``weight`` (:attr:`TickCandidate.eligible`'s rule)."""
+    return frozenset(
+        nv.id
+        for nv in nodes
+        if ineligibility(nv.healthy, nv.models, model, weight, usable_capacity(nv)) is None
+    )
+
+
+def live_digest(nodes: Sequence[NodeView], model: str | None, weight: int) -> str:
+    """The eligibility digest of :func:`live_eligible` (what an admit's ``digest`` must equal
+    at apply time; ``lua/apply.lua`` computes the same)."""
+    return set_digest(live_eligible(nodes, model, weight))
 
 
 def value_snapshot(
@@ -486,9 +510,15 @@ def decide(
     for b in rnd.blocked:
         free[b] = 0
     result = policy.plan(rnd.problem(pool), options)
-    weights = {c.id: c.weight for c in snapshot.candidates}
+    by_id = {c.id: c for c in snapshot.candidates}
     admits = [
-        Move(a.session, a.node, weights[a.session], snapshot.versions[a.session])
+        Move(
+            a.session,
+            a.node,
+            by_id[a.session].weight,
+            snapshot.versions[a.session],
+            by_id[a.session].digest,
+        )
         for a in result.assignments
     ]
     if rules.stay:
@@ -609,7 +639,7 @@ class _Round:
                 room = [node]
             node = max(room, key=lambda b: (c.credit.get(b, 0), b == c.home, free[b], b))
             free[node] -= c.weight
-            early.append(Move(c.id, node, c.weight, snapshot.versions[c.id]))
+            early.append(Move(c.id, node, c.weight, snapshot.versions[c.id], c.digest))
         return early
 
     def release_for(self, demand: int) -> None:
@@ -718,7 +748,7 @@ def _readmit_home(
         home = c.home or ""
         if c.weight <= room.get(home, 0):
             room[home] -= c.weight
-            out.append(Move(c.id, home, c.weight, snapshot.versions[c.id]))
+            out.append(Move(c.id, home, c.weight, snapshot.versions[c.id], c.digest))
     return out
 
 
@@ -752,13 +782,22 @@ def apply_decision(
     live: Mapping[str, Session],
     free: Mapping[str, int],
     at: float,
+    *,
+    nodes: Sequence[NodeView] | None = None,
 ) -> Applied:
     """Verify-and-apply against live state (DESIGN 3.4); the Redis script mirrors this.
 
     The whole decision is discarded when any session it names has a different version now,
-    or an admit's target node is no longer healthy (absent from ``free``). Otherwise the
-    interrupts are applied (their room is freed), then the longest prefix of the admits that
-    live free capacity admits, in plan order.
+    or an admit's target node is no longer healthy (absent from ``free``), or an admit's
+    candidate signature no longer holds: its ``digest`` differs from :func:`live_digest` of
+    the session on ``nodes`` (the live node views ``free`` was taken from: a node went
+    unhealthy or came back, stopped or started serving the session's model, or its usable
+    capacity moved across the admit's weight). ``changed`` names the sessions in that order:
+    version first (interrupts, then admits), then target node, then eligible set, each once.
+    Admits without a digest, and every admit when ``nodes`` is None (a caller that sees no
+    node views), skip the eligibility check. Otherwise the interrupts are applied (their room
+    is freed), then the longest prefix of the admits that live free capacity admits, in plan
+    order.
     """
     changed: list[str] = []
     for m in (*decision.interrupts, *decision.admits):
@@ -766,6 +805,17 @@ def apply_decision(
         if s is None or s.version != m.version:
             changed.append(m.session)
     changed.extend(m.session for m in decision.admits if m.node not in free)
+    if nodes is not None:
+        digests: dict[tuple[str | None, int], str] = {}
+        for m in decision.admits:
+            s = live.get(m.session)
+            if not m.digest or s is None:
+                continue
+            key = (s.model, m.weight)
+            if key not in digests:
+                digests[key] = live_digest(nodes, s.model, m.weight)
+            if digests[key] != m.digest:
+                changed.append(m.session)
     if changed:
         return Applied(discarded=True, changed=tuple(dict.fromkeys(changed)))
     room = dict(free)

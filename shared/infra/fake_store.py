@@ -320,8 +320,8 @@ class FakeStore:
                 return Applied(discarded=True, fenced=True)
             self._counters["epoch"] = epoch
         live = {m.session: self._sessions[m.session] for m in moves if m.session in self._sessions}
-        free = live_free(await self.node_views())
-        applied = apply_decision(decision, live, free, at)
+        views = await self.node_views()
+        applied = apply_decision(decision, live, live_free(views), at, nodes=views)
         if applied.discarded:
             self._count("plans_discarded", 1)
             return applied

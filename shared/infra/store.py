@@ -633,11 +633,12 @@ class Store:
 
     async def apply(self, decision: Decision, at: float, *, epoch: int = 0) -> Applied:
         """Verify-and-apply ``decision`` atomically: exactly
-        ``apply_decision(decision, live sessions, live_free(node_views()), at)`` on the live
-        state, plus reserved totals, indexes and the planner counters. An empty decision
-        changes nothing and counts nothing. A non-zero ``epoch`` (the planner's lease,
-        :mod:`shared.infra.lease`) below the domain's :meth:`fence` changes nothing either
-        (``Applied.fenced``)."""
+        ``apply_decision(decision, live sessions, live_free(views), at, nodes=views)`` with
+        ``views = node_views()`` on the live state (the script recomputes each admit's live
+        eligibility digest itself), plus reserved totals, indexes and the planner counters.
+        An empty decision changes nothing and counts nothing. A non-zero ``epoch`` (the
+        planner's lease, :mod:`shared.infra.lease`) below the domain's :meth:`fence` changes
+        nothing either (``Applied.fenced``)."""
         moves = (*decision.interrupts, *decision.admits)
         if not moves:
             return Applied(discarded=False)
@@ -651,8 +652,8 @@ class Store:
         args: list[str | int] = [repr(float(at)), self.keys.node_prefix, len(sids)]
         args += [len(decision.interrupts), len(decision.admits), *sids]
         for m in moves:
-            args += [index[m.session], m.node, int(m.weight), int(m.version)]
-        args.append(int(epoch))
+            args += [index[m.session], m.node, int(m.weight), int(m.version), m.digest]
+        args += [int(epoch), self.keys.nodes]
         reply = await self._apply(keys=keys, args=args)
         if int(reply[0]) == 2:
             return Applied(discarded=True, fenced=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, event, given, settings
@@ -10,7 +11,9 @@ from hypothesis import strategies as st
 
 from shared.core.problem import ZERO, PlanResult
 from shared.core.session import Activity, Session, admit, on_request, on_response
-from shared.core.tick import Applied, Decision, Move, apply_decision, live_free
+from shared.core.signature import eligibility_digest
+from shared.core.tick import Applied, Decision, Move, apply_decision, live_digest, live_free
+from shared.core.valuation import NodeView
 from shared.infra.store_types import NodeUpdate, StateStore
 from tests.integration.stores import open_store, url_for
 
@@ -21,8 +24,10 @@ def _decision(interrupts: tuple[Move, ...] = (), admits: tuple[Move, ...] = ()) 
     return Decision(tick=1, interrupts=interrupts, admits=admits, result=_RESULT)
 
 
-async def _pool(store: StateStore, sid: str, tokens: int = 500) -> Session:
-    s = on_request(Session(id=sid), "r", 1.0, tokens_estimate=tokens)[0]
+async def _pool(
+    store: StateStore, sid: str, tokens: int = 500, model: str | None = None
+) -> Session:
+    s = on_request(Session(id=sid), "r", 1.0, tokens_estimate=tokens, model=model)[0]
     out = await store.update_session(sid, lambda _: s)
     assert out is not None
     return out
@@ -151,20 +156,136 @@ class TestApply:
         assert (await store.planner_stats())["plans_applied"] == 0
 
 
+# (what changes in flight, the node status written after planning, discarded)
+_ELIGIBILITY: list[tuple[str, str, NodeUpdate, bool]] = [
+    ("nothing", "n2", NodeUpdate(used_tokens=100), False),
+    ("another eligible node went unhealthy", "n2", NodeUpdate(healthy=False), True),
+    ("another eligible node stopped serving the model", "n2", NodeUpdate(models=["x"]), True),
+    ("an eligible node's usable capacity fell below the weight", "n2",
+     NodeUpdate(capacity_tokens=1000), True),
+    ("an ineligible node came back healthy", "n4", NodeUpdate(healthy=True), True),
+    ("an ineligible node started serving the model", "n3", NodeUpdate(models=None), True),
+    ("a node of another model changed its models", "n3", NodeUpdate(models=["y", "z"]), False),
+    ("a node serving the model joined", "n5",
+     NodeUpdate(capacity_tokens=4000, healthy=True, models=["m"]), True),
+    ("a node of another model joined", "n5",
+     NodeUpdate(capacity_tokens=4000, healthy=True, models=["x"]), False),
+]  # fmt: skip
+
+
+class TestApplyChecksEligibility:
+    """An admit carries its candidate's eligibility digest; the apply step recomputes the
+    session's eligible set from the live nodes and discards the whole plan when it moved."""
+
+    async def _setup(self, store: StateStore) -> tuple[Session, Session]:
+        for node, healthy, models in (
+            ("n1", True, ["m"]),
+            ("n2", True, ["m", "x"]),
+            ("n3", True, ["x"]),
+            ("n4", False, ["m"]),
+        ):
+            await store.put_node_status(
+                node, NodeUpdate(capacity_tokens=4000, healthy=healthy, models=models)
+            )
+        return await _pool(store, "a", model="m"), await _pool(store, "b", model="m")
+
+    @pytest.mark.parametrize(
+        ("what", "node", "update", "discarded"), _ELIGIBILITY, ids=[c[0] for c in _ELIGIBILITY]
+    )
+    async def test_table(
+        self, store: StateStore, what: str, node: str, update: NodeUpdate, discarded: bool
+    ) -> None:
+        """Two admits planned on n1 / n2, each with the digest of {n1, n2}; a node's status
+        changes before the apply: discarded (counted, nothing written) exactly when the
+        sessions' eligible set moved, else applied."""
+        a, b = await self._setup(store)
+        planned = live_digest(await store.node_views(), "m", 1500)
+        assert planned == eligibility_digest(["n1", "n2"])
+        moves = (
+            Move("a", "n1", 1500, a.version, planned),
+            Move("b", "n2", 1500, b.version, planned),
+        )
+        await store.put_node_status(node, update)
+        got = await store.apply(_decision(admits=moves), 10.0)
+        stats = await store.planner_stats()
+        if discarded:
+            assert got.discarded and not got.fenced and sorted(got.changed) == ["a", "b"]
+            assert await store.sessions(["a", "b"]) == [a, b]
+            assert (stats["plans_discarded"], stats.get("plans_applied", 0)) == (1, 0)
+        else:
+            assert not got.discarded and got.admitted == moves
+            assert (stats.get("plans_discarded", 0), stats["plans_applied"]) == (0, 1)
+        await _check_consistent(store)
+
+    async def test_only_the_changed_session_is_named(self, store: StateStore) -> None:
+        """Sessions of another model keep their set: only the session whose set moved is
+        named, and the plan is discarded whole; an admit without a digest is not checked."""
+        await self._setup(store)
+        a, b2 = await store.get_session("a"), await _pool(store, "c", model="x")
+        assert a is not None
+        views = await store.node_views()
+        moves = (
+            Move("a", "n1", 1500, a.version, live_digest(views, "m", 1500)),
+            Move("c", "n3", 1500, b2.version, live_digest(views, "x", 1500)),
+        )
+        await store.put_node_status("n1", NodeUpdate(models=["m", "x"]))  # x's set grew
+        got = await store.apply(_decision(admits=moves), 10.0)
+        assert got == Applied(discarded=True, changed=("c",))
+        unchecked = (moves[0], Move("c", "n3", 1500, b2.version))
+        got = await store.apply(_decision(admits=unchecked), 10.0)
+        assert not got.discarded and got.admitted == unchecked
+        await _check_consistent(store)
+
+    async def test_many_nodes_and_odd_ids(self, store: StateStore) -> None:
+        """The script's digest is the core's for sets spanning several hash blocks and ids
+        whose byte order differs from a locale's (case, '-', '_')."""
+        ids = [f"{p}{i}" for i in range(12) for p in ("N-", "n_", "a", "B", "z-" * 40)]
+        for nid in ids:
+            await store.put_node_status(nid, NodeUpdate(capacity_tokens=4000, healthy=True))
+        a = await _pool(store, "a")
+        views = await store.node_views()
+        assert len(live_digest(views, None, 1500)) == 16
+        bad = Move("a", ids[0], 1500, a.version, eligibility_digest(ids[1:]))
+        got = await store.apply(_decision(admits=(bad,)), 10.0)
+        assert got == Applied(discarded=True, changed=("a",))
+        good = replace(bad, digest=live_digest(views, None, 1500))
+        got = await store.apply(_decision(admits=(good,)), 10.0)
+        assert not got.discarded and got.admitted == (good,)
+
+
 _ACTIVITIES: tuple[Activity, ...] = ("idle", "waiting", "running", "tool")
 _NODES = ("n0", "n1", "n2", "nx")
+_MODELS: tuple[frozenset[str] | None, ...] = (
+    None,
+    None,
+    frozenset({"m1"}),
+    frozenset({"m1", "m2"}),
+    frozenset({"m2"}),
+    frozenset(),  # serves no model: only a session of no model goes there
+)
 
 
 @st.composite
 def _world(draw: st.DrawFn) -> tuple[list[dict[str, object]], list[Session], Decision, float]:
-    nodes = [
-        {
-            "node": f"n{i}",
-            "capacity_tokens": draw(st.integers(0, 6000)),
-            "target_utilisation": draw(st.sampled_from([1.0, 0.9, 0.7, 0.29])),
-            "healthy": draw(st.sampled_from([True, True, True, True, False])),
-        }
+    views = [
+        NodeView(
+            id=f"n{i}",
+            capacity_tokens=draw(st.integers(0, 6000)),
+            target_utilisation=draw(st.sampled_from([1.0, 0.9, 0.7, 0.29])),
+            healthy=draw(st.sampled_from([True, True, True, True, False])),
+            models=draw(st.sampled_from(_MODELS)),
+        )
         for i in range(draw(st.integers(1, 3)))
+    ]
+    nodes: list[dict[str, object]] = [
+        {
+            "node": v.id,
+            "capacity_tokens": v.capacity_tokens,
+            "target_utilisation": v.target_utilisation,
+            "healthy": v.healthy,
+            "models": v.models,
+        }
+        for v in views
     ]
     sessions: list[Session] = []
     for i in range(draw(st.integers(1, 6))):
@@ -178,6 +299,7 @@ def _world(draw: st.DrawFn) -> tuple[list[dict[str, object]], list[Session], Dec
                 weight=0 if node is None else draw(st.integers(1, 2500)),
                 tokens=draw(st.integers(0, 3000)),
                 ended=draw(st.sampled_from([False, False, False, True])),
+                model=draw(st.sampled_from([None, "m1", "m2"])),
                 updated_at=0.5,
             )
         )
@@ -188,13 +310,18 @@ def _world(draw: st.DrawFn) -> tuple[list[dict[str, object]], list[Session], Dec
         if s.node is not None and draw(st.booleans())
     )
     ids = [s.id for s in sessions] * 4 + ["ghost"]
-    targets = [n["node"] for n in nodes] * 4 + ["nx"]
+    targets = [v.id for v in views] * 4 + ["nx"]
     admits = []
     for _ in range(draw(st.integers(0, 4))):
         sid = draw(st.sampled_from(ids))
         version = next((s.version for s in sessions if s.id == sid), 1) + draw(stale)
         weight = draw(st.integers(1, 3000))
-        admits.append(Move(sid, str(draw(st.sampled_from(targets))), weight, version))
+        # no digest, the live set's, or one of a subset of the nodes
+        subset = draw(st.sets(st.sampled_from(_NODES)))
+        model = next((s.model for s in sessions if s.id == sid), None)
+        live = live_digest(views, model, weight)
+        digest = draw(st.sampled_from(["", live, live, eligibility_digest(subset)]))
+        admits.append(Move(sid, str(draw(st.sampled_from(targets))), weight, version, digest))
     at = draw(st.floats(1.0, 1e6, allow_nan=False))
     return nodes, sessions, _decision(interrupts, tuple(admits)), at
 
@@ -209,9 +336,12 @@ async def _equivalence(store: StateStore, world: tuple[list[dict[str, object]], 
     for s in sessions:
         await store.update_session(s.id, lambda _, s=s: s)  # type: ignore[misc]
     live = {s.id: s for s in sessions}
-    want = apply_decision(decision, live, live_free(await store.node_views()), at)
+    views = await store.node_views()
+    want = apply_decision(decision, live, live_free(views), at, nodes=views)
     got = await store.apply(decision, at)
+    checked = any(m.digest for m in decision.admits)
     event(f"discarded={want.discarded} truncated={want.truncated} admitted={bool(want.admitted)}")
+    event(f"digest checked={checked} discarded={want.discarded}")
     assert got == want
     after = {s.id: want.sessions.get(s.id, s) for s in sessions}
     assert await store.sessions() == [after[k] for k in sorted(after)]

@@ -21,8 +21,8 @@ minutes on two cores: the shape, and so what a tool-aware scheduler can win, is 
 clock is faster. ``--workload short`` is the earlier demos' mix: lognormal with median 0.4 s and
 p90 0.7 s plus a 5 % tail of 5 s calls, one tool named ``bash``, under which the policies come
 out level (the tools are too short to be worth releasing). Output lengths 50–300 tokens per
-turn; tool outputs 200–1,500 tokens. The nodes' KV capacity is deliberately small (``--kv-tokens``) so
-that the sessions contend for it, which is when a scheduler matters.
+turn; tool outputs 200–1,500 tokens. The nodes' KV capacity is deliberately small
+(``--kv-tokens``) so that the sessions contend for it, which is when a scheduler matters.
 
 With ``--trace FILE`` the sessions are a recorded session trace instead (docs/evaluation.md,
 "Session-trace JSONL"; ``tao trace import`` makes one from mini-swe-agent, Claude Code or
@@ -683,7 +683,9 @@ def _check(args: argparse.Namespace) -> list[str]:
     args.family_tools = ()
     if args.workload != "short":
         if args.workload not in BUILTIN:
-            raise DemoError(f"--workload: unknown {args.workload!r}; known: short, {', '.join(BUILTIN)}")
+            raise DemoError(
+                f"--workload: unknown {args.workload!r}; known: short, {', '.join(BUILTIN)}"
+            )
         spec = load_workload(args.workload)
         if not spec.tools:
             raise DemoError(f"--workload: {args.workload!r} has no tools")

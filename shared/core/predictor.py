@@ -42,7 +42,10 @@ log-normal fitted to the history's mean ``m`` and variance ``v`` by moments,
 (``Q`` the standard normal survival function; ``e <= 0`` gives ``m``). Where ``Q(z)`` underflows
 (the call has outrun its history by far) it is "as long again as it has run so far", ``e``;
 with interface evidence it is ``end - now`` while the end is ahead, then ``e``; with no history
-``DEFAULT_DURATION_S - e``, then ``e``. A ``deadline`` caps it at ``deadline - now``.
+at all, ``e`` from the start: a call of unknown length is expected to run as long again as it
+has run so far (the median residual of a scale-free duration), so a call nothing is known of is
+not released on the 5 s default the readiness prediction uses — only once it has run long. A
+``deadline`` caps it at ``deadline - now``.
 
 **Liveness** (``Prediction.alive_ts``): the time of the latest evidence that an open call is
 still running. An end is reported when it happens (a hook, or the gateway's next request), so
@@ -386,8 +389,8 @@ def expected_remaining_s(call: ToolCallView, history: History, now: float) -> fl
         if stats.count >= MIN_SAMPLES:
             got = _mean_residual(stats, elapsed)
             out = again if got is None else got
-        else:
-            out = DEFAULT_DURATION_S - elapsed if elapsed < DEFAULT_DURATION_S else again
+        else:  # no evidence of its length: as long again as it has run (a new call, ~0)
+            out = again
     if call.deadline is not None:
         out = min(out, max(0.0, call.deadline - now))
     return max(0.0, out)

@@ -182,7 +182,9 @@ def readmit_horizon_s(tokens: int, rules: TaoRules) -> float:
     return rules.evict_requeue_s + recompute_s(tokens, 0, rules)
 
 
-def release_net_s(remaining_s: float, tokens: int, slack: int, running: int, rules: TaoRules) -> float:
+def release_net_s(
+    remaining_s: float, tokens: int, slack: int, running: int, rules: TaoRules
+) -> float:
     """Seconds a release nets: the room's expected idle time ``remaining_s`` minus
     :func:`release_cost_s` (``inf`` when the remaining time is unknown)."""
     if math.isinf(remaining_s):

@@ -353,8 +353,8 @@ def context_pressure(
     """Per healthy node, how far the contexts of the sessions admitted there (each counted
     ``headroom`` tokens above its length, its shared prefix once per node: the largest
     :attr:`~shared.core.session.Session.shared` there) exceed its usable capacity (``full``:
-    its whole KV capacity); only nodes where they do. ``sessions`` must hold every admitted session (a
-    pooled one counts nowhere)."""
+    its whole KV capacity); only nodes where they do. ``sessions`` must hold every admitted
+    session (a pooled one counts nowhere)."""
     held: dict[str, int] = {}
     once: dict[str, int] = {}
     for s in sessions:
@@ -439,9 +439,12 @@ def releasable(ic: InterruptCandidate, snapshot: TickSnapshot, rules: TaoRules) 
     release's expected cost on its node (:func:`shared.core.rules.release_worth`; the cache no
     reservation can claim is ``capacity − reserved − free``, since the demand step releases
     only when the pool's demand exceeds every node's free room, which it then fills), else with
-    ``hold`` when its tool will run :func:`hold_threshold` longer, else always."""
+    ``hold`` when its tool will run :func:`hold_threshold` longer, else always. Under the
+    cost model nothing of the released prefix is counted as kept (``slack = 0``): the pool
+    that takes the room prefills into the node's cache, whose LRU evicts the idle released
+    blocks first, so the release costs the whole context's recompute, as a pay-back's does."""
     if rules.evict:
-        slack = _slack(snapshot, ic.node)
+        slack = 0 if rules.cost else _slack(snapshot, ic.node)
         running = snapshot.running.get(ic.node, 0)
         return release_worth(ic.remaining_s, ic.tokens, slack, running, rules)
     if rules.hold:
@@ -567,18 +570,16 @@ class _Round:
         if node in self.free:
             self.free[node] += tokens - paid
 
-    def net_key(self, node: str | None) -> Callable[[InterruptCandidate], tuple[object, ...]]:
+    def net_key(self) -> Callable[[InterruptCandidate], tuple[object, ...]]:
         """The cost model's release order (``cost``): most seconds a release nets first
         (:func:`shared.core.rules.release_net_s`: expected idle time of the room minus the
-        recompute and re-queue it causes), then the ``(k, r, t)`` order on ties. ``node``:
-        the pay-back of that full node, where nothing of a released prefix stays (slack 0);
-        None: the demand step, with each node's slack as :func:`releasable` reads it."""
+        recompute and re-queue it causes; nothing of a released prefix is counted as kept, as
+        :func:`releasable` reads it), then the ``(k, r, t)`` order on ties."""
         snapshot, rules = self.snapshot, self.rules
 
         def key(ic: InterruptCandidate) -> tuple[object, ...]:
-            slack = 0 if node is not None else _slack(snapshot, ic.node)
             running = snapshot.running.get(ic.node, 0)
-            cost = release_cost_s(ic.tokens, slack, running, rules)
+            cost = release_cost_s(ic.tokens, 0, running, rules)
             net = -math.inf if math.isinf(ic.remaining_s) else cost - ic.remaining_s
             return (net, *interrupt_key(ic))
 
@@ -597,7 +598,7 @@ class _Round:
                 on_node = [replace(c, weight=c.tokens + rules.payback_headroom) for c in on_node]
                 if rules.payback_smallest:  # value order without credit and readiness: by tokens
                     on_node = [replace(c, credit=0, ready=0) for c in on_node]
-            key = self.net_key(node) if rules.cost else interrupt_key
+            key = self.net_key() if rules.cost else interrupt_key
             if rules.payback:
                 first = select_releases(on_node, need, key)
             else:
@@ -656,7 +657,7 @@ class _Round:
             rest,
             demand,
             sum(v for b, v in self.free.items() if b not in blocked),
-            key=self.net_key(None) if self.rules.cost else interrupt_key,
+            key=self.net_key() if self.rules.cost else interrupt_key,
         )
         self.take(second.interrupt, "demand")
         for node, tokens in second.freed_per_node.items():

@@ -11,7 +11,6 @@ import pytest
 from shared.core.interrupt import InterruptCandidate
 from shared.core.policies import get_policy
 from shared.core.predictor import (
-    DEFAULT_DURATION_S,
     History,
     ToolCallView,
     expected_remaining_s,
@@ -51,8 +50,9 @@ class TestExpectedRemaining:
     @pytest.mark.parametrize(
         ("call", "history", "now", "expected"),
         [
-            # no history: the default duration minus elapsed, then as long again
-            (ToolCallView("x", 0.0), History(), 1.0, DEFAULT_DURATION_S - 1.0),
+            # no history: as long again as it has run (never the 5 s default)
+            (ToolCallView("x", 0.0), History(), 0.0, 0.0),
+            (ToolCallView("x", 0.0), History(), 1.0, 1.0),
             (ToolCallView("x", 0.0), History(), 8.0, 8.0),
             # observed: nothing remains
             (ToolCallView("x", 0.0, completed_at=2.0), History(), 3.0, 0.0),
@@ -60,14 +60,12 @@ class TestExpectedRemaining:
             (ToolCallView("x", 0.0, expected_end=10.0), History(), 4.0, 6.0),
             (ToolCallView("x", 0.0, expected_end=10.0), History(), 12.0, 12.0),
             # a deadline caps it
-            (ToolCallView("x", 0.0, deadline=3.0), History(), 1.0, 2.0),
+            (ToolCallView("t", 0.0, deadline=3.0), _history("t", [10.0, 10.0]), 1.0, 2.0),
             # every sample equal: a point mass
             (ToolCallView("t", 0.0), _history("t", [4.0, 4.0, 4.0]), 1.0, 3.0),
         ],
     )  # fmt: skip
-    def test_table(
-        self, call: ToolCallView, history: History, now: float, expected: float
-    ) -> None:
+    def test_table(self, call: ToolCallView, history: History, now: float, expected: float) -> None:
         """Each row's evidence gives its documented remaining time."""
         assert expected_remaining_s(call, history, now) == pytest.approx(expected)
 
@@ -96,11 +94,15 @@ class TestExpectedRemaining:
         xs = [e * math.exp(i * 0.001) for i in range(1, 20000)]
 
         def pdf(x: float) -> float:
-            return math.exp(-((math.log(x) - mu) ** 2) / (2 * s2)) / (x * sigma * math.sqrt(2 * math.pi))
+            return math.exp(-((math.log(x) - mu) ** 2) / (2 * s2)) / (
+                x * sigma * math.sqrt(2 * math.pi)
+            )
 
         num = sum((x - e) * pdf(x) * x * 0.001 for x in xs)
         den = sum(pdf(x) * x * 0.001 for x in xs)
-        assert expected_remaining_s(ToolCallView("t", 0.0), h, e) == pytest.approx(num / den, rel=0.01)
+        assert expected_remaining_s(ToolCallView("t", 0.0), h, e) == pytest.approx(
+            num / den, rel=0.01
+        )
 
     def test_global_history_when_the_tool_has_none(self) -> None:
         """A tool without two samples of its own uses the global history."""
@@ -205,3 +207,32 @@ class TestRuleSets:
         assert not PAPER.cost and not PAPER.evict
         assert ABLATIONS["tao-hold"] == HOLD
         assert ABLATIONS["tao-no-cost"] == replace(DEFAULT_RULES, cost=False)
+
+
+class TestReleaseForDemand:
+    """A release for the pool's demand costs the whole context's recompute: the pool that takes
+    the room prefills into the cache and evicts the idle released prefix."""
+
+    def _snap(self, remaining: float) -> TickSnapshot:
+        from shared.core.tick import TickCandidate
+
+        cand = TickCandidate(
+            id="w", version=1, weight=600, tokens=100, ready=1, credit={},
+            eligible=frozenset({"n0"}), digest="", phase="reasoning", waiting_since=9.0,
+        )  # fmt: skip
+        return TickSnapshot(
+            tick=1, now=10.0, quantum=512, nodes=(Node(id="n0", free=0, load=20_000),),
+            candidates=(cand,), interrupts=(_ic("t", remaining, tokens=20_000),),
+            versions={"w": 1, "t": 1}, capacity={"n0": 100_000}, running={"n0": 4},
+        )  # fmt: skip
+
+    @pytest.mark.parametrize(("remaining", "released"), [(0.5, []), (60.0, ["t"])])
+    def test_kept_slack_does_not_make_a_short_call_cheap(
+        self, remaining: float, released: list[str]
+    ) -> None:
+        """A 0.5 s call is kept though 80k tokens of the node's cache are unclaimed (the
+        ``tao-evict`` variant would count its prefix as kept and release it); a 60 s call goes."""
+        got = decide(self._snap(remaining), get_policy("tao"), rules=DEFAULT_RULES)
+        assert [m.session for m in got.interrupts] == released
+        old = decide(self._snap(0.5), get_policy("tao-evict"), rules=ABLATIONS["tao-evict"])
+        assert [m.session for m in old.interrupts] == ["t"]

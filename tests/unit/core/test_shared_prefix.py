@@ -56,9 +56,7 @@ class TestNodeRoom:
         """:func:`node_pressure` from the totals equals the per-session count when every
         session shares the node's prefix."""
         sessions = [_admitted(f"s{i}", "n0", 30_000, 15_000) for i in range(4)]
-        nv = NodeView(
-            id="n0", capacity_tokens=70_000, contexts=120_000, held=4, shared=15_000
-        )
+        nv = NodeView(id="n0", capacity_tokens=70_000, contexts=120_000, held=4, shared=15_000)
         assert node_pressure([nv], 100, full=True) == context_pressure(
             sessions, [nv], 100, full=True
         )

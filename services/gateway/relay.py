@@ -509,7 +509,9 @@ class Relay:
 
         def report_now() -> None:
             if not reported:
-                reported.append(self._report_response(session_id, request_id, done, one_turn))
+                reported.append(
+                    self._report_response(session_id, request_id, done, one_turn, info.model)
+                )
 
         url = self.nodes.endpoint(node, api.path)
         response: web.StreamResponse
@@ -624,7 +626,12 @@ class Relay:
             )
 
     def _report_response(
-        self, session_id: str, request_id: str, done: Forwarded, one_turn: bool
+        self,
+        session_id: str,
+        request_id: str,
+        done: Forwarded,
+        one_turn: bool,
+        model: str | None = None,
     ) -> asyncio.Task[bool]:
         stats = done.stats
         block_size = self.nodes.block_size(done.node_id) if stats.prompt_ids else None
@@ -644,6 +651,7 @@ class Relay:
                 error=done.error_text,
                 block_size=block_size if keys is not None else None,
                 block_keys=keys,
+                model=model,
             )
         ]
         if one_turn:

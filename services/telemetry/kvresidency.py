@@ -28,13 +28,16 @@ from shared.core.kvindex import ApplyResult, KvIndex
 from shared.infra.busapi import Delivery, MessageBus, Subscription, received_at
 from shared.infra.settings import NodeSpec
 from shared.infra.shard import ONE, Shard
-from shared.infra.store_types import StateStore
+from shared.infra.store_types import NodeUpdate, StateStore
 
 __all__ = ["KV_RECEIVED_AT_HEADER", "KV_SEQ_HEADER", "FeedFactory", "KvResidency", "t_obs_for"]
 
 DEFAULT_FLUSH_S: Final = 0.05
 DEFAULT_SKEW_S: Final = 5.0
 DEFAULT_PATH_IDLE_S: Final = 5.0
+DEFAULT_EVIDENCE_S: Final = 0.5
+"""How often a node's ``kv_until`` is written while its batches flow (a new ``kv_since`` is
+written at the next flush)."""
 _RETRY_S: Final = 1.0
 ENDED_MEMORY: Final = 65_536
 """Ended sessions remembered (id -> end time), so that a response processed after its session's
@@ -134,6 +137,7 @@ class KvResidency:
         path_idle_s: float = DEFAULT_PATH_IDLE_S,
         monotonic: Callable[[], float] = time.monotonic,
         shard: Shard = ONE,
+        evidence_s: float = DEFAULT_EVIDENCE_S,
     ) -> None:
         self.store = store
         self.shard = shard
@@ -159,6 +163,10 @@ class KvResidency:
         self._chains_out: dict[str, tuple[int, list[int], float]] = {}  # to store
         self._chains_gone: set[str] = set()  # to drop from the store
         self._ended: OrderedDict[str, float] = OrderedDict()  # see ENDED_MEMORY
+        self.evidence_s = evidence_s
+        self._configured = {spec.id for spec in self.nodes}
+        # node -> the (kv_since, kv_until) last written and when (monotonic)
+        self._evidence_out: dict[str, tuple[tuple[float, float], float]] = {}
 
     # --- lifecycle --------------------------------------------------------------------------
 
@@ -269,6 +277,10 @@ class KvResidency:
             self.counts["foreign_responses"] += 1
             return
         self.counts["usage_fallbacks"] += 1
+        # the events cannot confirm what usage says: the node's evidence starts after it
+        self.index.unconfirm(ev.node_id, ev.finished_at)
+        if self._evidence_due(ev.node_id) is not None:
+            self._wake.set()
         await self.usage.on_response(ev, d)
 
     async def on_end(self, ev: SessionEnd, d: Delivery) -> None:
@@ -416,7 +428,7 @@ class KvResidency:
             unknown_removals=res.unknown_removals or None,
             cleared=res.cleared or None,
         )
-        if self.index.pending():
+        if self.index.pending() or self._evidence_due(node) is not None:
             self._wake.set()
         return res
 
@@ -448,7 +460,9 @@ class KvResidency:
 
     async def _flusher(self) -> None:
         while True:
-            await self._wake.wait()
+            # a node's latest kv_until held back by evidence_s is written when it is due
+            with anyio.move_on_after(self.evidence_s if self._evidence_pending() else math.inf):
+                await self._wake.wait()
             await anyio.sleep(self.flush_s)  # debounce: gather what the next events change
             self._wake.clear()
             if not await self.flush():
@@ -456,10 +470,51 @@ class KvResidency:
                 self._wake.set()
 
     async def flush(self) -> bool:
-        """Write the changed prefixes (clears first), then the new or ended chains; False if
-        the store failed (what failed is kept for the next try, each part on its own)."""
+        """Write the changed prefixes (clears first), then the nodes' evidence, then the new or
+        ended chains; False if the store failed (what failed is kept for the next try, each
+        part on its own)."""
         wrote = await self._flush_residency()
+        wrote = await self._flush_evidence() and wrote
         return await self._flush_chains() and wrote
+
+    def _evidence_due(self, node: str) -> tuple[float, float] | None:
+        """``node``'s evidence when it is to be written now: a configured node whose
+        ``kv_since`` moved, or whose ``kv_until`` moved :attr:`evidence_s` after the last
+        write."""
+        if node not in self._configured:
+            return None
+        ev = self.index.evidence(node)
+        if ev is None:
+            return None
+        last = self._evidence_out.get(node)
+        if last is not None:
+            (since, until), at = last
+            if ev == (since, until):
+                return None
+            if ev[0] == since and self.monotonic() - at < self.evidence_s:
+                return None
+        return ev
+
+    def _evidence_pending(self) -> bool:
+        """Whether some configured node's evidence differs from what was last written."""
+        out = self._evidence_out
+        return any(
+            (ev := self.index.evidence(n)) is not None and (n not in out or out[n][0] != ev)
+            for n in self._configured
+        )
+
+    async def _flush_evidence(self) -> bool:
+        """Write each node's due ``(kv_since, kv_until)``, after the residency it confirms."""
+        due = [(n, ev) for n in self.index.nodes() if (ev := self._evidence_due(n)) is not None]
+        try:
+            for node, (since, until) in due:
+                await self.store.put_node_status(node, NodeUpdate(kv_since=since, kv_until=until))
+                self._evidence_out[node] = ((since, until), self.monotonic())
+        except Exception as exc:
+            self.counts["evidence_failures"] += 1
+            self.log.error("kv_evidence_flush_failed", error=f"{type(exc).__name__}: {exc}")
+            return False
+        return True
 
     async def _flush_residency(self) -> bool:
         cleared = self._retry_cleared + self.index.take_cleared()

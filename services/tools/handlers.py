@@ -3,6 +3,15 @@
 Each handler: decode (done by the bus) → the step's core transition inside the store's
 optimistic update → tool statistics / wake-up → one log line. Acks, retries and dead letters
 are the bus's (``shared.infra``). A wake-up is published only after the write it announces.
+
+Shared prefixes (:mod:`shared.core.sharedprefix`): before a session batch is cut to this shard's
+sessions, every response's block keys are registered (every shard, so every shard counts all
+sessions) and every end forgets its session. A response of this shard's then records its
+session's ``shared`` with the response; the sessions of this shard whose ``shared`` another
+session's response raised are written after the batch
+(:func:`~shared.core.sharedprefix.with_shared`: an admitted weight moves with it). Both kinds
+are named in one ``shared`` wake-up, so that the valuation reads them (it keeps each node's
+shared prefix from the admitted sessions it reads).
 """
 
 from __future__ import annotations
@@ -34,13 +43,21 @@ from shared.contracts.session import (
     SessionResponse,
 )
 from shared.contracts.tool import ToolEnd, ToolEvent, ToolProgress, ToolStart
-from shared.contracts.wake import WAKE_ARRIVAL, WAKE_CANCEL, WAKE_END, WAKE_TOOL_END, wake_for
+from shared.contracts.wake import (
+    WAKE_ARRIVAL,
+    WAKE_CANCEL,
+    WAKE_END,
+    WAKE_SHARED,
+    WAKE_TOOL_END,
+    wake_for,
+)
 from shared.core.rules import TaoRules
 from shared.core.session import Session, on_end
+from shared.core.sharedprefix import SharedPrefixes, with_shared
 from shared.infra import tracing
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.shard import ONE, Shard
-from shared.infra.store_types import SessionFn, StateStore
+from shared.infra.store_types import SessionFn, SessionFnWith, StateStore
 
 __all__ = ["ToolsHandlers"]
 
@@ -89,6 +106,11 @@ class ToolsHandlers:
     handled: int = 0
     foreign: int = 0
     """Events left to another shard."""
+    prefixes: SharedPrefixes | None = None
+    """The shared-prefix registry fed by every response (``None``: sessions' ``shared`` is
+    never set, their weights are their whole contexts)."""
+    bad_chains: int = 0
+    """Responses whose block keys the registry refused."""
 
     def mine(self, items: list[tuple[E, Delivery]]) -> list[tuple[E, Delivery]]:
         """The events of this shard's sessions, in order (all of them when unsharded)."""
@@ -104,9 +126,12 @@ class ToolsHandlers:
     async def on_session_batch(self, items: list[tuple[SessionEvent, Delivery]]) -> None:
         """SessionRequest / Response / Cancel → each record's transition, batched into one
         store transaction per run of events; a SessionEnd ends the run (``on_end``, then the
-        record is deleted) so order holds. One wake-up per reason after the writes."""
+        record is deleted) so order holds. One wake-up per reason after the writes. Every
+        response's block keys feed the shared-prefix registry first, this shard's or not."""
+        shared = self._learn(items)
         items = self.mine(items)
         if not items:
+            await self._share()
             return
         outs = [Outcome() for _ in items]
         recs: list[Session | None] = [None] * len(items)
@@ -127,7 +152,7 @@ class ToolsHandlers:
                 recs[i] = await self.store.update_session(ev.session_id, _end_step(ev, out))
                 deleted += await self.store.delete_session(ev.session_id)
             else:
-                run.append((i, ev.session_id, self._session_step(ev, out)))
+                run.append((i, ev.session_id, self._session_step(ev, out, shared.get(id(ev)))))
         await flush()
         woken: dict[str, set[str]] = {}
         for (ev, _), out in zip(items, outs, strict=True):
@@ -136,15 +161,75 @@ class ToolsHandlers:
                 woken.setdefault(reason, set()).add(ev.session_id)
         for reason, sids in woken.items():
             await self._wake(reason, sids)
+        changed = {
+            ev.session_id
+            for (ev, _), out in zip(items, outs, strict=True)
+            if out.shared_changed and out.skipped is None
+        }
+        await self._share(changed)
         self.handled += len(items)
         self._log_sessions(items, outs, recs, deleted)
 
-    def _session_step(self, ev: SessionEvent, out: Outcome) -> SessionFn:
+    def _learn(self, items: list[tuple[SessionEvent, Delivery]]) -> dict[int, int]:
+        """Feed the registry every response's chain and every end, in order; the ``shared``
+        tokens of each response registered, by ``id`` of its event."""
+        reg = self.prefixes
+        if reg is None:
+            return {}
+        out: dict[int, int] = {}
+        for ev, _ in items:
+            if isinstance(ev, SessionResponse):
+                keys, bs = ev.block_keys, ev.block_size
+                if keys is None or not bs or ev.error is not None:
+                    continue
+                try:
+                    out[id(ev)] = reg.observe(ev.session_id, keys, bs, ev.model, ev.finished_at)
+                except ValueError:
+                    self.bad_chains += 1  # the telemetry service logs it (bad_chain)
+            elif isinstance(ev, SessionEnd):
+                reg.forget(ev.session_id)
+        return out
+
+    async def _share(self, changed: Collection[str] = ()) -> None:
+        """Write the new ``shared`` of this shard's sessions that other sessions' responses
+        raised, then name them and ``changed`` (the responses that changed theirs) in one
+        ``shared`` wake-up."""
+        reg = self.prefixes
+        if reg is None:
+            return
+        touched = sorted(sid for sid in reg.take_touched() if self.shard.owns(sid))
+        woken = set(changed)
+        if touched:
+            reweigh = self.reserve is not None
+
+            def step(sid: str) -> SessionFnWith[bool]:
+                def fn(s: Session | None) -> tuple[Session | None, bool]:
+                    if s is None or s.ended:
+                        return None, False
+                    new = with_shared(s, reg.shared(sid), reweigh=reweigh)
+                    return (None, False) if new is s else (new, True)
+
+                return fn
+
+            out = await self.store.update_sessions_with([(sid, step(sid)) for sid in touched])
+            written = {sid for sid, (_, wrote) in zip(touched, out, strict=True) if wrote}
+            woken |= written
+            self.log.info(
+                "shared_prefix",
+                touched=len(touched),
+                written=len(written),
+                registry=len(reg),
+                keys=reg.keys,
+            )
+        if woken:
+            await self._wake(WAKE_SHARED, woken)
+
+    def _session_step(self, ev: SessionEvent, out: Outcome, shared: int | None = None) -> SessionFn:
         match ev:
             case SessionRequest():
                 return request_step(ev, out)
             case SessionResponse():
-                return response_step(ev, out, self.reserve, self.rules)
+                return response_step(ev, out, self.reserve, self.rules, shared)
             case SessionCancel():
                 return cancel_step(ev, out)
             case SessionEnd():

@@ -15,7 +15,10 @@ Rules on top of :mod:`shared.core.session` (the transitions themselves are the c
   repeated one is ignored);
 * a failed response (``error`` set) returns the session to ``idle`` (or its hook-started tool)
   without touching its token count or turn count;
-* a ``ToolEnd`` of a call already completed records nothing twice.
+* a ``ToolEnd`` of a call already completed records nothing twice;
+* a response's ``shared`` prefix (when the handler's registry knows it,
+  :mod:`shared.core.sharedprefix`) is recorded before the response re-weighs the session, so
+  its weight leaves the prefix out in the same write.
 """
 
 from __future__ import annotations
@@ -55,13 +58,15 @@ class Outcome:
     """What the last call of a step decided, for the handler's log line and follow-ups.
 
     ``skipped`` names why nothing was written; ``ended_call`` is the open tool call a request
-    ended (the inferred end); ``duration`` / ``tool`` what a tool end has to record.
+    ended (the inferred end); ``duration`` / ``tool`` what a tool end has to record;
+    ``shared_changed`` whether a response changed the session's shared prefix.
     """
 
     skipped: str | None = None
     ended_call: ToolCall | None = None
     duration: float | None = None
     tool: str | None = None
+    shared_changed: bool = False
 
 
 def request_step(ev: SessionRequest, out: Outcome) -> SessionFn:
@@ -109,18 +114,24 @@ def response_step(
     out: Outcome,
     reserve: int | None = None,
     rules: TaoRules | None = None,
+    shared: int | None = None,
 ) -> SessionFn:
     """A request completed: tokens from usage, tool calls start an inferred tool; with
-    ``reserve`` an admitted session's weight follows its grown context (tokens + reserve;
-    with ``rules`` the growth rule's reserve, ``reserve`` its default)."""
+    ``reserve`` an admitted session's weight follows its grown context (tokens − shared +
+    reserve; with ``rules`` the growth rule's reserve, ``reserve`` its default). ``shared``:
+    the prompt's prefix other live sessions share (``None``: unknown, the record's is kept)."""
 
     def step(s: Session | None) -> Session | None:
+        out.shared_changed = False
         cur = _current(s, ev.request_id, out)
         if cur is None:
             return None
         if ev.error is not None:
             back = on_response(cur, ev.finished_at, total_tokens=cur.tokens)
             return msgspec.structs.replace(back, turns=cur.turns)
+        if shared is not None and shared != cur.shared:
+            cur = msgspec.structs.replace(cur, shared=max(0, shared))
+            out.shared_changed = True
         u = ev.usage
         total = u.total_tokens or (u.prompt_tokens + u.completion_tokens)
         return on_response(

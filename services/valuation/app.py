@@ -4,9 +4,10 @@ A core-NATS subscription to ``tao.v1.wake`` (published by the tools service afte
 or an arrival was written) triggers an early tick after ``TAO_DEBOUNCE_S``, so a burst of
 wake-ups costs one tick; it reads only the sessions the wake-ups name, and those of the plans
 heard on ``tao.v1.plan`` (a second core-NATS subscription), reusing the rest of the pool for up
-to a second (``Valuator.pool_every_s``). The idle sweep runs in its own task every
-``sweep_period`` seconds (:func:`sweep_loop`), so a long sweep never holds a tick back. Run:
-``python -m services.valuation`` (needs NATS and Redis).
+to a second (``Valuator.pool_every_s``). A ``shared`` wake-up (sessions whose shared prefix
+changed) wakes nothing: its sessions are read at the next tick (``Valuator.note_shared``). The
+idle sweep runs in its own task every ``sweep_period`` seconds (:func:`sweep_loop`), so a long
+sweep never holds a tick back. Run: ``python -m services.valuation`` (needs NATS and Redis).
 
 With ``TAO_LEASE_TTL_S`` > 0 replicas elect one leader per domain (:mod:`shared.infra.lease`);
 the others stay subscribed and tick only once they lead.
@@ -25,7 +26,7 @@ from services.valuation.handlers import Valuator, params_from
 from shared.contracts import subjects
 from shared.contracts.codec import decode
 from shared.contracts.plan import Plan
-from shared.contracts.wake import Wake
+from shared.contracts.wake import WAKE_SHARED, Wake
 from shared.core.policies import get_policy
 from shared.core.tick import policy_rules
 from shared.infra.busapi import Delivery, MessageBus
@@ -143,7 +144,14 @@ async def run(
     counted = await store.rebuild_contexts()  # the context totals, right from here on
     valuator.log.info("contexts_rebuilt", sessions=counted)
     ticker = Ticker()
-    await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), ticker.on_wake)
+
+    async def on_wake(msg: Wake, d: Delivery) -> None:
+        if msg.reason == WAKE_SHARED:  # read at the next tick, not worth one of its own
+            valuator.note_shared(msg.names())
+            return
+        await ticker.on_wake(msg, d)
+
+    await bus.subscribe(subjects.wake(), name, lambda b: decode(b, Wake), on_wake)
     await bus.subscribe(subjects.plan(), name, lambda b: decode(b, Plan), valuator.on_plan)
     leader = await leadership(settings, bus, NAME)
     async with anyio.create_task_group() as tg:

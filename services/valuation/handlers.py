@@ -30,6 +30,17 @@ pooled session in a batch with no tool end) or a residency moved by the telemetr
 within a second; a plan that selects such a record is discarded by the apply's version check
 and its replan names it. ThunderAgent's policies always read whole.
 
+Each node's shared prefix (:attr:`NodeView.shared`, taken off its free room once) is the
+largest ``shared`` among the sessions admitted there that the valuation has seen, kept across
+ticks (:mod:`services.valuation.nodeshared`): the first tick reads every admitted session once,
+the tools service's ``shared`` wake-ups name the sessions whose ``shared`` changed (read at the
+next tick, admitted or not; they are not woken for), and plans' admits carry their candidates'.
+
+Residency credit decays from the latest time the evidence confirms it: a node whose KV-event
+stream has been complete since a pair's observation confirms it up to the stream's last batch
+(:func:`shared.core.decay.with_evidence`, the nodes' ``kv_since`` / ``kv_until`` written by the
+telemetry service and read with the nodes); otherwise from its ``t_obs``.
+
 Reads go through :class:`shared.infra.store_reads.SessionReader`: on Redis one script call per
 1,000 sessions that returns full fields only for sessions whose version changed since the
 previous tick (decoded records are kept): a few round trips, and JSON decoding only for the
@@ -70,12 +81,14 @@ from structlog.typing import FilteringBoundLogger
 
 from services.planner.mapping import to_wire
 from services.planner.thunder import Held, held_sessions
+from services.valuation.nodeshared import NodeShared
 from shared.contracts import subjects
 from shared.contracts.codec import encode
 from shared.contracts.domain import DomainLoadReport
 from shared.contracts.plan import Plan
 from shared.contracts.session import END_IDLE_TIMEOUT, SessionEnd
 from shared.contracts.valuation import ValuationSnapshot
+from shared.core.decay import with_evidence
 from shared.core.domains import domain_load
 from shared.core.predictor import History
 from shared.core.rules import PAPER, TaoRules
@@ -90,6 +103,7 @@ from shared.infra.store_types import SessionFnWith, StateStore
 __all__ = [
     "OUTSTANDING_S",
     "PAYLOAD_MARGIN",
+    "SHARED_NAMES_MAX",
     "SWEEP_BATCH",
     "SWEEP_PUBLISHES",
     "Valuator",
@@ -103,6 +117,9 @@ SWEEP_BATCH = 256
 """Sessions per idle-sweep batch update (one transaction each; a conflict retries one batch)."""
 SWEEP_PUBLISHES = 64
 """``SessionEnd`` publishes the idle sweep keeps in flight at once."""
+SHARED_NAMES_MAX = 4096
+"""Sessions named by ``shared`` wake-ups kept for the next tick; past it, it reads every
+admitted session instead."""
 OUTSTANDING_S = 5.0
 """How long a published snapshot waits for the planner's answer before it counts as
 superseded (or as published while no planner led): far above a solve's time limit."""
@@ -247,6 +264,13 @@ class Valuator:
     """The newest tick of this valuation a plan answered."""
     named_ticks: int = 0
     """Ticks that read only named sessions."""
+    node_shared: NodeShared = field(default_factory=NodeShared)
+    """Each node's shared prefix as far as the records read tell (module docstring)."""
+    shared_names: set[str] | None = field(default_factory=set)
+    """Sessions whose ``shared`` changed (``shared`` wake-ups) to read at the next tick;
+    ``None``: a wake-up named none, read every admitted session."""
+    shared_cold: bool = True
+    """No tick has read every admitted session yet (the next one does)."""
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -258,10 +282,25 @@ class Valuator:
         snapshot it has, so an older one left unanswered was superseded)."""
         self.moved.update(a.session for a in msg.assignments)
         self.moved.update(a.session for a in msg.interrupts)
+        at = self.clock()
+        for a in msg.assignments:
+            self.node_shared.admitted(a.session, a.node, at)
         if msg.tick <= self.tick:  # a tick of this valuation (another one's counts apart)
             self.answered = max(self.answered, msg.tick)
             for t in [t for t in self.outstanding if t <= self.answered]:
                 del self.outstanding[t]
+
+    def note_shared(self, names: Collection[str] | None) -> None:
+        """A ``shared`` wake-up: these sessions' ``shared`` changed (``None``: some did).
+        The next tick reads them, and a named read of the pool includes them."""
+        if names is None:
+            self.shared_names = None
+        else:
+            if self.shared_names is not None:
+                self.shared_names.update(names)
+                if len(self.shared_names) > SHARED_NAMES_MAX:  # (a standby never ticks)
+                    self.shared_names = None
+            self.moved.update(names)
 
     def _names(self, named: Collection[str] | None, reason: str, now: float) -> set[str] | None:
         """The sessions a tick reads, or ``None`` to read the whole pool (module docstring)."""
@@ -315,11 +354,36 @@ class Valuator:
             self.pool_at = now
         else:
             self.named_ticks += 1
+        shared_names, self.shared_names = self.shared_names, set()
         try:
             pool, residency, views = await reader.tick_read("pool", names)
         except BaseException:
             self.pool_at = None  # the names taken are lost with this tick: read whole next
+            self.shared_cold = True  # and every admitted session
             raise
+        evidence = reader.evidence
+        admitted: list[Session] | None = None
+
+        async def read_admitted() -> list[Session]:
+            in_pool = {s.id for s in pool}
+            others = sorted((await self.store.session_ids()) - in_pool)
+            # decoded only when changed; their residency is not needed (stranded)
+            got, _ = await reader.read(others, "admitted", residency=False)
+            self.node_shared.learn(got, now)
+            return got
+
+        self.node_shared.pooled(pool)
+        cold, self.shared_cold = self.shared_cold or shared_names is None, True
+        if cold:
+            admitted = await read_admitted()
+        elif shared_names:
+            in_pool = {s.id for s in pool}
+            ids = sorted(sid for sid in shared_names if sid not in in_pool)
+            if ids:
+                got, _ = await reader.read(ids, "shared", residency=False)
+                self.node_shared.learn(got, now)
+        self.shared_cold = False  # (a failed read above leaves it set: the names are lost)
+        views = self.node_shared.views(views, now)
         history = self.history
         stale = self.history_at is None or now - self.history_at >= self.history_every_s
         if history is None or reason != "wake" or stale:
@@ -327,6 +391,7 @@ class Valuator:
             self.history_at = now
 
         def value(sessions: list[Session], res: Residency) -> TickSnapshot:
+            res = with_evidence(res, evidence)  # credit ages from its latest confirmation
             return value_snapshot(
                 sessions, views, res, history, now, tick=self.tick, params=self.params,
                 rules=self.rules,
@@ -335,14 +400,6 @@ class Valuator:
         snap = value(pool, residency)
         sessions = pool
         down = {v.id for v in views if not v.healthy}
-        admitted: list[Session] | None = None
-
-        async def read_admitted() -> list[Session]:
-            in_pool = {s.id for s in pool}
-            others = sorted((await self.store.session_ids()) - in_pool)
-            # decoded only when changed; their residency is not needed (stranded)
-            got, _ = await reader.read(others, "admitted", residency=False)
-            return got
 
         if self.rules.payback_context:  # each node's context total, read with the node
             pressure = node_pressure(
@@ -359,6 +416,7 @@ class Valuator:
             tool, tool_res = await reader.index("admitted_tool")
             in_pool = {s.id for s in pool}
             tool = [s for s in tool if s.id not in in_pool]  # moved between the two reads
+            self.node_shared.learn(tool, now)
             in_tool = {s.id for s in tool}
             tool += [s for s in stranded if s.id not in in_pool and s.id not in in_tool]
             snap = with_interrupts(snap, value(tool, tool_res))

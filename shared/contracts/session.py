@@ -90,6 +90,10 @@ class SessionResponse(Message, tag="SessionResponse", frozen=True, kw_only=True)
     returned them (vLLM ``return_token_ids``); telemetry walks them against the node's KV
     events to find the session's resident prefix. ``None``: no token ids, so residency falls
     back to the usage-based observation.
+
+    ``model`` is the request's model as its ``SessionRequest`` named it (``None`` from a
+    gateway older than the field): the scope in which the tools service counts the keys that
+    sessions share (:mod:`shared.core.sharedprefix`).
     """
 
     session_id: str
@@ -105,6 +109,7 @@ class SessionResponse(Message, tag="SessionResponse", frozen=True, kw_only=True)
     error: str | None = None
     block_size: int | None = None
     block_keys: list[int] | None = None
+    model: str | None = None
 
 
 class SessionEnd(Message, tag="SessionEnd", frozen=True, kw_only=True):

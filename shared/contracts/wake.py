@@ -4,8 +4,10 @@ The tools service publishes one after it has written a tool end or a new request
 and the planner one after the verify-and-apply step discarded its plan (``replan``: the snapshot
 was older than the records, often because the previous plan's admissions moved them, and no
 other change may come to ask for a fresh one); the valuation service, which otherwise ticks once
-per period, runs a debounced early tick. Core NATS, fire-and-forget: a lost wake-up only delays
-the change to the next periodic tick.
+per period, runs a debounced early tick. The tools service's ``shared`` wake-up names the
+sessions whose shared prefix it changed (which moved their weights): the valuation reads them
+at its next tick, admitted or not, for its nodes' shared prefix, and ticks no earlier for it.
+Core NATS, fire-and-forget: a lost wake-up only delays the change to the next periodic tick.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ __all__ = [
     "WAKE_END",
     "WAKE_NAMES_MAX",
     "WAKE_REPLAN",
+    "WAKE_SHARED",
     "WAKE_TOOL_END",
     "Wake",
     "wake_for",
@@ -31,6 +34,7 @@ WAKE_ARRIVAL: Final = "arrival"
 WAKE_CANCEL: Final = "cancel"
 WAKE_END: Final = "end"
 WAKE_REPLAN: Final = "replan"
+WAKE_SHARED: Final = "shared"
 
 
 WAKE_NAMES_MAX: Final = 256

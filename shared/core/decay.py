@@ -14,6 +14,15 @@ arithmetic, so no intermediate ``x / U + 0.5`` can round the wrong way. Ties go 
 (towards +∞): ``round_to(4, 6.0) == 8``. With ``U == 1`` it is plain rounding to the nearest
 integer, halves up.
 
+Evidence (:func:`confirmed_t_obs`, :func:`with_evidence`). An observation is worth less with
+age because the prefix may have been evicted since; a node whose KV-event stream reports every
+eviction, and has reported all of them since the observation, says it has not been: the
+prefix is still resident at the stream's latest batch. So when the node's stream has been
+complete (no lost batches, no restart or clear) from ``since`` up to ``until``, an observation
+made at ``t_obs >= since`` ages from ``until``, not from ``t_obs``; one made before ``since``
+(evidence a lost batch may have contradicted), and every observation on a node without such a
+stream (usage-based residency), ages from its ``t_obs`` as before.
+
 Pure: no clock; ``now`` is an argument.
 """
 
@@ -27,11 +36,18 @@ DEFAULT_HALF_LIFE_S = 10.0
 
 __all__ = [
     "DEFAULT_HALF_LIFE_S",
+    "Evidence",
+    "confirmed_t_obs",
     "decay_factor",
     "decayed_credit",
     "decayed_credits",
     "round_to",
+    "with_evidence",
 ]
+
+Evidence = tuple[float, float]
+"""``(since, until)``: a node's KV-event stream has been complete from ``since`` to ``until``
+(its latest batch)."""
 
 
 def round_to(unit: int, x: float) -> int:
@@ -101,4 +117,39 @@ def decayed_credits(
         k = decayed_credit(k0, t_obs, now, half_life_s=half_life_s, unit=unit)
         if k > 0:
             out[node_id] = k
+    return out
+
+
+def confirmed_t_obs(t_obs: float, evidence: Evidence | None) -> float:
+    """The latest time the evidence confirms an observation made at ``t_obs``: the stream's
+    ``until`` when the observation lies in its complete stretch (``since <= t_obs < until``),
+    else ``t_obs`` itself (no stream, or one that lost batches after the observation)."""
+    if evidence is None:
+        return t_obs
+    since, until = evidence
+    return until if since <= t_obs < until else t_obs
+
+
+def with_evidence(
+    residency: Mapping[str, Mapping[str, tuple[int, float]]],
+    evidence: Mapping[str, Evidence],
+) -> Mapping[str, Mapping[str, tuple[int, float]]]:
+    """``{session: {node: (k0, t_obs)}}`` with each ``t_obs`` moved to
+    :func:`confirmed_t_obs` by its node's evidence; the maps of sessions nothing moved are
+    returned as they are (never changed in place)."""
+    if not evidence:
+        return residency
+    out: dict[str, Mapping[str, tuple[int, float]]] = {}
+    for sid, nodes in residency.items():
+        moved: dict[str, tuple[int, float]] | None = None
+        for node, (k0, t_obs) in nodes.items():
+            ev = evidence.get(node)
+            if ev is None:
+                continue
+            t = confirmed_t_obs(t_obs, ev)
+            if t != t_obs:
+                if moved is None:
+                    moved = dict(nodes)
+                moved[node] = (k0, t)
+        out[sid] = nodes if moved is None else moved
     return out

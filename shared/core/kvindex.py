@@ -5,6 +5,7 @@ The full account: docs/internals.md, section ``shared/core/kvindex.py``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
@@ -60,6 +61,8 @@ class NodeStats:
     """The caller's stamp of the last applied batch."""
     orphans: int
     unknown_removals: int
+    since: float | None = None
+    """The stream has been complete since this stamp (:meth:`KvIndex.evidence`)."""
 
 
 @dataclass(slots=True)
@@ -117,6 +120,8 @@ class _Node:
     last_t_obs: float | None = None
     orphans: int = 0
     unknown_removals: int = 0
+    since: float | None = None  # complete since (first batch, last gap, clear or unconfirm)
+    until: float | None = None  # ... up to (the latest stamp applied since)
 
     def reset(self) -> None:
         self.refs = {}
@@ -200,6 +205,10 @@ class KvIndex:
             tracker.accept(seq)
         state.last_ts = batch.ts
         state.last_t_obs = t_obs
+        if action == "gap" or state.since is None:
+            state.since = state.until = t_obs  # what came before may miss a removal
+        elif state.until is None or t_obs > state.until:
+            state.until = t_obs
         # Sessions whose prefix on this node changed, first change first; written to the
         # dirty map (all stamped t_obs) before a clear and at the end, so its order is as if
         # each change had been written at once.
@@ -225,8 +234,30 @@ class KvIndex:
         if restart:
             state.tracker.restart()
 
+    def evidence(self, node: str) -> tuple[float, float] | None:
+        """``(since, until)``: ``node``'s stream has been complete from ``since`` (its first
+        batch, its last gap, clear or restart, or :meth:`unconfirm`) to ``until`` (the latest
+        stamp applied since), so a prefix the index shows resident, observed at or after
+        ``since``, is still resident at ``until`` (:func:`shared.core.decay.with_evidence`).
+        ``None`` for a node never heard from."""
+        state = self._nodes.get(node)
+        if state is None or state.since is None or state.until is None:
+            return None
+        return state.since, state.until
+
+    def unconfirm(self, node: str, stamp: float) -> None:
+        """Residency written on ``node`` at ``stamp`` from elsewhere (usage, not these events)
+        is not the stream's to confirm: its stretch now starts just after ``stamp``."""
+        state = self._nodes.get(node)
+        if state is None or state.since is None:
+            return
+        after = math.nextafter(stamp, math.inf)
+        if after > state.since:
+            state.since = after
+
     def _clear(self, node: str, state: _Node, t_obs: float) -> None:
         state.reset()
+        state.since = state.until = t_obs
         dirty = self._dirty
         for sid in state.prefix:
             dirty[(sid, node)] = t_obs
@@ -560,6 +591,7 @@ class KvIndex:
             last_t_obs=state.last_t_obs,
             orphans=state.orphans,
             unknown_removals=state.unknown_removals,
+            since=state.since,
         )
 
     # --- output -----------------------------------------------------------------------------

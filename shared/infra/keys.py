@@ -30,8 +30,9 @@ Session hash fields (the ones Lua reads and writes are separate; floats are stor
 
 Node hash fields: ``url capacity_tokens target_utilisation usable healthy models block_size
 used_tokens usage running waiting prefix_cache_queries prefix_cache_hits updated_at failures
-reserved``; ``usable`` = ``floor(capacity × target)`` computed in Python with the core's exact
-decimal rule (:func:`shared.core.valuation.free_capacity`) so Lua never multiplies floats.
+kv_since kv_until reserved``; ``usable`` = ``floor(capacity × target)`` computed in Python
+with the core's exact decimal rule (:func:`shared.core.valuation.free_capacity`) so Lua never
+multiplies floats.
 
 Ids: a domain and a node id must match ``[A-Za-z0-9_-]{1,128}`` (configured names, as in
 :func:`shared.contracts.subjects.check_name`); the Lua scripts build node keys from node ids.

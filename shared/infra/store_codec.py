@@ -172,6 +172,8 @@ def encode_node_fields(rec: NodeRecord) -> dict[str, str]:
         "prefix_cache_hits": "" if rec.prefix_cache_hits is None else str(rec.prefix_cache_hits),
         "updated_at": _float(rec.updated_at, "updated_at"),
         "failures": str(rec.failures),
+        "kv_since": "" if rec.kv_since is None else _float(rec.kv_since, "kv_since"),
+        "kv_until": "" if rec.kv_until is None else _float(rec.kv_until, "kv_until"),
     }
 
 
@@ -207,6 +209,8 @@ def decode_node(node_id: str, raw: Mapping[Any, Any]) -> NodeRecord | None:
             failures=int(f.get("failures", "0")),
             contexts=int(f.get("contexts", "0")),
             held=int(f.get("held", "0")),
+            kv_since=_opt_float(f.get("kv_since", "")),
+            kv_until=_opt_float(f.get("kv_until", "")),
         )
     except (ValueError, msgspec.DecodeError) as exc:
         raise StoreError(f"corrupt node record {node_id!r}: {exc}") from None

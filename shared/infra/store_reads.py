@@ -42,7 +42,7 @@ from shared.core.valuation import NodeView
 from shared.infra.store import Store, load_script
 from shared.infra.store_codec import decode_node, decode_session_values
 from shared.infra.store_ops import texts
-from shared.infra.store_types import StateStore, StoreError
+from shared.infra.store_types import NodeRecord, StateStore, StoreError
 
 __all__ = [
     "CHUNK",
@@ -71,15 +71,15 @@ def _text(x: Any) -> str:
     return x.decode() if isinstance(x, bytes) else str(x)
 
 
-def _views(flat_nodes: Sequence[Any]) -> list[NodeView]:
-    """read_index.lua's node replies (id, flat HGETALL, ...) as views, by id."""
-    views: list[NodeView] = []
+def _records(flat_nodes: Sequence[Any]) -> list[NodeRecord]:
+    """read_index.lua's node replies (id, flat HGETALL, ...) as records, by id."""
+    recs: list[NodeRecord] = []
     pairs = sorted((_text(flat_nodes[j]), flat_nodes[j + 1]) for j in range(0, len(flat_nodes), 2))
     for node, flat in pairs:
         rec = decode_node(node, dict(zip(flat[::2], flat[1::2], strict=True)))
         if rec is not None:
-            views.append(rec.view())
-    return views
+            recs.append(rec)
+    return recs
 
 
 def _opt_float(text: str) -> float | None:
@@ -154,6 +154,14 @@ class SessionReader:
         """Per cache, each session's last residency reply and its parse (reused while equal)."""
         self._whole: set[str] = set()
         """The index sets read whole at least once: a named read reuses the rest of them."""
+        self.evidence: dict[str, tuple[float, float]] = {}
+        """The KV-event evidence ``(kv_since, kv_until)`` of the nodes of the last
+        :meth:`tick_read` that have it (:attr:`NodeRecord.evidence`)."""
+
+    def _views(self, recs: Sequence[NodeRecord]) -> list[NodeView]:
+        """``recs`` as views; their evidence kept in :attr:`evidence`."""
+        self.evidence = {r.id: ev for r in recs if (ev := r.evidence) is not None}
+        return [r.view() for r in recs]
 
     async def index(self, which: Index) -> tuple[list[Session], ResidencyMap]:
         """The sessions of index set ``which`` (sorted by id, absent ones skipped) and the
@@ -167,7 +175,8 @@ class SessionReader:
         """:meth:`index` and the store's ``node_views()`` as of one instant: on Redis one
         ``EVALSHA`` of ``lua/read_index.lua`` (the set's members, their records as
         :meth:`read` gets them, their residency and every node hash), whatever the set's size
-        up to :attr:`chunk` members; a larger set is read as :meth:`index` does.
+        up to :attr:`chunk` members; a larger set is read as :meth:`index` does. The nodes'
+        KV-event evidence is left in :attr:`evidence`.
 
         ``named`` (a wake-up tick's read): only these sessions are read, with whether each is
         still a member, and every node; the rest of the set is what the last read held (its
@@ -202,7 +211,7 @@ class SessionReader:
         self._held[which] = new
         self._names[which] = fresh
         self._res[which] = parsed
-        return self._held_out(which, _views(flat_nodes))
+        return self._held_out(which, self._views(_records(flat_nodes)))
 
     def note_probe_marks(self, which: Index, marks: Mapping[str, float | None]) -> None:
         """The reader's own probe-mark writes, patched into what it holds of ``which`` (a
@@ -274,7 +283,7 @@ class SessionReader:
             held[sid] = got
             names[sid] = tokens[sid]
             seen[sid] = _reparsed(res, seen.get(sid))
-        return self._held_out(which, _views(flat_nodes))
+        return self._held_out(which, self._views(_records(flat_nodes)))
 
     async def _named_apart(
         self, which: Index, named: Collection[str]
@@ -297,7 +306,7 @@ class SessionReader:
         for sid, s in sessions.items():
             held[sid] = _Held("", "", "", s)
             seen[sid] = ((), residency.get(sid, {}))
-        return self._held_out(which, await self.store.node_views())
+        return self._held_out(which, self._views(await self.store.nodes()))
 
     async def read(
         self, ids: Sequence[str], cache: str, *, residency: bool = True
@@ -347,7 +356,7 @@ class SessionReader:
         if self._redis is None:  # what a later named read reuses (Redis' read() keeps its own)
             self._held[which] = {s.id: _Held("", "", "", s) for s in sessions}
         self._res[which] = {sid: ((), r) for sid, r in residency.items()}
-        return sessions, residency, await self.store.node_views()
+        return sessions, residency, self._views(await self.store.nodes())
 
     def _one(self, sid: str, raw: Sequence[Any], held: _Held | None) -> _Held | None:
         """One session reply of ``read_sessions.lua`` against what the cache holds."""

@@ -123,6 +123,20 @@ class NodeRecord:
     every session write, :func:`context_of`)."""
     held: int = 0
     """How many sessions ``contexts`` sums."""
+    kv_since: float | None = None
+    """The node's KV-event stream has been complete (no lost batch, restart or clear) since
+    this time, as the telemetry service applied it; ``None``: no KV events (usage-based
+    residency only)."""
+    kv_until: float | None = None
+    """... up to this time (its latest batch): residency observed on the node at or after
+    ``kv_since`` is confirmed up to here (:func:`shared.core.decay.with_evidence`)."""
+
+    @property
+    def evidence(self) -> tuple[float, float] | None:
+        """``(kv_since, kv_until)`` when both are known."""
+        if self.kv_since is None or self.kv_until is None:
+            return None
+        return self.kv_since, self.kv_until
 
     @property
     def usable(self) -> int:
@@ -159,6 +173,7 @@ _INTS: Final = (
 )
 _OPT_INTS: Final = ("prefix_cache_queries", "prefix_cache_hits")
 _FLOATS: Final = ("usage", "updated_at")
+_OPT_FLOATS: Final = ("kv_since", "kv_until")
 
 
 def _bad(name: str, value: object, problem: str) -> StoreError:
@@ -308,6 +323,8 @@ class NodeUpdate:
     prefix_cache_hits: int | Keep | None = KEEP
     updated_at: float | Keep = KEEP
     failures: int | Keep = KEEP
+    kv_since: float | Keep | None = KEEP
+    kv_until: float | Keep | None = KEEP
 
     def given(self) -> dict[str, object]:
         """The fields that change, by name."""
@@ -351,7 +368,10 @@ def merge_node(old: NodeRecord, update: NodeUpdate) -> NodeRecord:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise _bad(name, value, "must be an integer >= 0")
-        elif name in _FLOATS:
+        elif name in _FLOATS or name in _OPT_FLOATS:
+            if value is None and name in _OPT_FLOATS:
+                changes[name] = None
+                continue
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise _bad(name, value, "must be a number")
             if not math.isfinite(value):

@@ -24,9 +24,11 @@ from shared.contracts import subjects
 from shared.contracts.codec import decode
 from shared.contracts.deadletter import DeadLetter
 from shared.contracts.plan import Placement
-from shared.contracts.session import SessionRequest
+from shared.contracts.session import SessionRequest, SessionResponse, Usage
 from shared.contracts.tool import ToolEnd, ToolStart
+from shared.contracts.valuation import ValuationSnapshot
 from shared.contracts.wake import Wake
+from shared.core.blockkeys import chain_keys
 from shared.infra import Bus, Delivery, Settings
 from shared.infra.runner import Main, run_service_async
 from shared.infra.store import Store
@@ -210,6 +212,59 @@ class TestChain:
         rec = await stack.store.get_session("s1")
         assert rec is not None and rec.tool is not None and rec.tool.completed_at == 5.0
         assert (await stack.store.history()).of("Bash").count == 1
+
+    async def test_shared_prefix_leaves_weights_and_counts_once_per_node(
+        self, stack: Stack
+    ) -> None:
+        """Two admitted sessions answer with the same 1,024-token system prompt: the tools
+        service weighs both ``tokens − shared + reserve`` (the first rewritten when the second
+        answers), the node's reserved total follows, and the valuation's next snapshot takes
+        the prefix off the node's free room once."""
+        w = await stack.watch_placements()
+        snaps = Watch()
+        await stack.bus.subscribe(
+            subjects.valuation_snapshot(), "test", lambda b: decode(b, ValuationSnapshot), snaps
+        )
+        for name, main in (
+            ("tools", tools_app.main),
+            ("valuation", valuation_app.main),
+            ("planner", planner_app.main),
+        ):
+            stack.start(name, main)
+        await stack.request("a")
+        await stack.request("b")
+        await until_all_admitted(w, {"a", "b"})
+        system = [1000 + i for i in range(1024)]
+        for i, sid in enumerate(("a", "b")):
+            prompt = system + [50_000 + 100 * i + j for j in range(900)]
+            reply = SessionResponse(
+                session_id=sid, request_id="r1", node_id="n1", gateway_id=GW,
+                finished_at=2.0 + i, usage=Usage(total_tokens=2000), block_size=16,
+                block_keys=chain_keys(prompt, 16), model="m",
+            )  # fmt: skip
+            await stack.bus.publish_msg(reply)
+        weight = 2000 - 1024 + 512
+        with anyio.fail_after(TIMEOUT_S):
+            while True:
+                recs = await stack.store.sessions(["a", "b"])
+                if [(s.shared, s.weight) for s in recs] == [(1024, weight)] * 2:
+                    break
+                await anyio.sleep(0.02)
+        node = await stack.store.get_node("n1")
+        assert node is not None and node.reserved == 2 * weight
+        await anyio.sleep(0.3)  # a few valuation ticks: the shared wake-up's names are read
+        await stack.request("c")
+        free = 900_000 - 2 * weight - 1024
+
+        def seen(items: list[object]) -> bool:
+            return any(
+                isinstance(x, ValuationSnapshot)
+                and any(c.id == "c" for c in x.candidates)
+                and x.nodes[0].free == free
+                for x in items
+            )
+
+        await snaps.until(seen)
 
 
 class TestRestart:

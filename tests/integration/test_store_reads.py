@@ -257,3 +257,25 @@ class TestIdleCandidates:
         older = sorted([*old, "idle0", "p1", "t0", "t1"])  # p0, "weird…" wait; "gone" ended
         assert await idle_candidates(store, 100.0, 86.0, chunk=3) == older
         assert await idle_candidates(store, 100.0, 95.0) == []
+
+
+class TestEvidence:
+    async def test_nodes_kv_evidence_is_read_with_the_nodes(self, store: StateStore) -> None:
+        """``kv_since`` / ``kv_until`` written with a node update come back in its record and
+        in the reader's ``evidence`` (whole, named and chunked reads); ``None`` clears them."""
+        await _seed(store)
+        await store.put_node_status("n1", NodeUpdate(capacity_tokens=10_000, healthy=True))
+        await store.put_node_status("n2", NodeUpdate(capacity_tokens=10_000, healthy=True))
+        await store.put_node_status("n1", NodeUpdate(kv_since=12.5, kv_until=1e9 + 0.25))
+        rec = await store.get_node("n1")
+        assert rec is not None and rec.evidence == (12.5, 1e9 + 0.25) and rec.healthy
+        for reader in (SessionReader(store), SessionReader(store, chunk=1)):
+            await reader.tick_read("pool")
+            assert reader.evidence == {"n1": (12.5, 1e9 + 0.25)}
+            await store.put_node_status("n1", NodeUpdate(kv_until=1e9 + 1))
+            await reader.tick_read("pool", {"p0"})
+            assert reader.evidence == {"n1": (12.5, 1e9 + 1)}
+            await store.put_node_status("n1", NodeUpdate(kv_until=1e9 + 0.25))
+        await store.put_node_status("n1", NodeUpdate(kv_since=None, kv_until=None))
+        rec = await store.get_node("n1")
+        assert rec is not None and rec.evidence is None and rec.kv_since is None

@@ -101,6 +101,7 @@ class TestKeysFromSimNode:
         prompt = tok.render_messages(MESSAGES)
         done = await sim.last_report()
         assert done.block_size == BLOCK and done.error is None
+        assert done.model == "tao-sim"  # the scope the tools service counts its keys in
         assert resp.headers["X-TAO-Node"] == done.node_id  # the serving node, named
         assert len(output) == 21
         assert done.block_keys == chain_keys(prompt, BLOCK)

@@ -427,6 +427,84 @@ class TestZmqPath:
         await rig.bus.drain()
 
 
+class TestEvidence:
+    """Each configured node's KV-event evidence in its record: ``kv_since`` (complete since)
+    and ``kv_until`` (its latest batch), what the valuation confirms credit by."""
+
+    async def _rig(self) -> tuple[Rig, list[float]]:
+        now = [0.0]
+        rig = Rig([NodeSpec("n1", "http://n1")])
+        rig.kv.monotonic = lambda: now[0]
+        await rig.start()
+        return rig, now
+
+    async def _evidence(self, rig: Rig) -> tuple[float | None, float | None]:
+        rec = await rig.store.get_node("n1")
+        assert rec is not None
+        return rec.kv_since, rec.kv_until
+
+    async def test_a_healthy_stream_writes_its_latest_batch(self) -> None:
+        """The first batch writes both; later ones move kv_until, at most every evidence_s
+        (the flush after it writes the held-back one); an unconfigured node gets none."""
+        rig, now = await self._rig()
+        await rig.bridged("n1", 0, payload(stored([1], None, TOKENS[:BS]), ts=TS))
+        await rig.bridged("n9", 0, payload(stored([1], None, TOKENS[:BS]), ts=TS))
+        await rig.settle()
+        assert await self._evidence(rig) == (TS, TS)
+        assert await rig.store.get_node("n9") is None
+        await rig.bridged("n1", 1, payload(ts=TS + 1))
+        await rig.settle()
+        assert await self._evidence(rig) == (TS, TS)  # written 0 s ago: held back
+        assert rig.kv._evidence_pending()
+        now[0] += rig.kv.evidence_s
+        await rig.settle()
+        assert await self._evidence(rig) == (TS, TS + 1)
+        assert not rig.kv._evidence_pending()
+        await rig.bus.drain()
+
+    async def test_a_gap_moves_kv_since_at_once(self) -> None:
+        rig, _ = await self._rig()
+        await rig.bridged("n1", 0, payload(ts=TS))
+        await rig.bridged("n1", 3, payload(ts=TS + 2))  # 1 and 2 lost
+        await rig.settle()
+        assert await self._evidence(rig) == (TS + 2, TS + 2)
+        await rig.bus.drain()
+
+    async def test_a_usage_observation_is_not_confirmed(self) -> None:
+        """A response on n1 without block keys is written from usage: kv_since moves past it,
+        so the stream never confirms it; the next batch confirms what comes after."""
+        rig, now = await self._rig()
+        await rig.bridged("n1", 0, payload(ts=TS))
+        await rig.bus.publish_msg(response("s1", "n1", keys=None, finished_at=TS + 1))
+        assert (await rig.settle())["s1"] == {"n1": (120, TS + 1)}
+        since, until = await self._evidence(rig)
+        assert since is not None and until == TS and TS + 1 < since < TS + 1.001
+        await rig.bridged("n1", 1, payload(ts=TS + 5))
+        now[0] += rig.kv.evidence_s
+        await rig.settle()
+        assert await self._evidence(rig) == (since, TS + 5)
+        await rig.bus.drain()
+
+    async def test_the_flusher_writes_a_held_back_kv_until(self) -> None:
+        """No batch after the one held back: the flusher still writes it once it is due."""
+        rig = Rig([NodeSpec("n1", "http://n1")])
+        rig.kv.evidence_s = 0.05
+        await rig.start()
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rig.kv.run)
+            await rig.bridged("n1", 0, payload(ts=TS))
+            await rig.bridged("n1", 1, payload(ts=TS + 1))
+            await rig.bus.settle()
+            with anyio.fail_after(5):
+                while True:
+                    rec = await rig.store.get_node("n1")
+                    if rec is not None and (rec.kv_since, rec.kv_until) == (TS, TS + 1):
+                        break
+                    await anyio.sleep(0.01)
+            tg.cancel_scope.cancel()
+        await rig.bus.drain()
+
+
 class TestInspector:
     async def test_node_and_prefix_replies(self) -> None:
         """inspect.node has exactly the documented keys; inspect.prefix walks the tokens."""

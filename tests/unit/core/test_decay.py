@@ -6,7 +6,14 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from shared.core.decay import decay_factor, decayed_credit, decayed_credits, round_to
+from shared.core.decay import (
+    confirmed_t_obs,
+    decay_factor,
+    decayed_credit,
+    decayed_credits,
+    round_to,
+    with_evidence,
+)
 
 
 class TestRoundTo:
@@ -122,3 +129,35 @@ class TestDecayedCredits:
         """Each node's observation decays on its own age."""
         residency = {"b": (1000, 0.0), "a": (4000, 10.0), "c": (100, -100.0)}
         assert decayed_credits(residency, 20.0, unit=1) == {"a": 2000, "b": 250}
+
+
+class TestEvidence:
+    """An observation ages from the latest time a complete KV-event stream confirms it."""
+
+    @pytest.mark.parametrize(
+        ("t_obs", "evidence", "confirmed"),
+        [
+            (100.0, (50.0, 200.0), 200.0),  # healthy since before it: confirmed up to 200
+            (50.0, (50.0, 200.0), 200.0),  # observed as the stretch began
+            (40.0, (50.0, 200.0), 40.0),  # before a gap/clear at 50: its own time
+            (250.0, (50.0, 200.0), 250.0),  # newer than the stream's latest batch
+            (100.0, None, 100.0),  # no KV events (usage-based)
+        ],
+    )
+    def test_confirmed_t_obs(
+        self, t_obs: float, evidence: tuple[float, float] | None, confirmed: float
+    ) -> None:
+        assert confirmed_t_obs(t_obs, evidence) == confirmed
+
+    def test_with_evidence(self) -> None:
+        """Only the pairs on nodes with evidence move; maps with nothing moved are the same
+        objects, and nothing is changed in place."""
+        untouched = {"n2": (512, 100.0)}
+        residency = {"a": {"n1": (1024, 100.0), "n2": (512, 100.0)}, "b": untouched}
+        out = with_evidence(residency, {"n1": (50.0, 300.0)})
+        assert out == {"a": {"n1": (1024, 300.0), "n2": (512, 100.0)}, "b": untouched}
+        assert out["b"] is untouched and residency["a"]["n1"] == (1024, 100.0)
+        assert with_evidence(residency, {}) is residency
+        now = 300.0
+        assert decayed_credits(out["a"], now, unit=256) == {"n1": 1024}
+        assert decayed_credits(residency["a"], now, unit=256) == {}

@@ -379,3 +379,50 @@ def test_incremental_prefixes_equal_a_brute_force_walk(
             for pos, key in enumerate(keys):
                 rev.setdefault(key, {}).setdefault(sid, pos)
         assert idx._rev == rev
+
+
+class TestEvidence:
+    """``evidence(node)`` = (complete since, up to): what the valuation confirms credit by."""
+
+    def test_a_healthy_stream_confirms_up_to_its_latest_batch(self) -> None:
+        f = Feeder()
+        assert f.index.evidence("n") is None
+        f.send("n", stored([1], None, A[:4]), t=10.0)
+        assert f.index.evidence("n") == (10.0, 10.0)
+        f.send("n", stored([2], 1, A[4:8]), t=12.0)
+        f.send("n", BlockRemoved([2], "GPU"), t=11.5)  # a stamp back in time moves nothing
+        assert f.index.evidence("n") == (10.0, 12.0)
+
+    def test_a_gap_restarts_the_stretch(self) -> None:
+        f = Feeder()
+        f.send("n", stored([1], None, A[:4]), t=10.0)
+        f.index.apply("n", 5, batch(), 20.0)  # seq 1..4 lost
+        assert f.index.evidence("n") == (20.0, 20.0)
+        f.index.apply("n", 6, batch(), 21.0)
+        assert f.index.evidence("n") == (20.0, 21.0)
+
+    def test_clears_and_restarts_restart_it(self) -> None:
+        f = Feeder()
+        f.send("n", stored([1], None, A[:4]), t=10.0)
+        f.send("n", AllBlocksCleared(), t=15.0)
+        assert f.index.evidence("n") == (15.0, 15.0)
+        f.index.apply("n", 0, batch(), 17.0)  # seq back to 0: an engine restart
+        assert f.index.evidence("n") == (17.0, 17.0)
+        f.index.clear("n", 30.0, restart=True)
+        assert f.index.evidence("n") == (30.0, 30.0)
+        stats = f.index.stats("n")
+        assert stats is not None and stats.since == 30.0
+
+    def test_unconfirm_moves_the_start_past_a_usage_observation(self) -> None:
+        """Residency written from usage at 12 is not the stream's: its stretch starts after
+        12, so an observation at 12 is not confirmed, one after is."""
+        f = Feeder()
+        f.send("n", stored([1], None, A[:4]), t=10.0)
+        f.index.unconfirm("n", 12.0)
+        f.index.unconfirm("n", 11.0)  # never back
+        f.index.unconfirm("other", 12.0)  # a node never heard from: nothing
+        since, until = f.index.evidence("n") or (0.0, 0.0)
+        assert 12.0 < since < 12.0 + 1e-9 and until == 10.0
+        f.send("n", stored([2], 1, A[4:8]), t=14.0)
+        assert f.index.evidence("n") == (since, 14.0)
+        assert f.index.evidence("other") is None

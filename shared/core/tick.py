@@ -417,7 +417,7 @@ def _ablated(snapshot: TickSnapshot, rules: TaoRules) -> TickSnapshot:
             ic,
             credit=ic.credit if rules.use_cache else 0,
             ready=ic.ready if rules.use_ready else 0,
-            remaining_s=ic.remaining_s if rules.use_ready else math.inf,
+            remaining_s=ic.remaining_s if rules.use_ready else 0.0,  # tool-blind: none known
         )
         for ic in snapshot.interrupts
     )

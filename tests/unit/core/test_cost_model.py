@@ -191,10 +191,13 @@ class TestReleaseOrder:
         assert [m.session for m in old.interrupts] == ["short"]
 
     def test_readiness_off_forgets_remaining(self) -> None:
-        """``tao-no-ready`` releases by value, as if it did not know the remaining times."""
-        snap = _full(_ic("short", 0.3, credit=0), _ic("long", 300.0, credit=9_000), over=100)
+        """``tao-no-ready`` does not know the remaining times: a full node releases the
+        cheapest release (the smallest context) whatever its call, and nothing is released
+        for the pool's demand (no call is known to leave its room idle)."""
+        snap = _full(_ic("short", 0.3, tokens=20_000), _ic("long", 300.0, tokens=30_000), over=100)
         got = decide(snap, get_policy("tao-no-ready"), rules=ABLATIONS["tao-no-ready"])
         assert [m.session for m in got.interrupts] == ["short"]
+        assert [m.session for m in decide(snap, get_policy("tao")).interrupts] == ["long"]
 
 
 class TestRuleSets:

@@ -455,7 +455,8 @@ class TestSignals:
     @pytest.mark.parametrize(("name", "released"), [("tao", []), ("tao-no-ready", ["t"])])
     def test_ready_protection(self, name: str, released: list[str]) -> None:
         s = snap({"n0": 0}, [cand("w", eligible=("n0",))], [tool("t", ready=1, remaining_s=600.0)])
-        d = decide(s, get_policy(name), rules=replace(policy_rules(get_policy(name)), demand=True))
+        rules = replace(policy_rules(get_policy(name)), demand=True, evict=False, hold=False)
+        d = decide(s, get_policy(name), rules=rules)
         assert [m.session for m in d.interrupts] == released
 
     def test_every_ablation_is_registered_with_its_rules(self) -> None:

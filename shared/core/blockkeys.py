@@ -30,6 +30,7 @@ __all__ = [
     "TOKEN_MAX",
     "block_key",
     "chain_keys",
+    "common_prefix",
     "root_for",
 ]
 
@@ -97,3 +98,18 @@ def chain_keys(tokens: Sequence[int], block_size: int, root: int = ROOT) -> list
         parent = h.digest()
         append(from_bytes(parent, "little"))
     return keys
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    """The length of the common prefix of two key chains (lists or arrays)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case (an extended chain), compared in C
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[lo:mid] == b[lo:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo

@@ -19,7 +19,7 @@ from shared.contracts.kv import (
     BlockStored,
     KVEventBatch,
 )
-from shared.core.blockkeys import ROOT, block_key, chain_keys, root_for
+from shared.core.blockkeys import ROOT, block_key, chain_keys, common_prefix, root_for
 from shared.core.kvseq import SeqAction, SeqTracker
 
 __all__ = [
@@ -451,7 +451,7 @@ class KvIndex:
         # prefix c change in the reverse map and in the node counts, so a turn costs its new
         # blocks, not the whole context.
         old_keys: list[int] = [] if old is None else old.keys
-        c = 0 if old is None or old.block_size != block_size else _common(old_keys, new_keys)
+        c = 0 if old is None or old.block_size != block_size else common_prefix(old_keys, new_keys)
         rev = self._rev
         if c:
             for key in old_keys[c:]:
@@ -617,21 +617,6 @@ class KvIndex:
             blocks = self.prefix_blocks(sid, node)
             out.append(Residency(sid, node, blocks * chain.block_size, stamp))
         return out
-
-
-def _common(a: list[int], b: list[int]) -> int:
-    """The length of the common prefix of ``a`` and ``b``."""
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:  # the usual case (an extended chain), compared in C
-        return n
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def _decrement(counts: dict[int, int], key: int) -> None:

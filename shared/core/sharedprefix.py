@@ -53,6 +53,7 @@ from typing import Final
 
 import msgspec
 
+from shared.core.blockkeys import common_prefix
 from shared.core.session import Session
 
 __all__ = [
@@ -150,8 +151,7 @@ class SharedPrefixes:
         scope: Scope = (model, block_size)
         if old is not None and old.scope == scope:
             counts = self._counts.setdefault(scope, {})  # (dropped while it held no key)
-            n = min(len(old.keys), len(new))
-            common = n if old.keys[:n] == new[:n] else _common(old.keys, new, n)
+            common = common_prefix(old.keys, new)
             if common < len(old.keys):
                 self._remove(counts, old.keys[common:])
             self._add(session, counts, new[common:])
@@ -238,19 +238,6 @@ class SharedPrefixes:
             self._touched.discard(sid)
             self._uncount(entry)
             self.evicted += 1
-
-
-def _common(a: array[int], b: array[int], n: int) -> int:
-    """The length of the common prefix of ``a`` and ``b`` (both at least ``n`` long, and
-    different within their first ``n``)."""
-    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        if a[lo:mid] == b[lo:mid]:
-            lo = mid
-        else:
-            hi = mid
-    return lo
 
 
 def with_shared(s: Session, shared: int, *, reweigh: bool = True) -> Session:

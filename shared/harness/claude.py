@@ -22,10 +22,12 @@ object as the POST body). Fields read here, as documented in the hooks reference
 
 Tool inputs and responses (Claude Code's own tool schemas):
 
-* ``Bash``: ``tool_input.timeout`` in milliseconds, 120000 (2 min) when absent (the default
-  kill of anthropics/claude-code #90725), and ``run_in_background``. A foreground command that
-  reaches its timeout is either moved to the background or killed (anthropics/claude-code
-  #79879, #87439): the first ends with a ``PostToolUse`` whose ``tool_response`` has
+* ``Bash``: reported as ``Bash:test`` when ``tool_input.command`` runs tests or a build
+  (:mod:`.commands`: its calls last far longer than the rest, so the predictor keeps their
+  history apart), else ``Bash``; ``tool_input.timeout`` in milliseconds, 120000 (2 min) when
+  absent (the default kill of anthropics/claude-code #90725), and ``run_in_background``. A
+  foreground command that reaches its timeout is either moved to the background or killed
+  (anthropics/claude-code #79879, #87439): the first ends with a ``PostToolUse`` whose ``tool_response`` has
   ``backgroundTaskId`` (and ``timedOutAfterMs``), the second fails with an ``error`` such as
   "Command timed out after 2m 0s". ``run_in_background`` commands answer at once with a
   ``backgroundTaskId``.
@@ -78,6 +80,7 @@ from shared.contracts.base import Message
 from shared.contracts.session import END_COMPLETED, SessionEnd
 from shared.contracts.tool import SOURCE_HOOK, ToolEnd, ToolStart
 
+from .commands import shell_tool_key
 from .fields import Fields, trim_oldest
 
 __all__ = [
@@ -184,7 +187,8 @@ class ClaudeMapper:
             timeout_ms = min(timeout_ms, MONITOR_MAX_TIMEOUT_MS)
         if background:  # answers at once; its timeout bounds the background work, not the call
             timeout_ms = None
-        return _start(sid, call, tool, at, timeout_ms=timeout_ms, background=background)
+        key = _history_key(tool, args)
+        return _start(sid, call, key, at, timeout_ms=timeout_ms, background=background)
 
     def _remember(self, sid: str, call: str) -> None:
         self._user_calls[sid] = call
@@ -253,13 +257,21 @@ def _tool_end(body: Mapping[str, Any], sid: str, at: float, *, ok: bool) -> Tool
         session_id=sid,
         call_id=call,
         ended_at=at,
-        tool=tool,
+        tool=_history_key(tool, args),
         source=SOURCE_HOOK,
         duration_s=None if duration_ms is None else duration_ms / 1000.0,
         ok=ok,
         censored=censored,
         background=background,
     )
+
+
+def _history_key(tool: str, args: Mapping[str, Any] | None) -> str:
+    """The tool name reported (and the predictor's history key): ``Bash:test`` for a Bash
+    command that runs tests or a build (:mod:`.commands`), else the tool's own name."""
+    if tool != "Bash" or args is None:
+        return tool
+    return shell_tool_key(tool, args.get("command"))
 
 
 def _finished_agent(body: Mapping[str, Any], sid: str) -> str | None:

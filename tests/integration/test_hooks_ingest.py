@@ -184,7 +184,7 @@ class TestGoodPayloads:
         assert rec.activity == "tool"
         assert (rec.tool.call_id, rec.tool.tool, rec.tool.source) == (
             "toolu_01ABCDEF",
-            "Bash",
+            "Bash:test",  # the fixture's command is ``pytest -x tests/``
             "hook",
         )
         assert rec.tool.deadline == pytest.approx(AT + 300.0)

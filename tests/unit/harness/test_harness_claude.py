@@ -39,12 +39,13 @@ class TestToolEvents:
     """PreToolUse / PostToolUse / PostToolUseFailure become ToolStart / ToolEnd."""
 
     def test_pre_tool_use_bash(self) -> None:
-        """Bash timeout (ms) gives timeout_s and a deadline from the receive time."""
+        """Bash timeout (ms) gives timeout_s and a deadline from the receive time; the command
+        (``pytest -x tests/``) runs tests, so the call is reported as ``Bash:test``."""
         ev = one(fixture("pre-tool-use-bash"))
         assert ev == ToolStart(
             session_id="8c35adc1-0000-4000-8000-000000000001",
             call_id="toolu_01ABCDEF",
-            tool="Bash",
+            tool="Bash:test",
             started_at=AT,
             source=SOURCE_HOOK,
             harness="claude-code",
@@ -94,7 +95,7 @@ class TestToolEvents:
             session_id="8c35adc1-0000-4000-8000-000000000001",
             call_id="toolu_01ABCDEF",
             ended_at=AT,
-            tool="Bash",
+            tool="Bash:test",
             source=SOURCE_HOOK,
             duration_s=8.421,
             ok=True,

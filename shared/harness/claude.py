@@ -27,8 +27,9 @@ Tool inputs and responses (Claude Code's own tool schemas):
   history apart), else ``Bash``; ``tool_input.timeout`` in milliseconds, 120000 (2 min) when
   absent (the default kill of anthropics/claude-code #90725), and ``run_in_background``. A
   foreground command that reaches its timeout is either moved to the background or killed
-  (anthropics/claude-code #79879, #87439): the first ends with a ``PostToolUse`` whose ``tool_response`` has
-  ``backgroundTaskId`` (and ``timedOutAfterMs``), the second fails with an ``error`` such as
+  (anthropics/claude-code #79879, #87439): the first ends with a ``PostToolUse`` whose
+  ``tool_response`` has ``backgroundTaskId`` (and ``timedOutAfterMs``), the second fails with
+  an ``error`` such as
   "Command timed out after 2m 0s". ``run_in_background`` commands answer at once with a
   ``backgroundTaskId``.
 * ``Monitor`` (Claude Code 2.1.98+): ``tool_input.timeout_ms``, 300000 when absent and capped

@@ -373,24 +373,28 @@ def _mean_residual(stats: ToolStats, elapsed: float) -> float | None:
     return max(0.0, m * _q(z - sigma) / tail - elapsed)
 
 
-def expected_remaining_s(call: ToolCallView, history: History, now: float) -> float:
-    """Mean remaining seconds of ``call`` given how long it has run (module docstring)."""
-    pred = predict_end(call, history, now)
+def expected_remaining_s(
+    call: ToolCallView, history: History, now: float, pred: Prediction | None = None
+) -> float:
+    """Mean remaining seconds of ``call`` given how long it has run (module docstring);
+    ``pred`` is :func:`predict_end`'s answer for the same call and ``now`` when the caller
+    already has it."""
+    if pred is None:
+        pred = predict_end(call, history, now)
     if pred.observed:
         return 0.0
     elapsed = max(0.0, now - call.started_at)
-    again = elapsed
+    out = elapsed  # as long again as it has run, when nothing says better
     if pred.evidence in ("expected_end", "progress"):
-        out = pred.predicted_end - now if now < pred.predicted_end else again
+        if now < pred.predicted_end:
+            out = pred.predicted_end - now
     else:
         stats = history.of(call.tool)
         if stats.count < MIN_SAMPLES:
             stats = history.overall
-        if stats.count >= MIN_SAMPLES:
-            got = _mean_residual(stats, elapsed)
-            out = again if got is None else got
-        else:  # no evidence of its length: as long again as it has run (a new call, ~0)
-            out = again
+        residual = _mean_residual(stats, elapsed) if stats.count >= MIN_SAMPLES else None
+        if residual is not None:  # else it has outrun its history, or none exists (new: ~0)
+            out = residual
     if call.deadline is not None:
         out = min(out, max(0.0, call.deadline - now))
     return max(0.0, out)

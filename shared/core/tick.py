@@ -37,7 +37,7 @@ from shared.core.rules import (
     expected_remaining,
     growth_reserve,
     readmit_horizon_s,
-    release_cost_s,
+    release_net_s,
     release_worth,
 )
 from shared.core.session import Session, admit, release
@@ -279,7 +279,7 @@ def value_snapshot(
             if pred is None or s.tool is None:
                 remaining = math.inf
             elif rules.cost:  # the mean residual of its history (shared.core.predictor)
-                remaining = expected_remaining_s(s.tool.view(), history, now)
+                remaining = expected_remaining_s(s.tool.view(), history, now, pred)
             else:
                 remaining = expected_remaining(pred.predicted_end, s.tool.started_at, now)
             inter.append(
@@ -579,9 +579,8 @@ class _Round:
 
         def key(ic: InterruptCandidate) -> tuple[object, ...]:
             running = snapshot.running.get(ic.node, 0)
-            cost = release_cost_s(ic.tokens, 0, running, rules)
-            net = -math.inf if math.isinf(ic.remaining_s) else cost - ic.remaining_s
-            return (net, *interrupt_key(ic))
+            net = release_net_s(ic.remaining_s, ic.tokens, 0, running, rules)
+            return (-net, *interrupt_key(ic))
 
         return key
 

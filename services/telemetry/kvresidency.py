@@ -15,7 +15,7 @@ from typing import Final, Protocol
 import anyio
 from structlog.typing import FilteringBoundLogger
 
-from services.telemetry.residency import UsageResidency, decode_response
+from services.telemetry.residency import UsageResidency, decode_response, usage_skip
 from shared.contracts import subjects
 from shared.contracts.codec import decode
 from shared.contracts.errors import DecodeError
@@ -277,10 +277,10 @@ class KvResidency:
             self.counts["foreign_responses"] += 1
             return
         self.counts["usage_fallbacks"] += 1
-        # the events cannot confirm what usage says: the node's evidence starts after it
-        self.index.unconfirm(ev.node_id, ev.finished_at)
-        if self._evidence_due(ev.node_id) is not None:
-            self._wake.set()
+        if usage_skip(ev) is None:  # usage writes residency the events cannot confirm: the
+            self.index.unconfirm(ev.node_id, ev.finished_at)  # node's evidence starts after it
+            if self._evidence_due(ev.node_id) is not None:
+                self._wake.set()
         await self.usage.on_response(ev, d)
 
     async def on_end(self, ev: SessionEnd, d: Delivery) -> None:

@@ -65,9 +65,8 @@ class UsageResidency:
 
     async def on_response(self, ev: SessionResponse, d: Delivery) -> None:
         """A request ended on ``ev.node_id``: its tokens are resident there at ``finished_at``."""
-        u = ev.usage
-        tokens = (u.prompt_tokens + u.completion_tokens) or u.total_tokens
-        skipped = "error" if ev.error is not None else ("no usage" if tokens <= 0 else None)
+        tokens = usage_tokens(ev)
+        skipped = usage_skip(ev)
         if skipped is None:
             await self.store.put_residency(ev.session_id, ev.node_id, tokens, ev.finished_at)
             self.written += 1
@@ -80,3 +79,16 @@ class UsageResidency:
             t_obs=ev.finished_at,
             skipped=skipped,
         )
+
+
+def usage_tokens(ev: SessionResponse) -> int:
+    """The tokens a response's usage says are resident on its node."""
+    u = ev.usage
+    return (u.prompt_tokens + u.completion_tokens) or u.total_tokens
+
+
+def usage_skip(ev: SessionResponse) -> str | None:
+    """Why usage-based residency writes nothing for ``ev`` (``error``, ``no usage``), or None."""
+    if ev.error is not None:
+        return "error"
+    return "no usage" if usage_tokens(ev) <= 0 else None

@@ -485,6 +485,21 @@ class TestEvidence:
         assert await self._evidence(rig) == (since, TS + 5)
         await rig.bus.drain()
 
+    async def test_a_failed_request_keeps_the_evidence(self) -> None:
+        """An error response on n1 writes no residency, so it leaves n1's evidence alone (it
+        used to move kv_since past it, unconfirming every session on the node)."""
+        import msgspec
+
+        rig, _ = await self._rig()
+        await rig.bridged("n1", 0, payload(ts=TS))
+        failed = msgspec.structs.replace(
+            response("s1", "n1", keys=None, finished_at=TS + 1), error="node_error"
+        )
+        await rig.bus.publish_msg(failed)
+        assert not (await rig.settle()).get("s1")
+        assert await self._evidence(rig) == (TS, TS)
+        await rig.bus.drain()
+
     async def test_the_flusher_writes_a_held_back_kv_until(self) -> None:
         """No batch after the one held back: the flusher still writes it once it is due."""
         rig = Rig([NodeSpec("n1", "http://n1")])

@@ -187,7 +187,7 @@ class ToolsHandlers:
                 except ValueError:
                     self.bad_chains += 1  # the telemetry service logs it (bad_chain)
             elif isinstance(ev, SessionEnd):
-                reg.forget(ev.session_id)
+                reg.forget(ev.session_id, ev.ended_at)
         return out
 
     async def _share(self, changed: Collection[str] = ()) -> None:

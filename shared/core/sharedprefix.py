@@ -55,6 +55,7 @@ import msgspec
 
 from shared.core.blockkeys import common_prefix
 from shared.core.session import Session
+from shared.core.valuation import session_weight
 
 __all__ = [
     "DEFAULT_MAX_KEYS",
@@ -110,6 +111,9 @@ class SharedPrefixes:
         self._counts: dict[Scope, dict[int, str | int]] = {}
         self._nkeys = 0
         self._touched: set[str] = set()
+        self._ended: OrderedDict[str, float] = OrderedDict()
+        """Sessions forgotten at their end, with when (at most ``max_sessions``): a response
+        that finished by then (late or redelivered) is not registered again."""
         self.evicted = 0
         """Sessions dropped by the bounds so far."""
 
@@ -135,11 +139,17 @@ class SharedPrefixes:
         """Register ``session``'s latest chain (the block keys of a response's prompt, from a
         response finished at ``stamp``) in the scope ``(model, block_size)``, replacing its
         previous one; returns its :meth:`shared` tokens. A chain older than the one held (a
-        redelivered response) changes nothing. Sessions whose ``shared`` this may have raised
+        redelivered response), or one finished by its session's recorded end, changes nothing.
+        Sessions whose ``shared`` this may have raised
         are kept for :meth:`take_touched`. :class:`ValueError` for a block size below 1 or a
         key outside 0..2**64-1."""
         if block_size < 1:
             raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        ended = self._ended.get(session)
+        if ended is not None:
+            if stamp <= ended:  # a response of the session that ended: nothing to keep
+                return 0
+            del self._ended[session]  # the id was used again
         old = self._sessions.get(session)
         if old is not None and stamp < old.stamp:
             return self.shared(session)
@@ -167,8 +177,14 @@ class SharedPrefixes:
         self._evict()
         return self.shared(session)
 
-    def forget(self, session: str) -> bool:
-        """Drop ``session`` (it ended); whether it was held."""
+    def forget(self, session: str, at: float | None = None) -> bool:
+        """Drop ``session`` (it ended, at ``at`` when given: responses that finished by then
+        are not registered again); whether it was held."""
+        if at is not None:
+            self._ended[session] = at
+            self._ended.move_to_end(session)
+            while len(self._ended) > self.max_sessions:
+                self._ended.popitem(last=False)
         entry = self._sessions.pop(session, None)
         self._touched.discard(session)
         if entry is None:
@@ -253,6 +269,6 @@ def with_shared(s: Session, shared: int, *, reweigh: bool = True) -> Session:
         return s
     weight = s.weight
     if reweigh and s.node is not None:
-        moved = max(s.tokens - shared, 0) - max(s.tokens - s.shared, 0)
+        moved = session_weight(s.tokens, shared, 0) - session_weight(s.tokens, s.shared, 0)
         weight = max(weight + moved, 0)
     return msgspec.structs.replace(s, shared=shared, weight=weight, version=s.version + 1)

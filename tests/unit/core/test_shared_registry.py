@@ -219,3 +219,22 @@ class TestWithShared:
         s = Session(id="a", node="n1", tokens=20_000, weight=20_512)
         assert with_shared(s, 15_000, reweigh=False).weight == 20_512
         assert with_shared(s, 30_000).weight == 512  # never below the reserve
+
+
+class TestAfterEnd:
+    """A response that finished by its session's end is not registered again."""
+
+    def test_late_response_is_refused_and_a_reused_id_is_not(self) -> None:
+        from shared.core.sharedprefix import SharedPrefixes
+
+        reg = SharedPrefixes()
+        chain = list(range(1, 9))
+        reg.observe("a", chain, 16, "m", 1.0)
+        reg.observe("b", chain, 16, "m", 1.0)
+        assert reg.shared("b") == 8 * 16
+        reg.forget("a", 5.0)
+        assert reg.shared("b") == 0
+        assert reg.observe("a", chain, 16, "m", 4.0) == 0  # redelivered after the end
+        assert "a" not in reg and reg.shared("b") == 0
+        assert reg.observe("a", chain, 16, "m", 6.0) == 8 * 16  # the id used again, later
+        assert reg.shared("b") == 8 * 16

@@ -32,18 +32,33 @@ to favour any policy.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
+from typing import Final
+
+from shared.core.tiers import HostLink
 
 __all__ = [
     "DEFAULT_PROFILE",
+    "H100_D2H_BYTES_S",
+    "H100_H2D_BYTES_S",
     "PROFILES",
     "Profile",
     "decode_step_time",
     "prefill_time",
     "step_time",
 ]
+
+
+H100_H2D_BYTES_S: Final = 35.2e9
+"""One H100's measured host→device bandwidth, 35.2 GB/s, and device→host, 52.8 GB/s
+(nvbandwidth on an 8×H100 node, https://github.com/NVIDIA/nvbandwidth/issues/24; PCIe Gen5 ×16
+is 64 GB/s per direction nominal). SM copies, not the copy engine vLLM uses for stores
+(docs/kv-tier.md §6): the measured figure, not the nominal one, so a load is not
+under-priced."""
+H100_D2H_BYTES_S: Final = 52.8e9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -72,6 +87,14 @@ class Profile:
     """vLLM ``max_num_seqs``: most requests running at once."""
     max_batched_tokens: int = 8192
     """vLLM ``max_num_batched_tokens``: chunked-prefill token budget per step."""
+    kv_bytes_per_gpu_token: int = 0
+    """KV bytes per token that one GPU of the replica holds (its tensor-parallel shard, or the
+    whole latent under MLA's replicated layout): what each rank moves over its own host link
+    when the host tier stores or loads a token (0: unknown, no host tier can be modelled)."""
+    h2d_bytes_s: float = H100_H2D_BYTES_S
+    """One GPU's host→device bandwidth (host-tier loads)."""
+    d2h_bytes_s: float = H100_D2H_BYTES_S
+    """One GPU's device→host bandwidth (host-tier stores)."""
 
     def __post_init__(self) -> None:
         if self.block_size < 1:
@@ -80,6 +103,13 @@ class Profile:
             raise ValueError(f"kv_tokens: must hold at least one block, got {self.kv_tokens}")
         if self.max_num_seqs < 1 or self.max_batched_tokens < 1:
             raise ValueError("max_num_seqs and max_batched_tokens must be >= 1")
+        if self.kv_bytes_per_gpu_token < 0:
+            raise ValueError(
+                f"kv_bytes_per_gpu_token: must be >= 0, got {self.kv_bytes_per_gpu_token}"
+            )
+        for field in ("h2d_bytes_s", "d2h_bytes_s"):
+            if not (getattr(self, field) > 0.0 and math.isfinite(getattr(self, field))):
+                raise ValueError(f"{field}: must be finite and > 0, got {getattr(self, field)}")
         for field in ("prefill_a", "prefill_b", "prefill_f", "decode_c", "decode_d", "decode_e"):
             value = getattr(self, field)
             if not value >= 0.0:
@@ -89,6 +119,24 @@ class Profile:
     def num_gpu_blocks(self) -> int:
         """Whole KV blocks that fit in ``kv_tokens``."""
         return self.kv_tokens // self.block_size
+
+    def host_link(self, factor: float) -> HostLink | None:
+        """The replica's host KV tier at ``factor`` × its GPU KV (``tao sim --host-kv``), or
+        ``None`` for ``factor == 0`` (no tier). ``ValueError`` for a negative or non-finite
+        factor, or a profile that does not know its KV bytes per token."""
+        if not (factor >= 0.0 and math.isfinite(factor)):
+            raise ValueError(f"host KV factor: must be finite and >= 0, got {factor}")
+        if factor == 0.0:
+            return None
+        if self.kv_bytes_per_gpu_token < 1:
+            raise ValueError(f"profile {self.name!r}: no kv_bytes_per_gpu_token, no host tier")
+        return HostLink(
+            blocks=max(1, int(self.num_gpu_blocks * factor)),
+            block_size=self.block_size,
+            bytes_per_token=self.kv_bytes_per_gpu_token,
+            h2d_bytes_s=self.h2d_bytes_s,
+            d2h_bytes_s=self.d2h_bytes_s,
+        )
 
 
 def prefill_time(p: Profile, new_tokens: int, cached_tokens: int) -> float:
@@ -143,6 +191,7 @@ _QWEN3_32B_TP2 = Profile(
     decode_c=15e-3,
     decode_d=20e-6,
     decode_e=55e-9,
+    kv_bytes_per_gpu_token=128 * 1024,
     source=(
         "Qwen3-32B model card (64 layers, 8 KV heads, head_dim 128, 32.8B params); H100 SXM "
         "3.35 TB/s, 989 TFLOPS BF16; roofline arithmetic in shared/core/engine/profiles.py; "
@@ -170,6 +219,7 @@ _MOE_TP8 = Profile(
     decode_c=20e-3,
     decode_d=15e-6,
     decode_e=20e-9,
+    kv_bytes_per_gpu_token=46 * 1024,
     source=(
         "GLM-4.5 architecture (github.com/zai-org/GLM-4.5: 355B/32B active; 92 layers, 8 KV "
         "heads, head_dim 128), FP8 weights, TP8 on 8xH100 SXM; roofline arithmetic in "
@@ -197,6 +247,7 @@ _DEEPSEEK_4XH100 = Profile(
     decode_c=25e-3,
     decode_d=20e-6,
     decode_e=29e-9,
+    kv_bytes_per_gpu_token=69_120,
     source=(
         "DeepSeek-V2.5 architecture (HF deepseek-ai/DeepSeek-V2.5: 236B/21B active, 60 layers, "
         "MLA 512+64 latent), FP8 weights, TP4 on 4xH100 SXM; roofline arithmetic in "

@@ -5,9 +5,10 @@ a node directly). The reply objects are printed by ``--json`` as they are, so th
 and order are the CLI's documented output (issue 4, "Inspection"):
 
 * ``inspect.node`` ← :class:`NodeQuery` → :class:`NodeInspect`
-  ``{"node", "blocks", "resident_tokens", "seq", "incarnation", "healthy", "capacity_tokens"}``
+  ``{"node", "blocks", "resident_tokens", "seq", "incarnation", "healthy", "capacity_tokens",
+  "host_blocks", "host_resident_tokens"}``
 * ``inspect.prefix`` ← :class:`PrefixQuery` → :class:`PrefixInspect`
-  ``{"resident_prefix_tokens"}``
+  ``{"resident_prefix_tokens", "host_prefix_tokens"}``
 
 A request that cannot be answered gets :class:`InspectFailure` ``{"error": "..."}`` instead;
 :func:`decode_reply` raises :class:`InspectRefused` with that text.
@@ -52,7 +53,9 @@ class NodeInspect(msgspec.Struct, frozen=True):
     ``blocks × block size``; ``seq``: the last applied KV-event batch (``None`` before any, or
     right after a restart was detected and before its first batch); ``incarnation``: engine
     restarts seen; ``healthy``: the scraper's verdict; ``capacity_tokens``: the nodes file's
-    override, else the scraped capacity (``None`` when neither is known).
+    override, else the scraped capacity (``None`` when neither is known); ``host_blocks`` and
+    ``host_resident_tokens``: the same counts for the node's host KV tier (vLLM's
+    OffloadingConnector, ``medium="CPU"``; 0 without one).
     """
 
     node: str
@@ -62,12 +65,16 @@ class NodeInspect(msgspec.Struct, frozen=True):
     incarnation: int
     healthy: bool
     capacity_tokens: int | None
+    host_blocks: int = 0
+    host_resident_tokens: int = 0
 
 
 class PrefixInspect(msgspec.Struct, frozen=True):
-    """How many leading tokens of the asked token ids are resident (whole blocks)."""
+    """How many leading tokens of the asked token ids are resident (whole blocks): in GPU
+    memory, and in the node's host KV tier (0 without one)."""
 
     resident_prefix_tokens: int
+    host_prefix_tokens: int = 0
 
 
 class InspectFailure(msgspec.Struct, frozen=True):

@@ -5,8 +5,9 @@ The full account: docs/internals.md, section ``shared/core/kvindex.py``.
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from hashlib import blake2b
 from typing import Any, Final
@@ -21,6 +22,7 @@ from shared.contracts.kv import (
 )
 from shared.core.blockkeys import ROOT, block_key, chain_keys, common_prefix, root_for
 from shared.core.kvseq import SeqAction, SeqTracker
+from shared.core.tiers import CPU, GPU, Tier, tier_of
 
 __all__ = [
     "COUNTED_MEDIA",
@@ -36,7 +38,14 @@ FULL_ATTENTION_KINDS: Final = frozenset({"full_attention", "mla_attention", "sin
 not report kinds has one group)."""
 
 COUNTED_MEDIA: Final = frozenset({None, "GPU"})
-"""``medium`` values whose blocks count (``None``: older vLLM, which only reported GPU)."""
+"""``medium`` values whose blocks count as GPU residency (``None``: older vLLM, which only
+reported GPU). ``"CPU"`` counts in the host tier (:func:`shared.core.tiers.tier_of`); any other
+medium is skipped and counted (``ApplyResult.other_media``)."""
+
+GONE_MAX: Final = 65_536
+"""Engine hashes of GPU blocks removed lately, remembered (hash -> own key) per node with a host
+tier: a host store completes after its GPU block was computed and may be announced after that
+block left the GPU (docs/internals.md, "Host tier")."""
 
 _UNSET: Final = object()
 
@@ -63,6 +72,14 @@ class NodeStats:
     unknown_removals: int
     since: float | None = None
     """The stream has been complete since this stamp (:meth:`KvIndex.evidence`)."""
+    host_blocks: int = 0
+    """Distinct own keys resident in the host tier (``medium="CPU"``)."""
+    host_resident_tokens: int = 0
+    """``host_blocks × block_size``."""
+    host_unresolved: int = 0
+    """Host stores waiting now for a GPU store to name their engine hash."""
+    other_media: int = 0
+    """Events of a medium no tier models (``"STORAGE"``, a connector's own), skipped."""
 
 
 @dataclass(slots=True)
@@ -84,16 +101,26 @@ class ApplyResult:
     bad_events: int = 0
     """Stores whose token ids do not fill ``len(block_hashes) × block_size`` or are not uint32
     (the whole blocks that are there are still indexed)."""
+    host_stored: int = 0
+    """Host-tier blocks counted in (placeholders resolved, or self-describing)."""
+    host_removed: int = 0
+    """Host-tier blocks counted out."""
+    host_unresolved: int = 0
+    """Host stores of an engine hash no GPU store named: held by hash (see GONE_MAX)."""
+    other_media: int = 0
+    """Events of a medium no tier models, skipped (also counted in ``filtered``)."""
 
 
 @dataclass(frozen=True, slots=True)
 class Residency:
-    """A dirty (session, node) pair: its resident prefix in tokens and the stamp of the change."""
+    """A dirty (session, node) pair: its resident prefix in tokens (GPU, and the host tier's
+    own leading run) and the stamp of the change."""
 
     session: str
     node: str
     tokens: int
     stamp: float
+    host_tokens: int = 0
 
 
 @dataclass(slots=True)
@@ -104,15 +131,31 @@ class _Chain:
 
 
 @dataclass(slots=True)
-class _Node:
+class _Tier:
+    """One tier's residency on a node: own keys counted, and each session's leading run."""
+
     refs: dict[int, int] = field(default_factory=dict)
-    engine: dict[BlockHash, Any] = field(default_factory=dict)  # int key, or list[int] keys
     prefix: dict[str, int] = field(default_factory=dict)  # session -> resident blocks (> 0)
     # Filters that spare most blocks the (large) reverse-map lookup; both are counts over the
     # sessions in ``prefix``: ``want`` of the key right after each prefix (the key that would
     # extend it), ``held`` of every key inside each prefix (a key whose eviction would cut it).
     want: dict[int, int] = field(default_factory=dict)
     held: dict[int, int] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class _Host(_Tier):
+    """The host tier (``medium="CPU"``) of a node, named by the engine hashes of its events."""
+
+    engine: dict[BlockHash, Any] = field(default_factory=dict)  # int key, or list[int] keys
+    unknown: dict[BlockHash, int] = field(default_factory=dict)  # unresolved hash -> stores
+    gone: dict[BlockHash, int] = field(default_factory=dict)  # see GONE_MAX
+
+
+@dataclass(slots=True)
+class _Node(_Tier):
+    engine: dict[BlockHash, Any] = field(default_factory=dict)  # int key, or list[int] keys
+    host: _Host | None = None  # from the node's first host-tier event on
     group: object = _UNSET  # the counted group_idx (None: engine without groups)
     block_size: int | None = None
     tracker: SeqTracker = field(default_factory=SeqTracker)
@@ -120,6 +163,7 @@ class _Node:
     last_t_obs: float | None = None
     orphans: int = 0
     unknown_removals: int = 0
+    other_media: int = 0
     since: float | None = None  # complete since (first batch, last gap, clear or unconfirm)
     until: float | None = None  # ... up to (the latest stamp applied since)
 
@@ -127,6 +171,8 @@ class _Node:
         self.refs = {}
         self.engine = {}
         self.group = _UNSET
+        if self.host is not None:
+            self.host = _Host()
 
 
 def _orphan_root(parent: BlockHash) -> int:
@@ -137,6 +183,62 @@ def _orphan_root(parent: BlockHash) -> int:
         else b"i" + parent.to_bytes(16, "little", signed=True)
     )
     return int.from_bytes(blake2b(b"tao-orphan:" + raw, digest_size=8).digest(), "little")
+
+
+def _own_keys(
+    ev: BlockStored, lookup: Callable[[BlockHash], Any], result: ApplyResult
+) -> list[int] | None:
+    """The own keys of a stored run (one per whole block of token ids), chained from its
+    parent's key (``lookup``: engine hash -> key, or list of keys, or None: an orphan); None
+    when nothing in it can be keyed (counted in ``result``)."""
+    hashes = ev.block_hashes
+    bs = ev.block_size
+    tokens = ev.token_ids
+    n = len(hashes)
+    if bs < 1 or len(tokens) != n * bs:
+        result.bad_events += 1
+        if bs < 1:
+            return None
+        n = min(n, len(tokens) // bs)
+        tokens = tokens[: n * bs]
+    parent = ev.parent_block_hash
+    if parent is None:
+        pkey = _lora_root(ev)
+    else:
+        found = lookup(parent)
+        if found is None:
+            pkey = _orphan_root(parent)
+            result.orphans += 1
+        else:
+            pkey = found if type(found) is int else found[-1]
+    try:
+        keys = chain_keys(tokens, bs, pkey)  # exactly n keys
+    except ValueError:  # a token id outside uint32: nothing here can match a session
+        result.bad_events += 1
+        return None
+    extra = ev.extra_keys
+    if extra:
+        keys = _salt_chain(keys, tokens, bs, pkey, extra)
+    return keys
+
+
+def _name(state: _Node, host: _Host, h: BlockHash) -> int | None:
+    """The own key an engine hash names on a node: from its GPU store (resident, or removed
+    lately), else from an earlier host announcement."""
+    found: Any = state.engine.get(h)
+    if found is None:
+        found = host.gone.get(h)
+        if found is None:
+            found = host.engine.get(h)
+            if found is None:
+                return None
+    return found if type(found) is int else int(found[-1])
+
+
+def _trim(d: dict[Any, Any], keep: int) -> None:
+    """Drop the oldest entries of ``d`` (insertion order) until ``keep`` are left."""
+    for k in list(itertools.islice(d, len(d) - keep)):
+        del d[k]
 
 
 def _salted(key: int, extra: object) -> int:
@@ -215,9 +317,23 @@ class KvIndex:
         touched: dict[str, None] = {}
         for ev in batch.events:
             if type(ev) is BlockStored:
-                self._store(state, ev, touched, result)
+                tier = tier_of(ev.medium)
+                if tier == GPU:
+                    self._store(state, ev, touched, result)
+                elif tier == CPU:
+                    self._host_store(state, ev, touched, result)
+                else:
+                    result.other_media += 1
+                    result.filtered += 1
             elif type(ev) is BlockRemoved:
-                self._remove(state, ev, touched, result)
+                tier = tier_of(ev.medium)
+                if tier == GPU:
+                    self._remove(state, ev, touched, result)
+                elif tier == CPU:
+                    self._host_remove(state, ev, touched, result)
+                else:
+                    result.other_media += 1
+                    result.filtered += 1
             elif type(ev) is AllBlocksCleared:
                 self._flush(node, touched, t_obs)
                 self._clear(node, state, t_obs)
@@ -225,6 +341,7 @@ class KvIndex:
         self._flush(node, touched, t_obs)
         state.orphans += result.orphans
         state.unknown_removals += result.unknown_removals
+        state.other_media += result.other_media
         return result
 
     def clear(self, node: str, t_obs: float, *, restart: bool = False) -> None:
@@ -256,9 +373,15 @@ class KvIndex:
             state.since = after
 
     def _clear(self, node: str, state: _Node, t_obs: float) -> None:
+        """Drop both tiers of ``node``: a restarted engine has neither, and vLLM's
+        ``AllBlocksCleared`` cannot say whether the host tier went too (docs/internals.md,
+        "Host tier")."""
+        dirty = self._dirty
+        if state.host is not None:
+            for sid in state.host.prefix:
+                dirty[(sid, node)] = t_obs
         state.reset()
         state.since = state.until = t_obs
-        dirty = self._dirty
         for sid in state.prefix:
             dirty[(sid, node)] = t_obs
         state.prefix = {}
@@ -279,9 +402,7 @@ class KvIndex:
         """Count a run of blocks in; a key becoming resident (count 0 -> 1) extends the
         prefixes that end right before it (walking on while keys are resident)."""
         kind = ev.kv_cache_spec_kind
-        if ev.medium not in COUNTED_MEDIA or (
-            kind is not None and kind not in FULL_ATTENTION_KINDS
-        ):
+        if kind is not None and kind not in FULL_ATTENTION_KINDS:
             result.filtered += 1
             return
         group = ev.group_idx
@@ -291,37 +412,14 @@ class KvIndex:
         elif group is not None and group != counted:
             result.filtered += 1
             return
-        hashes = ev.block_hashes
-        bs = ev.block_size
-        tokens = ev.token_ids
-        n = len(hashes)
-        if bs < 1 or len(tokens) != n * bs:
-            result.bad_events += 1
-            if bs < 1:
-                return
-            n = min(n, len(tokens) // bs)
-            tokens = tokens[: n * bs]
-        state.block_size = bs
-        parent = ev.parent_block_hash
         engine = state.engine
         engine_get = engine.get
-        if parent is None:
-            pkey = _lora_root(ev)
-        else:
-            found = engine_get(parent)
-            if found is None:
-                pkey = _orphan_root(parent)
-                result.orphans += 1
-            else:
-                pkey = found if type(found) is int else found[-1]
-        try:
-            keys = chain_keys(tokens, bs, pkey)  # exactly n keys
-        except ValueError:  # a token id outside uint32: nothing here can match a session
-            result.bad_events += 1
+        keys = _own_keys(ev, engine_get, result)
+        if keys is None:
             return
-        extra = ev.extra_keys
-        if extra:
-            keys = _salt_chain(keys, tokens, bs, pkey, extra)
+        hashes = ev.block_hashes
+        n = len(keys)
+        state.block_size = ev.block_size
         refs = state.refs
         refs_get = refs.get
         firsts = self._firsts
@@ -344,18 +442,24 @@ class KvIndex:
             if key in firsts or key in want:
                 self._resident(state, key, touched)
         result.stored += n
+        host = state.host
+        if host is not None and host.unknown:  # host stores that waited for these hashes
+            unknown = host.unknown
+            for key, h in zip(keys, hashes, strict=False):
+                waiting = unknown.pop(h, 0)
+                for _ in range(waiting):
+                    self._host_in(host, key, h, touched)
+                result.host_stored += waiting
 
     def _remove(
         self, state: _Node, ev: BlockRemoved, touched: dict[str, None], result: ApplyResult
     ) -> None:
         """Count blocks out; a key leaving (count 1 -> 0) cuts the prefixes that contain it."""
-        if ev.medium not in COUNTED_MEDIA:
-            result.filtered += 1
-            return
         group = ev.group_idx
         if group is not None and type(state.group) is int and group != state.group:
             result.filtered += 1
             return
+        gone = None if state.host is None else state.host.gone
         engine = state.engine
         engine_pop = engine.pop
         refs = state.refs
@@ -369,6 +473,8 @@ class KvIndex:
                 continue
             if type(found) is int:
                 key: int = found
+                if gone is not None:
+                    gone[h] = key
             else:
                 key = found.pop()
                 engine[h] = found[0] if len(found) == 1 else found
@@ -381,8 +487,111 @@ class KvIndex:
                 self._evicted(state, key, touched)
         result.unknown_removals += unknown
         result.removed += len(hashes) - unknown
+        if gone is not None and len(gone) > GONE_MAX:
+            _trim(gone, GONE_MAX // 2)
 
-    def _resident(self, state: _Node, key: int, touched: dict[str, None]) -> None:
+    # --- the host tier ----------------------------------------------------------------------
+
+    def _host_of(self, state: _Node) -> _Host:
+        host = state.host
+        if host is None:
+            host = state.host = _Host()
+        return host
+
+    def _host_store(
+        self, state: _Node, ev: BlockStored, touched: dict[str, None], result: ApplyResult
+    ) -> None:
+        """A store to the host tier completed: vLLM's placeholder (one engine hash, no tokens,
+        ``block_size`` 0) is named through the hashes GPU stores taught; a self-describing one
+        (its tokens, parent and block size) is keyed as a GPU store is. A hash nobody named
+        yet waits, counted, for the GPU store that names it."""
+        kind = ev.kv_cache_spec_kind
+        if kind is not None and kind not in FULL_ATTENTION_KINDS:
+            result.filtered += 1
+            return
+        group = ev.group_idx
+        counted = state.group
+        if group is not None and type(counted) is int and group != counted:
+            result.filtered += 1
+            return
+        host = self._host_of(state)
+        hashes = ev.block_hashes
+        if ev.block_size < 1 and not ev.token_ids:  # the placeholder (oevents:337-357)
+            for h in hashes:
+                key = _name(state, host, h)
+                if key is None:
+                    host.unknown[h] = host.unknown.get(h, 0) + 1
+                    result.host_unresolved += 1
+                else:
+                    self._host_in(host, key, h, touched)
+                    result.host_stored += 1
+            return
+        keys = _own_keys(ev, lambda h: _name(state, host, h), result)
+        if keys is None:
+            return
+        if state.block_size is None:
+            state.block_size = ev.block_size
+        for key, h in zip(keys, hashes, strict=False):
+            self._host_in(host, key, h, touched)
+        result.host_stored += len(keys)
+
+    def _host_in(self, host: _Host, key: int, h: BlockHash, touched: dict[str, None]) -> None:
+        """One announcement of ``key`` (engine hash ``h``) in the host tier, reference-counted:
+        a self-describing chunk re-announces shared hashes (oevents:10-13)."""
+        old = host.engine.get(h)
+        if old is None:
+            host.engine[h] = key
+        elif type(old) is int:
+            host.engine[h] = [old, key]
+        else:
+            old.append(key)
+        refs = host.refs
+        count = refs.get(key)
+        if count:
+            refs[key] = count + 1
+            return
+        refs[key] = 1
+        if key in self._firsts or key in host.want:
+            self._resident(host, key, touched)
+
+    def _host_remove(
+        self, state: _Node, ev: BlockRemoved, touched: dict[str, None], result: ApplyResult
+    ) -> None:
+        """Host blocks evicted: counted out by their engine hashes (a hash still waiting to be
+        named is forgotten; one never announced is an unknown removal)."""
+        group = ev.group_idx
+        if group is not None and type(state.group) is int and group != state.group:
+            result.filtered += 1
+            return
+        host = self._host_of(state)
+        engine = host.engine
+        refs = host.refs
+        for h in ev.block_hashes:
+            found = engine.pop(h, None)
+            if found is None:
+                waiting = host.unknown.get(h, 0)
+                if waiting > 1:
+                    host.unknown[h] = waiting - 1
+                elif waiting:
+                    del host.unknown[h]
+                else:
+                    result.unknown_removals += 1
+                continue
+            if type(found) is int:
+                key: int = found
+            else:
+                key = found.pop()
+                engine[h] = found[0] if len(found) == 1 else found
+            result.host_removed += 1
+            count = refs[key]
+            if count > 1:
+                refs[key] = count - 1
+                continue
+            del refs[key]
+            if key in host.held:
+                self._evicted(host, key, touched)
+
+    def _resident(self, state: _Tier, key: int, touched: dict[str, None]) -> None:
         """``key`` became resident: extend the prefixes that end right before it."""
         sessions = self._rev.get(key)
         if not sessions:
@@ -416,7 +625,7 @@ class KvIndex:
                     want[nxt] = want.get(nxt, 0) + 1
                 touched[sid] = None
 
-    def _evicted(self, state: _Node, key: int, touched: dict[str, None]) -> None:
+    def _evicted(self, state: _Tier, key: int, touched: dict[str, None]) -> None:
         """``key`` left: cut the prefixes that contain it."""
         sessions = self._rev.get(key)
         if not sessions:
@@ -469,16 +678,10 @@ class KvIndex:
             rev.setdefault(new_keys[pos], {}).setdefault(session, pos)
         self._chains[session] = chain
         for node, state in self._nodes.items():
-            before = state.prefix.get(session, 0)
-            if c and before < c:
-                continue  # the walk stops where it did, on a key both chains share
-            blocks = c + self._walk(state.refs, new_keys[c:] if c else new_keys)
-            _rechain(state, old_keys, before, new_keys, blocks, c)
-            if blocks != before:
-                if blocks:
-                    state.prefix[session] = blocks
-                else:
-                    del state.prefix[session]
+            changed = _rewalk(state, session, old_keys, new_keys, c)
+            if state.host is not None:
+                changed = _rewalk(state.host, session, old_keys, new_keys, c) or changed
+            if changed:
                 self._dirty[(session, node)] = stamp
         return True
 
@@ -493,9 +696,12 @@ class KvIndex:
         self._unlink(session)
         chain = self._chains.pop(session, None)
         for node, state in self._nodes.items():
-            blocks = state.prefix.pop(session, None)
-            if blocks and chain is not None:
-                _moved(state, chain.keys, blocks, 0)
+            for tier in (state, state.host):
+                if tier is None:
+                    continue
+                blocks = tier.prefix.pop(session, None)
+                if blocks and chain is not None:
+                    _moved(tier, chain.keys, blocks, 0)
             self._dirty.pop((session, node), None)
 
     def _unlink(self, session: str) -> None:
@@ -521,14 +727,37 @@ class KvIndex:
         """How many sessions have a chain."""
         return len(self._chains)
 
-    def prefix_blocks(self, session: str, node: str) -> int:
-        """``session``'s resident prefix on ``node``, in blocks (kept incrementally)."""
+    def _tier(self, node: str, tier: Tier) -> _Tier | None:
         state = self._nodes.get(node)
+        if state is None or tier == GPU:
+            return state
+        return state.host
+
+    def prefix_blocks(self, session: str, node: str, tier: Tier = GPU) -> int:
+        """``session``'s resident prefix on ``node`` in ``tier``, in blocks: the leading run of
+        its chain resident there (kept incrementally)."""
+        state = self._tier(node, tier)
         return 0 if state is None else state.prefix.get(session, 0)
 
-    def prefix_tokens(self, session: str, node: str) -> int:
+    def prefix_tokens(self, session: str, node: str, tier: Tier = GPU) -> int:
         chain = self._chains.get(session)
-        return 0 if chain is None else self.prefix_blocks(session, node) * chain.block_size
+        return 0 if chain is None else self.prefix_blocks(session, node, tier) * chain.block_size
+
+    def tiers(self, session: str) -> dict[str, dict[Tier, int]]:
+        """``session``'s resident prefix in tokens per node and tier (only non-zero ones)."""
+        chain = self._chains.get(session)
+        out: dict[str, dict[Tier, int]] = {}
+        if chain is None:
+            return out
+        for node, state in self._nodes.items():
+            per: dict[Tier, int] = {}
+            if blocks := state.prefix.get(session, 0):
+                per[GPU] = blocks * chain.block_size
+            if state.host is not None and (blocks := state.host.prefix.get(session, 0)):
+                per[CPU] = blocks * chain.block_size
+            if per:
+                out[node] = per
+        return out
 
     # --- queries ----------------------------------------------------------------------------
 
@@ -541,15 +770,18 @@ class KvIndex:
             n += 1
         return n
 
-    def walk(self, node: str, keys: Sequence[int]) -> int:
-        """How many leading ``keys`` are resident on ``node`` (blocks)."""
-        state = self._nodes.get(node)
+    def walk(self, node: str, keys: Sequence[int], tier: Tier = GPU) -> int:
+        """How many leading ``keys`` are resident on ``node`` in ``tier`` (blocks)."""
+        state = self._tier(node, tier)
         return 0 if state is None else self._walk(state.refs, keys)
 
-    def walk_tokens(self, node: str, tokens: Sequence[int], block_size: int) -> int:
-        """Resident leading tokens of ``tokens`` on ``node``: their own keys (from the base
-        root) walked block by block, times ``block_size``. ValueError for a bad token id."""
-        return self.walk(node, chain_keys(tokens, block_size)) * block_size
+    def walk_tokens(
+        self, node: str, tokens: Sequence[int], block_size: int, tier: Tier = GPU
+    ) -> int:
+        """Resident leading tokens of ``tokens`` on ``node`` in ``tier``: their own keys (from
+        the base root) walked block by block, times ``block_size``. ValueError for a bad token
+        id."""
+        return self.walk(node, chain_keys(tokens, block_size), tier) * block_size
 
     def inspect_node(self, node: str, healthy: bool, capacity_tokens: int | None) -> NodeInspect:
         """The ``tao inspect node`` reply for ``node`` (zeros for a node never heard from)."""
@@ -562,11 +794,13 @@ class KvIndex:
             incarnation=0 if st is None else st.incarnation,
             healthy=healthy,
             capacity_tokens=capacity_tokens,
+            host_blocks=0 if st is None else st.host_blocks,
+            host_resident_tokens=0 if st is None else st.host_resident_tokens,
         )
 
-    def resident(self, node: str, key: int) -> int:
-        """The reference count of own ``key`` on ``node`` (0: not resident)."""
-        state = self._nodes.get(node)
+    def resident(self, node: str, key: int, tier: Tier = GPU) -> int:
+        """The reference count of own ``key`` on ``node`` in ``tier`` (0: not resident)."""
+        state = self._tier(node, tier)
         return 0 if state is None else state.refs.get(key, 0)
 
     def block_size(self, node: str) -> int | None:
@@ -580,6 +814,8 @@ class KvIndex:
         if state is None:
             return None
         blocks = len(state.refs)
+        host = state.host
+        host_blocks = 0 if host is None else len(host.refs)
         return NodeStats(
             node=node,
             blocks=blocks,
@@ -592,6 +828,10 @@ class KvIndex:
             orphans=state.orphans,
             unknown_removals=state.unknown_removals,
             since=state.since,
+            host_blocks=host_blocks,
+            host_resident_tokens=host_blocks * (state.block_size or 0),
+            host_unresolved=0 if host is None else sum(host.unknown.values()),
+            other_media=state.other_media,
         )
 
     # --- output -----------------------------------------------------------------------------
@@ -614,9 +854,28 @@ class KvIndex:
             chain = self._chains.get(sid)
             if chain is None:
                 continue
-            blocks = self.prefix_blocks(sid, node)
-            out.append(Residency(sid, node, blocks * chain.block_size, stamp))
+            bs = chain.block_size
+            gpu = self.prefix_blocks(sid, node)
+            host = self.prefix_blocks(sid, node, CPU)
+            out.append(Residency(sid, node, gpu * bs, stamp, host * bs))
         return out
+
+
+def _rewalk(tier: _Tier, session: str, old: list[int], new: list[int], common: int) -> bool:
+    """Walk ``session``'s new chain in ``tier`` after it went from ``old`` to ``new`` (sharing
+    their first ``common`` keys); whether its resident run changed."""
+    before = tier.prefix.get(session, 0)
+    if common and before < common:
+        return False  # the walk stops where it did, on a key both chains share
+    blocks = common + KvIndex._walk(tier.refs, new[common:] if common else new)
+    _rechain(tier, old, before, new, blocks, common)
+    if blocks == before:
+        return False
+    if blocks:
+        tier.prefix[session] = blocks
+    else:
+        del tier.prefix[session]
+    return True
 
 
 def _decrement(counts: dict[int, int], key: int) -> None:
@@ -628,7 +887,7 @@ def _decrement(counts: dict[int, int], key: int) -> None:
 
 
 def _rechain(
-    state: _Node, old: list[int], before: int, new: list[int], blocks: int, common: int
+    state: _Tier, old: list[int], before: int, new: list[int], blocks: int, common: int
 ) -> None:
     """Keep ``state.want`` and ``state.held`` counting after a session's chain went from
     ``old`` (``before`` blocks resident) to ``new`` (``blocks`` resident), the two sharing
@@ -647,7 +906,7 @@ def _rechain(
         want[key] = want.get(key, 0) + 1
 
 
-def _moved(state: _Node, chain: list[int], old: int, new: int) -> None:
+def _moved(state: _Tier, chain: list[int], old: int, new: int) -> None:
     """Keep ``state.want`` and ``state.held`` counting after a session's prefix on the node
     went from ``old`` to ``new`` blocks of ``chain``."""
     _rechain(state, chain, old, chain, new, min(old, new))

@@ -16,5 +16,7 @@ NODE_KEYS: Final = [
     "incarnation",
     "healthy",
     "capacity_tokens",
+    "host_blocks",
+    "host_resident_tokens",
 ]
 """The keys of an inspect-node reply (``tao inspect node --json``), in order."""

@@ -4,12 +4,14 @@ Bodies and replies are the JSON structs of :mod:`shared.contracts.inspect`; a re
 cannot be answered gets ``{"error": "..."}`` (the CLI prints it and exits 2).
 
 * ``inspect.node`` ``{"node"}`` → distinct resident blocks, their tokens, the last applied
-  ``seq`` and the incarnation from the KV-event index; ``healthy`` from the store's node record
+  ``seq`` and the incarnation from the KV-event index (and the host KV tier's blocks and
+  tokens); ``healthy`` from the store's node record
   (the scraper's verdict); ``capacity_tokens`` from the nodes file's override when set, else the
   store's record (``vllm:cache_config_info``).
 * ``inspect.prefix`` ``{"node", "tokens"}`` → ``resident_prefix_tokens``: TAO's own keys of the
   token ids walked from the root against the node's resident blocks, with the node's block size
-  (the one its KV events report, else the store's record, else 16).
+  (the one its KV events report, else the store's record, else 16); ``host_prefix_tokens``: the
+  same walk against its host KV tier.
 
 A node is known when it is in the nodes file, has sent KV events, or has a store record.
 
@@ -33,6 +35,7 @@ from shared.contracts.inspect import (
 )
 from shared.core.blockkeys import DEFAULT_BLOCK_SIZE
 from shared.core.kvindex import KvIndex
+from shared.core.tiers import CPU
 from shared.infra.busapi import MessageBus, Subscription
 from shared.infra.settings import NodeSpec
 from shared.infra.shard import ONE, Shard
@@ -107,8 +110,9 @@ class Inspector:
                 record.block_size if record is not None else DEFAULT_BLOCK_SIZE
             )
             n = self.index.walk_tokens(ask.node, ask.tokens, bs)
+            host = self.index.walk_tokens(ask.node, ask.tokens, bs, CPU)
         except (ContractError, _Unknown) as exc:
             return encode_body(InspectFailure(str(exc)))
         except ValueError as exc:  # a token id outside uint32
             return encode_body(InspectFailure(f"tokens: {exc}"))
-        return encode_body(PrefixInspect(n))
+        return encode_body(PrefixInspect(n, host))

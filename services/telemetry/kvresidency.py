@@ -158,7 +158,7 @@ class KvResidency:
         self._zmq_last: dict[str, tuple[int, bytes]] = {}  # node -> last (seq, payload) from ZMQ
         self._seq_restart_at: dict[str, float] = {}  # node -> receive time of its last seq reset
         self._wake = asyncio.Event()
-        self._retry: list[tuple[str, str, int, float]] = []
+        self._retry: list[tuple[str, str, int, float, int]] = []
         self._retry_cleared: list[str] = []
         self._chains_out: dict[str, tuple[int, list[int], float]] = {}  # to store
         self._chains_gone: set[str] = set()  # to drop from the store
@@ -389,6 +389,11 @@ class KvResidency:
         counts["batches"] += 1
         counts["blocks_stored"] += res.stored
         counts["blocks_removed"] += res.removed
+        if res.host_stored or res.host_removed or res.host_unresolved or res.other_media:
+            counts["host_blocks_stored"] += res.host_stored
+            counts["host_blocks_removed"] += res.host_removed
+            counts["host_unresolved"] += res.host_unresolved
+            counts["other_media"] += res.other_media
         if res.action == "gap":
             counts[f"gaps_{path}"] += 1
             assert last is not None
@@ -423,6 +428,9 @@ class KvResidency:
             seq=seq,
             stored=res.stored,
             removed=res.removed,
+            host_stored=res.host_stored or None,
+            host_removed=res.host_removed or None,
+            host_unresolved=res.host_unresolved or None,
             filtered=res.filtered or None,
             orphans=res.orphans or None,
             unknown_removals=res.unknown_removals or None,
@@ -520,7 +528,7 @@ class KvResidency:
         cleared = self._retry_cleared + self.index.take_cleared()
         pairs = {(r[0], r[1]): r for r in self._retry}  # the latest per pair, no repeats
         for r in self.index.drain():
-            pairs[(r.session, r.node)] = (r.session, r.node, r.tokens, r.stamp)
+            pairs[(r.session, r.node)] = (r.session, r.node, r.tokens, r.stamp, r.host_tokens)
         items = list(pairs.values())
         self._retry, self._retry_cleared = [], []
         if not cleared and not items:
@@ -529,7 +537,7 @@ class KvResidency:
             for node in dict.fromkeys(cleared):
                 await self.store.clear_node_residency(node)
             if items:
-                await self.store.put_residencies(items)
+                await self.store.put_tiered_residencies(items)
         except Exception as exc:
             self._retry, self._retry_cleared = items, cleared
             self.counts["flush_failures"] += 1

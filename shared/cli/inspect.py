@@ -20,8 +20,10 @@ telemetry's.
 ``--json`` prints exactly the documented objects (:mod:`shared.contracts.inspect`):
 
 * node: ``{"node", "blocks", "resident_tokens", "seq", "incarnation", "healthy",
-  "capacity_tokens"}``;
-* prefix: ``{"resident_prefix_tokens": N}`` (``FILE`` is a JSON list of token ids).
+  "capacity_tokens", "host_blocks", "host_resident_tokens"}`` (the host fields: the node's host
+  KV tier, 0 without one);
+* prefix: ``{"resident_prefix_tokens": N, "host_prefix_tokens": H}`` (``FILE`` is a JSON list
+  of token ids; ``H``: the leading tokens resident in the node's host KV tier).
 
 Without ``--json`` a short table says the same and where it came from. A bad ``--tokens`` file,
 an unknown node, or a node that neither telemetry nor the nodes file can answer for: exit 2,
@@ -56,6 +58,7 @@ from shared.contracts.inspect import (
 from shared.contracts.kv import KVEventBatch, decode_kv_batch
 from shared.core.blockkeys import DEFAULT_BLOCK_SIZE, TOKEN_MAX
 from shared.core.kvindex import KvIndex
+from shared.core.tiers import CPU
 from shared.infra.errors import BusError, RunFileError, SettingsError
 from shared.infra.nodesfile import NodesFileError, load_nodes_file
 from shared.infra.runfile import RunInfo, find_running
@@ -300,18 +303,23 @@ def _cmd_prefix(args: argparse.Namespace, out: TextIO) -> int:
     source = "telemetry"
     if raw is not None:
         try:
-            n = decode_reply(raw, PrefixInspect).resident_prefix_tokens
+            reply = decode_reply(raw, PrefixInspect)
         except InspectRefused as exc:
             raise OpsError(str(exc)) from None
     else:
         spec = _direct_spec(where, node)
         index, _ = anyio.run(_replay, spec, float(args.live))
-        n = index.walk_tokens(node, tokens, index.block_size(node) or DEFAULT_BLOCK_SIZE)
+        bs = index.block_size(node) or DEFAULT_BLOCK_SIZE
+        reply = PrefixInspect(
+            index.walk_tokens(node, tokens, bs), index.walk_tokens(node, tokens, bs, CPU)
+        )
         source = "the node's KV stream (telemetry did not answer)"
     if args.json:
-        out.write(encode_body(PrefixInspect(n)).decode() + "\n")
+        out.write(encode_body(reply).decode() + "\n")
     else:
-        out.write(f"{n} of {len(tokens)} tokens resident on {node} (from {source})\n")
+        n, host = reply.resident_prefix_tokens, reply.host_prefix_tokens
+        tiered = f", {host} in its host KV tier" if host else ""
+        out.write(f"{n} of {len(tokens)} tokens resident on {node}{tiered} (from {source})\n")
     return 0
 
 
@@ -339,6 +347,11 @@ def _node_table(r: NodeInspect, source: str) -> str:
         ("healthy", "yes" if r.healthy else "no"),
         ("capacity", "-" if r.capacity_tokens is None else f"{r.capacity_tokens:,} tokens"),
     ]
+    if r.host_blocks:  # the node's host KV tier (vLLM's OffloadingConnector)
+        rows[3:3] = [
+            ("host blocks", f"{r.host_blocks:,}"),
+            ("host tokens", f"{r.host_resident_tokens:,}"),
+        ]
     width = max(len(k) for k, _ in rows)
     lines = [f"{k:<{width}}  {v}" for k, v in rows]
     lines.append(f"(from {source})")

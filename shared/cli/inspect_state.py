@@ -13,9 +13,13 @@ would spend is shown, not spent).
      "readiness": {"r", "rule"},
      "tool": null | {"name", "call_id", "source", "started_at", "deadline", "predicted_end",
                      "evidence", "evidence_ts", "remaining_s", "background", "completed_at"},
-     "residency": {NODE: {"k0", "t_obs", "age_s", "credit"}}}
+     "residency": {NODE: {"k0", "t_obs", "age_s", "credit", "host"}}}
 
 ``state`` is the session's activity (``idle``, ``waiting``, ``running``, ``tool``).
+``residency``: per node, the resident prefix in GPU memory (``k0`` tokens observed at ``t_obs``,
+its decayed ``credit``) and ``host``, the tokens of the context from its start in the node's
+host KV tier (vLLM's OffloadingConnector; 0 without one). A node holding the session in its
+host tier only has ``k0`` 0 and ``t_obs``/``age_s`` ``null``.
 ``tao inspect tools --json``: ``{"tools": {NAME: STATS}, "global": STATS}`` with
 ``STATS = {"count", "mean_s", "stdev_s", "min_s", "max_s", "censored", "censored_max_s",
 "predicted_s", "evidence"}`` (``predicted_s``: the duration a new call would be predicted to
@@ -110,7 +114,8 @@ async def session_view(
         freshness_s=settings.freshness_s,
     )
     observed = (await store.residency([session_id])).get(session_id, {})
-    residency = {
+    host = (await store.host_residency([session_id])).get(session_id, {})
+    residency: dict[str, dict[str, Any]] = {
         node: {
             "k0": k0,
             "t_obs": t_obs,
@@ -118,9 +123,15 @@ async def session_view(
             "credit": decayed_credit(
                 k0, t_obs, now, half_life_s=settings.half_life_s, unit=settings.credit_unit
             ),
+            "host": host.get(node, 0),
         }
-        for node, (k0, t_obs) in sorted(observed.items())
+        for node, (k0, t_obs) in observed.items()
     }
+    for node, tokens in host.items():  # only in the node's host KV tier
+        residency.setdefault(
+            node, {"k0": 0, "t_obs": None, "age_s": None, "credit": 0, "host": tokens}
+        )
+    residency = dict(sorted(residency.items()))
     return {
         "session": s.id,
         "state": s.activity,
@@ -238,9 +249,12 @@ def _session_text(v: dict[str, Any]) -> str:
             f"  remaining {t['remaining_s']:.1f} s"
         )
     for node, r in v["residency"].items():
-        lines.append(
-            f"resident  {node}: {r['k0']} tokens {r['age_s']:.1f} s ago, credit {r['credit']}"
-        )
+        host = f"; {r['host']} in its host KV tier" if r["host"] else ""
+        if r["k0"]:
+            gpu = f"{r['k0']} tokens {r['age_s']:.1f} s ago, credit {r['credit']}"
+        else:
+            gpu = "none in GPU memory"
+        lines.append(f"resident  {node}: {gpu}{host}")
     return "\n".join(lines)
 
 

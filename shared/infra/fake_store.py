@@ -61,7 +61,7 @@ class FakeStore:
         self._sessions: dict[str, Session] = {}
         self._status: dict[str, NodeRecord] = {}
         self._reserved: dict[str, int] = {}
-        self._residency: dict[str, dict[str, tuple[int, float]]] = {}
+        self._residency: dict[str, dict[str, tuple[int, float, int]]] = {}  # k0, t_obs, host
         self._chains: dict[str, str] = {}  # sid -> encoded chain (no TTL here)
         self._tools: dict[str, ToolStats] = {}
         self._overall = ToolStats()
@@ -227,12 +227,17 @@ class FakeStore:
         await self.put_residencies(((sid, node, k0, t_obs),))
 
     async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None:
-        for sid, node, k0, t_obs in items:
+        await self.put_tiered_residencies((sid, node, k0, t, 0) for sid, node, k0, t in items)
+
+    async def put_tiered_residencies(
+        self, items: Iterable[tuple[str, str, int, float, int]]
+    ) -> None:
+        for sid, node, k0, t_obs, host in items:
             check_session_id(sid)
             check_node_id(node)
             per = self._residency.setdefault(sid, {})
-            if k0 > 0:
-                per[node] = (int(k0), float(t_obs))
+            if k0 > 0 or host > 0:
+                per[node] = (max(0, int(k0)), float(t_obs), int(host) if host > 0 else 0)
             else:
                 per.pop(node, None)
             if not per:
@@ -242,7 +247,17 @@ class FakeStore:
         out: dict[str, dict[str, tuple[int, float]]] = {}
         for sid in sids:
             check_session_id(sid)
-            out[sid] = dict(self._residency.get(sid, {}))
+            per = self._residency.get(sid, {})
+            out[sid] = {node: (k0, t) for node, (k0, t, _) in per.items() if k0 > 0}
+        return out
+
+    async def host_residency(self, sids: Iterable[str]) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for sid in sids:
+            check_session_id(sid)
+            per = {node: h for node, (_, _, h) in self._residency.get(sid, {}).items() if h > 0}
+            if per:
+                out[sid] = per
         return out
 
     async def clear_node_residency(self, node: str) -> None:

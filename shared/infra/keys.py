@@ -10,7 +10,8 @@ unchanged on a cluster. Layout, for the domain ``default``::
     tao:{default}:admitted_tool set    admitted ids in a tool: the interrupt candidates
     tao:{default}:n:<node>      hash   one node: telemetry's status fields + ``reserved``
     tao:{default}:nodes         set    ids of every node telemetry reported
-    tao:{default}:res:<sid>     hash   node id -> "k0 t_obs" (resident prefix tokens, when seen)
+    tao:{default}:res:<sid>     hash   node id -> "k0 t_obs[ host]" (resident prefix tokens, when
+                                       seen; tokens in the node's host KV tier, when any)
     tao:{default}:nres:<node>   set    ids with a residency entry on the node (for clearing it)
     tao:{default}:toolstats     hash   "tool:<name>" -> serialised ToolStats; "global" -> all tools
     tao:{default}:planner       hash   planner counters (ticks, plans_applied, ...)

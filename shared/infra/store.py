@@ -69,6 +69,7 @@ from shared.infra.keys import GLOBAL_TOOL_FIELD, SOLVE_SAMPLES, Keys, check_node
 from shared.infra.store_codec import (
     SESSION_FIELDS,
     as_str,
+    decode_host_residency,
     decode_node,
     decode_residency,
     decode_session,
@@ -470,11 +471,19 @@ class Store:
 
     async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None:
         """Record ``(sid, node, k0, t_obs)`` observations; ``k0 <= 0`` deletes the pair."""
+        await self.put_tiered_residencies((sid, node, k0, t, 0) for sid, node, k0, t in items)
+
+    async def put_tiered_residencies(
+        self, items: Iterable[tuple[str, str, int, float, int]]
+    ) -> None:
+        """Record ``(sid, node, k0, t_obs, host)`` observations (``host``: tokens of the
+        session's context from its start in the node's host KV tier); a pair with neither
+        ``k0`` nor ``host`` > 0 is deleted."""
         async with self._pipe(True) as pipe:
-            for sid, node, k0, t_obs in items:
+            for sid, node, k0, t_obs, host in items:
                 res, nres = self.keys.residency(sid), self.keys.node_residents(node)
-                if k0 > 0:
-                    pipe.hset(res, node, encode_residency(k0, t_obs))
+                if k0 > 0 or host > 0:
+                    pipe.hset(res, node, encode_residency(max(0, k0), t_obs, host))
                     pipe.sadd(nres, sid)
                 else:
                     pipe.hdel(res, node)
@@ -490,6 +499,19 @@ class Store:
                 pipe.hgetall(self.keys.residency(sid))
             raws = await pipe.execute()
         return {sid: decode_residency(raw) for sid, raw in zip(wanted, raws, strict=True)}
+
+    async def host_residency(self, sids: Iterable[str]) -> dict[str, dict[str, int]]:
+        """Per session, ``node -> tokens`` of its context in that node's host KV tier (sessions
+        and nodes with none left out)."""
+        wanted = list(sids)
+        if not wanted:
+            return {}
+        async with self._pipe(False) as pipe:
+            for sid in wanted:
+                pipe.hgetall(self.keys.residency(sid))
+            raws = await pipe.execute()
+        out = {sid: decode_host_residency(raw) for sid, raw in zip(wanted, raws, strict=True)}
+        return {sid: per for sid, per in out.items() if per}
 
     async def clear_node_residency(self, node: str) -> None:
         """Drop every residency entry on ``node`` (it restarted or cleared its cache)."""

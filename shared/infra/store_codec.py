@@ -27,6 +27,7 @@ __all__ = [
     "SESSION_FIELDS",
     "as_str",
     "decode_chain",
+    "decode_host_residency",
     "decode_node",
     "decode_residency",
     "decode_session",
@@ -38,6 +39,7 @@ __all__ = [
     "encode_residency",
     "encode_session",
     "encode_toolstats",
+    "parse_residency",
     "read_chain",
     "str_map",
 ]
@@ -219,17 +221,38 @@ def decode_node(node_id: str, raw: Mapping[Any, Any]) -> NodeRecord | None:
 # --- residency and tool statistics ----------------------------------------------------------
 
 
-def encode_residency(k0: int, t_obs: float) -> str:
-    """``"k0 t_obs"``."""
-    return f"{int(k0)} {_float(t_obs, 't_obs')}"
+def encode_residency(k0: int, t_obs: float, host: int = 0) -> str:
+    """``"k0 t_obs"``, or ``"k0 t_obs host"`` when the node's host KV tier holds ``host`` > 0
+    tokens of the session's context from its start (an entry may then have ``k0`` 0)."""
+    text = f"{int(k0)} {_float(t_obs, 't_obs')}"
+    return f"{text} {int(host)}" if host > 0 else text
+
+
+def parse_residency(value: str) -> tuple[int, float, int]:
+    """One residency value as ``(k0, t_obs, host)`` (``host`` 0 when absent)."""
+    k0, _, rest = value.partition(" ")
+    t_obs, _, host = rest.partition(" ")
+    return int(k0), float(t_obs), int(host) if host else 0
 
 
 def decode_residency(raw: Mapping[Any, Any]) -> dict[str, tuple[int, float]]:
-    """A residency hash as ``node -> (k0, t_obs)``."""
+    """A residency hash as ``node -> (k0, t_obs)``: the GPU residency (entries that only hold
+    host-tier tokens left out)."""
     out: dict[str, tuple[int, float]] = {}
     for node, value in str_map(raw).items():
-        k0, _, t_obs = value.partition(" ")
-        out[node] = (int(k0), float(t_obs))
+        k0, t_obs, _ = parse_residency(value)
+        if k0 > 0:
+            out[node] = (k0, t_obs)
+    return out
+
+
+def decode_host_residency(raw: Mapping[Any, Any]) -> dict[str, int]:
+    """A residency hash as ``node -> host-tier tokens`` (nodes with none left out)."""
+    out: dict[str, int] = {}
+    for node, value in str_map(raw).items():
+        host = parse_residency(value)[2]
+        if host > 0:
+            out[node] = host
     return out
 
 

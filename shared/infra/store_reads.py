@@ -40,7 +40,7 @@ import msgspec
 from shared.core.session import Session
 from shared.core.valuation import NodeView
 from shared.infra.store import Store, load_script
-from shared.infra.store_codec import decode_node, decode_session_values
+from shared.infra.store_codec import decode_node, decode_session_values, parse_residency
 from shared.infra.store_ops import texts
 from shared.infra.store_types import NodeRecord, StateStore, StoreError
 
@@ -86,13 +86,19 @@ def _opt_float(text: str) -> float | None:
     return None if text == "" else float(text)
 
 
-def _residency(flat: Sequence[Any]) -> dict[str, tuple[int, float]]:
-    """A flat HGETALL reply (node, "k0 t_obs", ...) as ``node -> (k0, t_obs)``."""
+def _residency(flat: Sequence[Any]) -> tuple[dict[str, tuple[int, float]], dict[str, int]]:
+    """A flat HGETALL reply (node, "k0 t_obs[ host]", ...) as ``node -> (k0, t_obs)`` (the GPU
+    residency) and ``node -> host`` (host KV tier tokens), each without its zero entries."""
     out: dict[str, tuple[int, float]] = {}
+    host: dict[str, int] = {}
     for j in range(0, len(flat), 2):
-        k0, _, t_obs = _text(flat[j + 1]).partition(" ")
-        out[_text(flat[j])] = (int(k0), float(t_obs))
-    return out
+        k0, t_obs, h = parse_residency(_text(flat[j + 1]))
+        node = _text(flat[j])
+        if k0 > 0:
+            out[node] = (k0, t_obs)
+        if h > 0:
+            host[node] = h
+    return out, host
 
 
 def is_idle(
@@ -111,7 +117,8 @@ def is_idle(
     return not ended and activity in ("idle", "tool") and now - updated_at > timeout_s
 
 
-_Parsed = tuple[tuple[Any, ...], dict[str, tuple[int, float]]]
+HostMap = dict[str, dict[str, int]]
+_Parsed = tuple[tuple[Any, ...], dict[str, tuple[int, float]], dict[str, int]]
 
 
 def _reparsed(flat: Sequence[Any], seen: _Parsed | None) -> _Parsed:
@@ -120,7 +127,7 @@ def _reparsed(flat: Sequence[Any], seen: _Parsed | None) -> _Parsed:
     key = tuple(flat)
     if seen is not None and seen[0] == key:
         return seen
-    return key, _residency(flat)
+    return (key, *_residency(flat))
 
 
 @dataclass(slots=True)
@@ -152,6 +159,8 @@ class SessionReader:
             self._read_index = self._redis._r.register_script(_READ_INDEX)
         self._res: dict[str, dict[str, _Parsed]] = {}
         """Per cache, each session's last residency reply and its parse (reused while equal)."""
+        self._hosts: dict[str, HostMap] = {}
+        """Per cache, the host-tier residency of the sessions its last read saw (:meth:`host`)."""
         self._whole: set[str] = set()
         """The index sets read whole at least once: a named read reuses the rest of them."""
         self.evidence: dict[str, tuple[float, float]] = {}
@@ -211,7 +220,17 @@ class SessionReader:
         self._held[which] = new
         self._names[which] = fresh
         self._res[which] = parsed
+        self._note_hosts(which)
         return self._held_out(which, self._views(_records(flat_nodes)))
+
+    def host(self, cache: str) -> HostMap:
+        """The host KV tier residency (session -> node -> tokens of its context from its
+        start; sessions and nodes with none left out) of the sessions the last read of ``cache`` (an
+        index set, or :meth:`read`'s cache name) returned with their residency."""
+        return self._hosts.get(cache, {})
+
+    def _note_hosts(self, which: str) -> None:
+        self._hosts[which] = {sid: p[2] for sid, p in self._res[which].items() if p[2]}
 
     def note_probe_marks(self, which: Index, marks: Mapping[str, float | None]) -> None:
         """The reader's own probe-mark writes, patched into what it holds of ``which`` (a
@@ -283,6 +302,7 @@ class SessionReader:
             held[sid] = got
             names[sid] = tokens[sid]
             seen[sid] = _reparsed(res, seen.get(sid))
+        self._note_hosts(which)
         return self._held_out(which, self._views(_records(flat_nodes)))
 
     async def _named_apart(
@@ -297,6 +317,7 @@ class SessionReader:
         gone = set(named) - set(ids)
         sessions = {s.id: s for s in await self.store.sessions(ids)} if ids else {}
         residency = await self.store.residency(ids) if ids else {}
+        host = await self.store.host_residency(ids) if ids else {}
         self.decoded += len(sessions)
         held = self._held.setdefault(which, {})
         seen = self._res.setdefault(which, {})
@@ -305,7 +326,8 @@ class SessionReader:
             seen.pop(sid, None)
         for sid, s in sessions.items():
             held[sid] = _Held("", "", "", s)
-            seen[sid] = ((), residency.get(sid, {}))
+            seen[sid] = ((), residency.get(sid, {}), host.get(sid, {}))
+        self._note_hosts(which)
         return self._held_out(which, self._views(await self.store.nodes()))
 
     async def read(
@@ -317,11 +339,15 @@ class SessionReader:
         if self._redis is None:
             sessions = await self.store.sessions(ids) if ids else []
             self.decoded += len(sessions)
-            return sessions, (await self.store.residency(ids) if ids and residency else {})
+            if not (ids and residency):
+                return sessions, {}
+            self._hosts[cache] = await self.store.host_residency(ids)
+            return sessions, await self.store.residency(ids)
         old = self._held.get(cache, {})
         new: dict[str, _Held] = {}
         out: list[Session] = []
         found: ResidencyMap = {}
+        hosts: HostMap = {}
         keys = self._redis.keys
         cut = len(keys.session_prefix)  # what is left of a session key is the token
         head = [keys.session_prefix, keys.residency_prefix if residency else ""]
@@ -341,12 +367,16 @@ class SessionReader:
             for j, sid in enumerate(part):
                 held = self._one(sid, reply[2 * j], old.get(sid))
                 if residency:
-                    found[sid] = _residency(reply[2 * j + 1])
+                    found[sid], host = _residency(reply[2 * j + 1])
+                    if host:
+                        hosts[sid] = host
                 if held is not None:
                     new[sid] = held
                     out.append(held.session)
         self._held[cache] = new
         self._names[cache] = fresh
+        if residency:
+            self._hosts[cache] = hosts
         return out, found
 
     async def _tick_read_apart(
@@ -355,7 +385,8 @@ class SessionReader:
         sessions, residency = await self.index(which)
         if self._redis is None:  # what a later named read reuses (Redis' read() keeps its own)
             self._held[which] = {s.id: _Held("", "", "", s) for s in sessions}
-        self._res[which] = {sid: ((), r) for sid, r in residency.items()}
+        host = self._hosts.get(which, {})
+        self._res[which] = {sid: ((), r, host.get(sid, {})) for sid, r in residency.items()}
         return sessions, residency, self._views(await self.store.nodes())
 
     def _one(self, sid: str, raw: Sequence[Any], held: _Held | None) -> _Held | None:

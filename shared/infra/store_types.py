@@ -10,7 +10,9 @@ What the store holds per scheduling domain (key layout: :mod:`shared.infra.keys`
   and ``admitted_tool`` (interrupt candidates) kept consistent with every write;
 * nodes (:class:`NodeRecord`): telemetry's status fields plus ``reserved``, the sum of the
   weights of the sessions admitted there, kept consistent with every session write;
-* residency: per (session, node) the resident prefix tokens ``k0`` observed at ``t_obs``;
+* residency: per (session, node) the resident prefix tokens ``k0`` observed at ``t_obs``, and
+  the tokens of the session's context from its start in the node's host KV tier (``host``,
+  vLLM's OffloadingConnector; 0 without one);
 * chains: per session the block keys of its latest tokens (``block_size``, keys, stamp), kept
   by the telemetry service so that a restart of it can match them against the KV events again
   (a day's TTL, renewed on each write, bounds what sessions that never end leave behind);
@@ -441,7 +443,11 @@ class StateStore(Protocol):
     # residency
     async def put_residency(self, sid: str, node: str, k0: int, t_obs: float) -> None: ...
     async def put_residencies(self, items: Iterable[tuple[str, str, int, float]]) -> None: ...
+    async def put_tiered_residencies(
+        self, items: Iterable[tuple[str, str, int, float, int]]
+    ) -> None: ...
     async def residency(self, sids: Iterable[str]) -> dict[str, dict[str, tuple[int, float]]]: ...
+    async def host_residency(self, sids: Iterable[str]) -> dict[str, dict[str, int]]: ...
     async def clear_node_residency(self, node: str) -> None: ...
 
     # block-key chains (the telemetry service's, kept across its restarts)

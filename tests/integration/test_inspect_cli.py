@@ -88,6 +88,8 @@ class TestReadingTheNodeDirectly:
             "incarnation": 0,
             "healthy": True,
             "capacity_tokens": 8192,
+            "host_blocks": 0,
+            "host_resident_tokens": 0,
         }
 
     async def test_inspect_prefix_walks_the_replayed_blocks(
@@ -98,7 +100,7 @@ class TestReadingTheNodeDirectly:
         argv = ("inspect", "prefix", "--node", "n1", "--tokens", str(tokens), "--json")
         code, out, err = await tao(capsys, *argv, "--live", "0.2")
         assert (code, err) == (0, "")
-        assert orjson.loads(out) == {"resident_prefix_tokens": 2 * BS}
+        assert orjson.loads(out) == {"resident_prefix_tokens": 2 * BS, "host_prefix_tokens": 0}
 
     async def test_unknown_node_exits_2_with_one_line(
         self, publisher: KvPublisher, capsys: pytest.CaptureFixture[str]
@@ -140,6 +142,8 @@ class TestAskingTelemetry:
                 "incarnation": 0,
                 "healthy": True,
                 "capacity_tokens": 1024,
+                "host_blocks": 0,
+                "host_resident_tokens": 0,
             }
             code, out, err = await tao(capsys, "inspect", "node", "n9")
             assert code == 0 and "resident tokens  32" in out and "telemetry" in out

@@ -32,11 +32,31 @@ async def _seed(store: StateStore) -> None:
         await store.put_residency(sid, "n1", 512 * (i + 1), 9.5 + i)
         if i % 2:
             await store.put_residency(sid, "n2", 16 * (i + 1), 3.25)
+        if i % 3 == 0:  # the host KV tier: beside a GPU run on n1, alone on n3
+            await store.put_tiered_residencies(
+                [(sid, "n1", 512 * (i + 1), 9.5 + i, 1024 * (i + 1)), (sid, "n3", 0, 4.0, 64)]
+            )
 
 
 async def _plain(store: StateStore, which: str) -> tuple[list[Session], dict[str, object]]:
     ids = sorted(await (store.pool_ids() if which == "pool" else store.admitted_tool_ids()))
     return await store.sessions(ids), dict(await store.residency(ids))
+
+
+class TestTieredResidency:
+    async def test_host_tokens_are_kept_apart_from_the_gpu_residency(
+        self, store: StateStore
+    ) -> None:
+        """An entry holding host-tier tokens only is no GPU residency; the host tokens are
+        read on their own; a pair with neither is deleted, and a clear drops both."""
+        await store.put_tiered_residencies([("s", "a", 100, 1.5, 300), ("s", "b", 0, 2.0, 50)])
+        await store.put_residency("s", "c", 10, 3.0)
+        assert await store.residency(["s"]) == {"s": {"a": (100, 1.5), "c": (10, 3.0)}}
+        assert await store.host_residency(["s", "nobody"]) == {"s": {"a": 300, "b": 50}}
+        await store.put_tiered_residencies([("s", "b", 0, 2.5, 0)])
+        await store.clear_node_residency("a")
+        assert await store.residency(["s"]) == {"s": {"c": (10, 3.0)}}
+        assert await store.host_residency(["s"]) == {}
 
 
 class TestSessionReader:
@@ -49,6 +69,7 @@ class TestSessionReader:
             want, want_res = await _plain(store, which)
             assert got == want
             assert res == want_res
+            assert reader.host(which) == await store.host_residency(sorted(want_res))
         assert {s.id for s in (await reader.index("pool"))[0]} == {"p0", "p1", "weird id:{x}/é"}
 
     async def test_unchanged_records_are_not_decoded_again(self, store: StateStore) -> None:
@@ -126,6 +147,7 @@ class TestTickRead:
         assert got == want
         assert res == want_res
         assert views == await store.node_views()
+        assert reader.host(which) == await store.host_residency(sorted(want_res))
 
     async def test_same_as_plain_reads_through_changes(self, store: StateStore) -> None:
         await _seed(store)

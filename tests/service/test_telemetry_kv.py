@@ -540,11 +540,13 @@ class TestInspector:
             "incarnation": 0,
             "healthy": True,
             "capacity_tokens": 4096,
+            "host_blocks": 0,
+            "host_resident_tokens": 0,
         }
         assert list(node) == NODE_KEYS
         ask = orjson.dumps({"node": "n1", "tokens": [*TOKENS, 1, 2, 3]})
         prefix = orjson.loads(await rig.bus.request(subjects.inspect("prefix"), ask, 1.0))
-        assert prefix == {"resident_prefix_tokens": 2 * BS}
+        assert prefix == {"resident_prefix_tokens": 2 * BS, "host_prefix_tokens": 0}
         await rig.bus.drain()
 
     async def test_unknown_node_and_bad_request_get_an_error_reply(self) -> None:

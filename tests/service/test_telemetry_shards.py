@@ -130,7 +130,7 @@ async def test_each_inspection_is_answered_by_the_node_owner() -> None:
         reply = await two.ask("node", {"node": node})
         assert (reply["node"], reply["blocks"]) == (node, blocks)
         prefix = await two.ask("prefix", {"node": node, "tokens": TOKENS})
-        assert prefix == {"resident_prefix_tokens": blocks * BS}
+        assert prefix == {"resident_prefix_tokens": blocks * BS, "host_prefix_tokens": 0}
     assert await two.ask("node", {"node": "zz"}) == {"error": "unknown node 'zz'"}
     bad = await two.ask("prefix", {"node": 1})
     assert "PrefixQuery" in str(bad["error"])

@@ -36,7 +36,32 @@ async def test_session_view_reports_tool_prediction_readiness_and_decayed_credit
     assert tool["evidence"].startswith("history") and tool["predicted_end"] < 110.0
     assert view["readiness"] == {"r": 1, "rule": "probe"}
     # one half-life after the observation: half the tokens remain as credit
-    assert view["residency"]["n1"] == {"k0": 4096, "t_obs": 100.0, "age_s": 10.0, "credit": 2048}
+    assert view["residency"]["n1"] == {
+        "k0": 4096,
+        "t_obs": 100.0,
+        "age_s": 10.0,
+        "credit": 2048,
+        "host": 0,
+    }
+
+
+async def test_session_view_shows_the_host_tier_per_node() -> None:
+    """A node's host KV tier tokens sit beside its GPU residency; a node that holds the
+    session in its host tier only is listed with no GPU residency."""
+    store = await _store_with_tool()
+    await store.put_tiered_residencies(
+        [("s1", "n1", 4096, 100.0, 8192), ("s1", "n2", 0, 90.0, 512)]
+    )
+    view = await session_view(store, "s1", 110.0, SETTINGS)
+    assert view["residency"]["n1"]["host"] == 8192 and view["residency"]["n1"]["k0"] == 4096
+    assert view["residency"]["n2"] == {
+        "k0": 0,
+        "t_obs": None,
+        "age_s": None,
+        "credit": 0,
+        "host": 512,
+    }
+    assert list(view["residency"]) == ["n1", "n2"]
 
 
 async def test_unknown_session_raises() -> None:

@@ -36,6 +36,7 @@ import numpy as np
 
 from shared.contracts.kv import KVEvent
 from shared.core.engine.cache import ROOT_HASH, BlockPool, chain_hash
+from shared.core.engine.host import HostCache
 from shared.core.engine.poolkernels import k_find_first as find_first
 from shared.core.engine.profiles import Profile, step_time
 from shared.core.engine.requests import (
@@ -45,6 +46,7 @@ from shared.core.engine.requests import (
     ReqState,
     generated_token_ids,
 )
+from shared.core.tiers import HostLink
 
 __all__ = ["OUTPUT_VOCAB", "Completion", "Engine", "EngineRequest", "generated_token_ids"]
 
@@ -66,6 +68,7 @@ class Engine:
         *,
         emit_kv_events: bool = False,
         closed_form: bool = True,
+        host: HostLink | None = None,
     ) -> None:
         self.node_id = node_id
         self.profile = profile
@@ -74,6 +77,15 @@ class Engine:
         self.closed_form = closed_form
         self._pool = BlockPool(self.num_gpu_blocks, self.block_size, emit_kv_events=emit_kv_events)
         self._emit = emit_kv_events
+        self._host = None if host is None else HostCache(host, emit_kv_events=emit_kv_events)
+        """The host KV tier (vLLM's OffloadingConnector, :mod:`.host`), or ``None``."""
+        self._loading: list[tuple[float, ReqState, int, int]] = []
+        """Requests admitted with a host hit, waiting for its load: (copy end, request, first
+        and end block of the load), in copy-end order (the loads are one FIFO)."""
+        self._host_memo: tuple[ReqState, int, int, int, int] | None = None
+        """(request, host generation, start, limit, end) of the last host hit walk."""
+        self.host_hit_tokens = 0
+        """Prompt tokens loaded from the host tier (vLLM's ``external_prefix_cache_hits``)."""
         self._waiting: deque[ReqState] = deque()
         self._running: list[ReqState] = []
         self._by_id: dict[str, ReqState] = {}
@@ -101,8 +113,24 @@ class Engine:
 
     @property
     def waiting(self) -> int:
-        """Requests queued (new or preempted)."""
-        return len(self._waiting)
+        """Requests queued (new or preempted, or waiting for a host-tier load: vLLM counts
+        ``WAITING_FOR_REMOTE_KVS`` requests as waiting)."""
+        return len(self._waiting) + len(self._loading)
+
+    @property
+    def host(self) -> HostCache | None:
+        """The host KV tier (read-only use), or ``None``."""
+        return self._host
+
+    def host_resident_blocks(self, hashes: Sequence[int] | np.ndarray, stop: int) -> int:
+        """Leading blocks of the chain ``hashes[:stop]`` ready in the host tier now (0 without
+        one)."""
+        host = self._host
+        if host is None:
+            return 0
+        if self._now > -math.inf:
+            host.complete(self._now)
+        return host.run(hashes, 0, min(stop, len(hashes)))
 
     @property
     def kv_usage(self) -> float:
@@ -159,7 +187,7 @@ class Engine:
         self._run_until(now)
         r = ReqState(req, output, now, self.block_size)
         self._seed_hashes(r)
-        if not self._running and not self._waiting:
+        if not self._running and not self._waiting and not self._loading:
             self._clock = max(self._clock, now)
         self._by_id[r.id] = r
         self._waiting.append(r)
@@ -173,8 +201,13 @@ class Engine:
             return
         if r in self._running:
             self._running.remove(r)
-        else:
+        elif r in self._waiting:
             self._waiting.remove(r)
+        else:
+            load = next(x for x in self._loading if x[1] is r)
+            self._loading.remove(load)
+            assert self._host is not None
+            self._host.unpin(r.hashes[load[2] : load[3]].tolist())
         self._pool.release_arr(r.blocks, r.nblocks)
         r.nblocks = 0
 
@@ -197,7 +230,7 @@ class Engine:
             for r in self._running
             if r.first_token_at is not None and r.first_token_at > self._now
         )
-        if self._running or self._waiting:
+        if self._running or self._waiting or self._loading:
             cands.append(self._horizon())
         return min(cands) if cands else None
 
@@ -248,8 +281,12 @@ class Engine:
 
     def drain_kv_events(self) -> list[KVEvent]:
         """``BlockStored``/``BlockRemoved``/``AllBlocksCleared`` events since the last drain
-        (with emit_kv_events); a ``BlockStored`` carries its block's ``token_ids``."""
-        return self._pool.drain_events()
+        (with emit_kv_events); a ``BlockStored`` carries its block's ``token_ids``. The host
+        tier's (medium ``"CPU"``) follow the GPU's, as in vLLM's batch (docs/kv-tier.md §4)."""
+        events = self._pool.drain_events()
+        if self._host is not None:
+            events.extend(self._host.drain_events())
+        return events
 
     def reset_prefix_cache(self, now: float) -> bool:
         """Drop the whole prefix cache at ``now`` (vLLM ``reset_prefix_cache``); ``False``, and
@@ -354,21 +391,49 @@ class Engine:
         self._hit_memo = (r, pool.generation, limit, buf, nhit, evictable, pool.evicted)
         return buf, nhit, evictable
 
-    def _admit_plan(self, r: ReqState, budget: int) -> tuple[np.ndarray, int, int, int] | None:
-        """(hit blocks, hit length, new tokens, new blocks) if ``r`` can be admitted now, else
-        ``None``."""
+    def _admit_plan(self, r: ReqState, budget: int) -> tuple[np.ndarray, int, int, int, int] | None:
+        """(hit blocks, hit length, new tokens, new blocks, host hit end) if ``r`` can be
+        admitted now, else ``None``. A host hit (end > hit length) is a load: the request
+        takes blocks for the GPU and host hits and computes nothing until the load ends."""
         hit, nhit, evictable = self._hits(r)
+        if self._host is not None:
+            end = self._host_run(r, nhit)
+            if end > nhit:
+                need = end - nhit
+                if need + evictable > self._pool.num_free:
+                    return None
+                return hit, nhit, 0, need, end
         hit_tokens = nhit * self.block_size
         n = min(r.num_tokens - hit_tokens, budget)
         need = -(-(hit_tokens + n) // self.block_size) - nhit
         if need + evictable > self._pool.num_free:
             return None
-        return hit, nhit, n, need
+        return hit, nhit, n, need, nhit
+
+    def _host_run(self, r: ReqState, start: int) -> int:
+        """End of ``r``'s host hit from block ``start`` (its GPU hit) on, never covering its
+        last known token; remembered until the host or the request changes."""
+        host = self._host
+        assert host is not None
+        limit = (r.num_tokens - 1) // self.block_size
+        memo = self._host_memo
+        if (
+            memo is not None
+            and memo[0] is r
+            and memo[1] == host.generation
+            and memo[2] == start
+            and memo[3] == limit
+        ):
+            return memo[4]
+        self._hash_upto(r, limit)
+        end = host.run(r.hashes, start, limit)
+        self._host_memo = (r, host.generation, start, limit, end)
+        return end
 
     def _admissible(self, budget: int) -> bool:
         return (
             bool(self._waiting)
-            and len(self._running) < self.profile.max_num_seqs
+            and len(self._running) + len(self._loading) < self.profile.max_num_seqs
             and budget > 0
             and self._admit_plan(self._waiting[0], budget) is not None
         )
@@ -394,6 +459,8 @@ class Engine:
     def _finish(self, r: ReqState, t: float) -> None:
         self._pool.release_arr(r.blocks, r.nblocks)
         r.nblocks = 0
+        if self._host is not None:  # its prompt blocks are re-ranked, head most recent
+            self._host.touch(r.hashes[: min(r.nhashes, r.prompt_len // self.block_size)].tolist())
         del self._by_id[r.id]
         self._remember(r)
         first = r.first_token_at if r.first_token_at is not None else t
@@ -417,11 +484,13 @@ class Engine:
         if now < self._now:
             raise ValueError(f"now: time went backwards ({now} < {self._now})")
         self._now = now
-        while (self._running or self._waiting) and self._clock <= now:
+        while (self._running or self._waiting or self._loading) and self._clock <= now:
             if not (self.closed_form and self._try_run(now)):
                 self._step()
         if now == math.inf:  # ran to idle: time stands at the last step's end
             self._now = self._clock
+        if self._host is not None:
+            self._host.complete(self._now)
 
     def _step(self) -> None:
         """Schedule and run one step starting at ``self._clock``."""
@@ -429,6 +498,12 @@ class Engine:
         pool = self._pool
         budget = p.max_batched_tokens
         sched: list[tuple[ReqState, int]] = []
+        host = self._host
+        if host is not None:
+            host.complete(self._clock)
+            if self._loading and self._loading[0][0] <= self._clock:
+                self._promote_loads()
+        loads: list[tuple[ReqState, int, int]] = []
         running = self._running
         preempted = False
         i = 0
@@ -449,12 +524,16 @@ class Engine:
             budget -= n
             i += 1
         if not preempted:
-            while self._waiting and len(running) < p.max_num_seqs and budget > 0:
+            while (
+                self._waiting
+                and len(running) + len(self._loading) + len(loads) < p.max_num_seqs
+                and budget > 0
+            ):
                 r = self._waiting[0]
                 plan = self._admit_plan(r, budget)
                 if plan is None:
                     break
-                hit, nhit, n, need = plan
+                hit, nhit, n, need, hend = plan
                 self._waiting.popleft()
                 blocks = r.blocks
                 blocks[:nhit] = hit[:nhit]
@@ -464,30 +543,37 @@ class Engine:
                 r.num_computed = nhit * self.block_size
                 r.num_cached_blocks = nhit
                 if r.cached_tokens < 0:
-                    r.cached_tokens = r.num_computed
+                    r.cached_tokens = max(nhit, hend) * self.block_size
                     self.prefix_cache_queries += r.prompt_len
                     self.prefix_cache_hits += r.num_computed
+                    self.host_hit_tokens += (hend - nhit) * self.block_size
+                if hend > nhit:  # a host hit: loaded after this step's forward (_promote_loads)
+                    loads.append((r, nhit, hend))
+                    continue
                 self._cache_upto(r, r.num_computed + n)
                 running.append(r)
                 sched.append((r, n))
                 budget -= n
+        if loads:
+            assert host is not None
+            at = self._clock
+            if sched:
+                at += self._step_cost(sched)
+            for r, lo, hi in loads:
+                done = host.load(r.hashes[lo:hi].tolist(), at)
+                self._loading.append((done, r, lo, hi))
         if not sched:
             if preempted:
                 return
+            if self._loading:  # nothing to run until a load ends
+                self._clock = max(self._clock, self._loading[0][0])
+                return
             raise RuntimeError("engine made no progress (scheduler invariant broken)")
-        chunks: list[tuple[int, int]] = []
-        batch = 0
-        context = 0
-        for r, n in sched:
-            if n == 1 and r.generated > 0 and r.num_computed == r.num_tokens - 1:
-                batch += 1
-                context += r.num_computed + 1
-            else:
-                chunks.append((n, r.num_computed))
-                self.prompt_tokens_total += n
-        end = self._clock + step_time(p, tuple(chunks), batch, context)
+        end = self._clock + self._step_cost(sched, count=True)
         finished = False
         for r, n in sched:
+            if host is not None:  # write-through: its full prompt blocks, from the next step
+                self._offer_host(r, min(r.num_computed + n, r.prompt_len), end)
             r.num_computed += n
             if r.num_computed == r.num_tokens:
                 r.generated += 1
@@ -502,6 +588,51 @@ class Engine:
             self._running = [r for r in running if r.id in self._by_id]
         self._clock = end
         self.steps += 1
+
+    def _step_cost(self, sched: list[tuple[ReqState, int]], count: bool = False) -> float:
+        """Seconds of the forward pass that runs ``sched`` (``count``: add its prefill tokens
+        to :attr:`prompt_tokens_total`)."""
+        chunks: list[tuple[int, int]] = []
+        batch = 0
+        context = 0
+        for r, n in sched:
+            if n == 1 and r.generated > 0 and r.num_computed == r.num_tokens - 1:
+                batch += 1
+                context += r.num_computed + 1
+            else:
+                chunks.append((n, r.num_computed))
+                if count:
+                    self.prompt_tokens_total += n
+        return step_time(self.profile, tuple(chunks), batch, context)
+
+    def _offer_host(self, r: ReqState, ntokens: int, at: float) -> None:
+        """Offer ``r``'s full blocks within its first ``ntokens`` to the host tier, the copy
+        starting at ``at``; not advanced when the host had no room (offered again next step)."""
+        nfull = ntokens // self.block_size
+        if nfull <= r.host_next:
+            return
+        assert self._host is not None
+        self._hash_upto(r, nfull)
+        if self._host.offer(r.hashes[r.host_next : nfull].tolist(), at):
+            r.host_next = nfull
+
+    def _promote_loads(self) -> None:
+        """Requests whose host load ended by this step's start: their loaded blocks enter the GPU
+        prefix cache (announced on the GPU, as vLLM's ``cache_blocks`` after the load) and they
+        run from the next chunk of their prompt."""
+        host = self._host
+        assert host is not None
+        loading = self._loading
+        i = 0
+        while i < len(loading) and loading[i][0] <= self._clock:
+            _, r, lo, hi = loading[i]
+            host.unpin(r.hashes[lo:hi].tolist())
+            r.num_computed = hi * self.block_size
+            self._cache_upto(r, r.num_computed)
+            r.host_next = max(r.host_next, hi)
+            self._running.append(r)
+            i += 1
+        del loading[:i]
 
     def _decode_run(self, budget_ok: bool = True) -> tuple[int, int, int] | None:
         """(run length limit, batch, context) if the next steps are a pure decode run."""
@@ -570,7 +701,8 @@ class Engine:
         # little early so float rounding can never make it late.
         p = self.profile
         total = n * step_time(p, (), batch, context) + p.decode_e * batch * n * (n - 1) / 2
-        return self._clock + total * (1.0 - 1e-9)
+        end = self._clock + total * (1.0 - 1e-9)
+        return min(end, self._loading[0][0]) if self._loading else end
 
     def _try_run(self, now: float) -> bool:
         """Commit a run of identical decode steps starting at ``self._clock``; False if none."""
@@ -580,10 +712,13 @@ class Engine:
         n, batch, context = run
         p = self.profile
         t = self._clock
+        stop = self._loading[0][0] if self._loading else math.inf  # a load ends: a general step
         k = 0
-        while k < n and t <= now:
+        while k < n and t <= now and t < stop:
             t += step_time(p, (), batch, context + k * batch)
             k += 1
+        if k == 0:
+            return False
         self._apply_run(k, t)
         return True
 

@@ -65,6 +65,7 @@ class ReqState:
         "first_token_at",
         "generated",
         "hashes",
+        "host_next",
         "id",
         "last_token_at",
         "max_tokens",
@@ -97,6 +98,8 @@ class ReqState:
         self.nhashes = 0
         self.num_cached_blocks = 0
         self.cached_tokens = -1
+        self.host_next = 0
+        """Leading full prompt blocks already offered to the host tier (stored or held)."""
 
     @property
     def num_tokens(self) -> int:

@@ -3,7 +3,9 @@
 With ``--kv-events tcp://*:PORT`` (and ``--kv-replay tcp://*:PORT``) the node publishes its
 engine's KV-cache events in vLLM's ZMQ format (:mod:`services.simnode.kvpub`), in the
 ``--kv-encoding`` (``legacy``, ``mapev`` or ``map``) with ``--kv-hash`` ``int`` or ``bytes``
-block hashes.
+block hashes. ``--host-kv F`` gives the engine a host KV tier of ``F`` × its GPU KV with vLLM
+0.32's OffloadingConnector semantics (write-through stores, LRU, asynchronous loads); its blocks
+are published as vLLM publishes them (``medium="CPU"``, placeholder payloads).
 
 Bad arguments exit 2 with one line on stderr.
 """
@@ -45,6 +47,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-hash", choices=KV_HASH_KINDS, default="int")
     p.add_argument("--kv-buffer-steps", type=int, default=DEFAULT_BUFFER_STEPS, metavar="N")
     p.add_argument("--kv-topic", default="", metavar="TOPIC")
+    p.add_argument(
+        "--host-kv",
+        type=float,
+        default=0.0,
+        metavar="F",
+        help="a host KV tier of F x the GPU KV, as vLLM's OffloadingConnector (default 0: none)",
+    )
     return p
 
 
@@ -77,11 +86,13 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[SimNodeConfig, str,
         kv_hash=args.kv_hash,
         kv_buffer_steps=args.kv_buffer_steps,
         kv_topic=args.kv_topic,
+        host_kv=args.host_kv,
     )
     try:
         config.engine_profile()
+        config.host_link()
     except ValueError as exc:
-        parser.error(str(exc))
+        parser.error(str(exc).replace("host_kv:", "--host-kv:", 1))
     return config, args.host, args.port
 
 

@@ -12,6 +12,7 @@ from services.simnode.kvpub import DEFAULT_BUFFER_STEPS, KvHashKind, KvPublisher
 from services.simnode.runner import EngineRunner
 from shared.contracts.kv import KVEncoding
 from shared.core.engine import DEFAULT_PROFILE, PROFILES, Engine, Profile
+from shared.core.tiers import HostLink
 
 __all__ = ["KVPUB_KEY", "NODE_KEY", "SimNodeConfig", "create_app"]
 
@@ -38,6 +39,16 @@ class SimNodeConfig:
     kv_hash: KvHashKind = "int"
     kv_buffer_steps: int = DEFAULT_BUFFER_STEPS
     kv_topic: str = ""
+    host_kv: float = 0.0
+    """A host KV tier of ``host_kv`` × the GPU KV (vLLM's OffloadingConnector, as ``tao sim
+    --host-kv``); 0: none. Its blocks are announced as vLLM announces them (``medium="CPU"``)."""
+
+    def host_link(self) -> HostLink | None:
+        """The node's host tier (``None``: none); ``ValueError`` names a bad factor."""
+        try:
+            return self.engine_profile().host_link(self.host_kv)
+        except ValueError as exc:
+            raise ValueError(f"host_kv: {exc}") from None
 
     def engine_profile(self) -> Profile:
         """The profile with the capacity override applied; ``ValueError`` names a bad value."""
@@ -74,7 +85,12 @@ def create_app(config: SimNodeConfig) -> web.Application:
     """The node's application; the engine driver starts and stops with it."""
     profile = config.engine_profile()
     app = web.Application(middlewares=[_errors])
-    engine = Engine(config.node_id, profile, emit_kv_events=config.kv_events is not None)
+    engine = Engine(
+        config.node_id,
+        profile,
+        emit_kv_events=config.kv_events is not None,
+        host=config.host_link(),
+    )
     runner = EngineRunner(engine, time_scale=config.time_scale, stream_tick_s=config.stream_tick_s)
     node = SimNode(runner, config.node_id, config.model)
     app[NODE_KEY] = node

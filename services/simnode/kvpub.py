@@ -20,10 +20,13 @@ Events (vLLM ``vllm/v1/core/block_pool.py``): ``BlockStored`` for the blocks of 
 that became full together (``parent_block_hash`` ``None`` for a chain's first block, their
 ``token_ids``, ``block_size``, ``medium="GPU"``), ``BlockRemoved([hash])`` per evicted block,
 and ``AllBlocksCleared`` after a successful ``reset_prefix_cache``. The engine model reports one
-``BlockStored`` per block; consecutive ones that chain are merged here into one event, as vLLM
-sends them. Newer vLLM also sets ``group_idx`` and ``kv_cache_spec_kind``; the ``mapev`` and
-``map`` encodings carry ``group_idx=0`` and ``"full_attention"``, the ``legacy`` one leaves them
-out (they did not exist then).
+``BlockStored`` per block; consecutive ones that chain (same medium) are merged here into one
+event, as vLLM sends them. Newer vLLM also sets ``group_idx`` and ``kv_cache_spec_kind``; the
+``mapev`` and ``map`` encodings carry ``group_idx=0`` and ``"full_attention"``, the ``legacy``
+one leaves them out (they did not exist then). A node with a host KV tier (``--host-kv``) also
+sends the engine's host events as vLLM 0.32's OffloadingConnector does: ``medium="CPU"``, a
+store as one placeholder per block (the block's hash, no tokens, no parent, ``block_size`` 0,
+its ``group_idx`` but no kind; ``oevents:337-357@0.32``, docs/kv-tier.md §4).
 
 Block hashes: vLLM names a block by a hash of (parent hash, token ids, extra keys) seeded with
 a per-process ``NONE_HASH`` (sha256 in newer releases) and publishes either those 32 bytes or,
@@ -239,6 +242,7 @@ class KvPublisher:
             if run is not None:
                 hashes, tokens, first = run
                 parent = first.parent_block_hash
+                placeholder = first.block_size == 0  # a host store, as vLLM announces it
                 out.append(
                     BlockStored(
                         block_hashes=hashes,
@@ -249,7 +253,7 @@ class KvPublisher:
                         medium=first.medium or "GPU",
                         lora_name=first.lora_name,
                         group_idx=group,
-                        kv_cache_spec_kind=kind,
+                        kv_cache_spec_kind=None if placeholder else kind,
                     )
                 )
                 run = None
@@ -261,7 +265,8 @@ class KvPublisher:
                     run is not None
                     and tail is not None
                     and e.parent_block_hash == tail
-                    and e.block_size == run[2].block_size
+                    and e.block_size == run[2].block_size > 0
+                    and e.medium == run[2].medium
                     and e.lora_id == run[2].lora_id
                 ):
                     run[0].extend(wire)

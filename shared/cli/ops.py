@@ -76,6 +76,11 @@ def add_ops_parsers(sub: Any) -> None:
         help=f"simnode engine profile, one of {', '.join(sorted(PROFILES))} "
         f"(default {DEFAULT_PROFILE})",
     )  # fmt: skip
+    up.add_argument(
+        "--host-kv", type=float, default=0.0, metavar="F",
+        help="each simnode's host KV tier, F x its GPU KV, as vLLM's OffloadingConnector "
+        "(default 0: none)",
+    )  # fmt: skip
     up.add_argument("--log-dir", metavar="DIR", help="where children log (default: a temp dir)")
     up.set_defaults(run=_cmd_up)
 
@@ -127,6 +132,7 @@ def up_config(args: argparse.Namespace, env: Mapping[str, str]) -> StackConfig:
         time_scale=args.time_scale,
         kv_tokens=args.kv_tokens,
         profile=args.profile,
+        host_kv=args.host_kv,
         log_dir=args.log_dir,
         namespace=settings.namespace,
         domain=settings.domain,
@@ -140,6 +146,12 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         raise OpsError(f"--port: must be in 0..65535, got {args.port}")
     if not args.time_scale > 0:
         raise OpsError(f"--time-scale: must be > 0, got {args.time_scale}")
+    profile = PROFILES.get(args.profile or DEFAULT_PROFILE)
+    if args.host_kv != 0.0 and profile is not None:  # (a bad --profile is told on its own)
+        try:
+            profile.host_link(args.host_kv)
+        except ValueError as exc:
+            raise OpsError(f"--host-kv: {exc}") from None
     if find_running() is not None:
         raise OpsError("another `tao up` is running (see `tao status`); stop it first")
     config = up_config(args, os.environ)

@@ -31,8 +31,9 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
+from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.infra.access import ADMIN, SERVICE_ROLES, Access, read_access_dir, write_access_dir
 from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
 from shared.infra.nodesfile import render_nodes_file
@@ -95,8 +96,17 @@ def simnode_launch(
         cmd += ["--kv-tokens", str(cfg.kv_tokens)]
     if cfg.profile is not None:
         cmd += ["--profile", cfg.profile]
+    host: dict[str, Any] = {}
+    if cfg.host_kv > 0:  # the node file tells the valuation what a host-tier load costs
+        cmd += ["--host-kv", repr(cfg.host_kv)]
+        profile = PROFILES[cfg.profile or DEFAULT_PROFILE]
+        host = {
+            "kv_bytes_per_gpu_token": profile.kv_bytes_per_gpu_token,
+            "h2d_gbs": profile.h2d_bytes_s / 1e9,
+        }
     url = f"http://127.0.0.1:{port}"
-    return cmd, NodeSpec(node_id, url, kv_events=kv, kv_replay=replay, model=SIM_MODEL)
+    spec = NodeSpec(node_id, url, kv_events=kv, kv_replay=replay, model=SIM_MODEL, **host)
+    return cmd, spec
 
 
 class StackError(Exception):
@@ -113,6 +123,8 @@ class StackConfig:
     time_scale: float = 1.0
     kv_tokens: int | None = None
     profile: str | None = None
+    host_kv: float = 0.0
+    """Each simnode's host KV tier, × its GPU KV (``--host-kv``; 0: none)."""
     namespace: str = ""
     domain: str | None = None
     log_dir: str | None = None

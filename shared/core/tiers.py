@@ -32,6 +32,7 @@ __all__ = [
     "HostLink",
     "Tier",
     "host_credit",
+    "load_s_per_token",
     "tier_of",
 ]
 
@@ -90,7 +91,7 @@ class HostLink:
     @property
     def load_s_per_token(self) -> float:
         """Seconds to load one token's KV from the host (H2D)."""
-        return self.bytes_per_token / self.h2d_bytes_s
+        return load_s_per_token(self.bytes_per_token, self.h2d_bytes_s)
 
     def load_s(self, tokens: int) -> float:
         """Seconds the H2D link takes to load ``tokens`` (no queueing)."""
@@ -109,3 +110,16 @@ def host_credit(host_tokens: int, load_s: float, recompute_s: float) -> int:
         return 0
     saved = 1.0 - load_s / recompute_s
     return int(host_tokens * saved) if saved > 0.0 else 0
+
+
+def load_s_per_token(bytes_per_token: int, h2d_bytes_s: float) -> float:
+    """Seconds one GPU's host link takes to load one token's KV: its shard of the token
+    (``bytes_per_token``) over its host→device bandwidth (every rank loads its own in
+    parallel). A live node states both (its nodes-file entry); :class:`HostLink` derives its
+    own the same way."""
+    if bytes_per_token < 1 or not (h2d_bytes_s > 0 and math.isfinite(h2d_bytes_s)):
+        raise ValueError(
+            f"load_s_per_token: bytes_per_token must be >= 1 and h2d_bytes_s finite and > 0, "
+            f"got {bytes_per_token}, {h2d_bytes_s}"
+        )
+    return bytes_per_token / h2d_bytes_s

@@ -12,12 +12,20 @@ One ``[[node]]`` table per inference node::
     capacity_tokens = 524288                      # optional; overrides vllm:cache_config_info
     return_token_ids = false                      # optional; default true (gateway asks for ids)
     domain = "pool-a"                             # optional; scheduling domain (default: any)
+    kv_bytes_per_gpu_token = 131072               # optional; with h2d_gbs: the host KV tier
+    h2d_gbs = 35.2                                # optional; one GPU's host->device GB/s
 
 ``kv_events`` / ``kv_replay`` are the ``endpoint`` / ``replay_endpoint`` of vLLM's
 ``--kv-events-config`` as seen from the scheduler (``tcp://*:5557`` on the engine becomes
 ``tcp://<engine host>:5557`` here). A node without ``kv_events`` gets usage-based residency.
 Unknown keys are errors (a typo must not silently drop a setting); every error names the file,
 the node and the key.
+
+``kv_bytes_per_gpu_token`` and ``h2d_gbs`` (both or neither) say the node's engine keeps KV in a
+host tier (vLLM's OffloadingConnector, docs/kv-tier.md): the KV bytes of one token that one GPU
+holds (its tensor-parallel shard; the whole latent under MLA) and one GPU's host→device
+bandwidth in GB/s (10^9 bytes/s). The valuation prices a prefix found there by the time its load
+takes (:func:`shared.core.tiers.load_s_per_token`); without them a node has no host tier.
 
 ``domain`` names the node's scheduling domain (docs/scale-out.md): each domain's services
 (``TAO_DOMAIN``) see only its own nodes and the nodes that name no domain (:func:`domain_nodes`),
@@ -27,11 +35,14 @@ that domain is called.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
+
+from shared.core.tiers import load_s_per_token
 
 from .errors import ConfigFileError
 from .tomlfile import read_toml, tables
@@ -58,6 +69,7 @@ class NodeSpec:
     model name (scraped from ``/v1/models`` when absent); ``capacity_tokens`` overrides the
     capacity read from ``vllm:cache_config_info``. ``return_token_ids = false`` stops the gateway
     asking the node for token ids (vLLM older than 0.10.2, or a proxy that refuses the field).
+    ``kv_bytes_per_gpu_token`` and ``h2d_gbs``: the node's host KV tier (module docstring).
     """
 
     id: str
@@ -69,6 +81,15 @@ class NodeSpec:
     capacity_tokens: int | None = None
     return_token_ids: bool = True
     domain: str | None = None
+    kv_bytes_per_gpu_token: int | None = None
+    h2d_gbs: float | None = None
+
+    @property
+    def host_load_s_per_token(self) -> float:
+        """Seconds to load one token of a prefix from the node's host KV tier (0: no tier)."""
+        if self.kv_bytes_per_gpu_token is None or self.h2d_gbs is None:
+            return 0.0
+        return load_s_per_token(self.kv_bytes_per_gpu_token, self.h2d_gbs * 1e9)
 
     @property
     def metrics(self) -> str:
@@ -101,6 +122,8 @@ _KEYS: Final = (
     "capacity_tokens",
     "return_token_ids",
     "domain",
+    "kv_bytes_per_gpu_token",
+    "h2d_gbs",
 )
 
 
@@ -158,7 +181,28 @@ def _node(raw: object, index: int) -> NodeSpec:
         if not isinstance(domain, str) or not _ID_RE.fullmatch(domain):
             raise ValueError(f"{where}: domain must match [A-Za-z0-9_-]{{1,128}}, got {domain!r}")
         values["domain"] = domain
+    values.update(_host_tier(raw, where))
     return NodeSpec(**values)
+
+
+def _host_tier(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``kv_bytes_per_gpu_token`` and ``h2d_gbs``, both or neither."""
+    given = [k for k in ("kv_bytes_per_gpu_token", "h2d_gbs") if k in raw]
+    if not given:
+        return {}
+    if len(given) == 1:
+        other = "h2d_gbs" if given[0] == "kv_bytes_per_gpu_token" else "kv_bytes_per_gpu_token"
+        raise ValueError(f"{where}: {given[0]} needs {other} (the host KV tier takes both)")
+    size, gbs = raw["kv_bytes_per_gpu_token"], raw["h2d_gbs"]
+    if not isinstance(size, int) or isinstance(size, bool) or size < 1:
+        raise ValueError(f"{where}: kv_bytes_per_gpu_token must be an integer >= 1, got {size!r}")
+    if (
+        not isinstance(gbs, int | float)
+        or isinstance(gbs, bool)
+        or not (gbs > 0 and math.isfinite(gbs))
+    ):
+        raise ValueError(f"{where}: h2d_gbs must be a number > 0 (GB/s), got {gbs!r}")
+    return {"kv_bytes_per_gpu_token": size, "h2d_gbs": float(gbs)}
 
 
 def domain_nodes(nodes: Iterable[NodeSpec], domain: str) -> tuple[NodeSpec, ...]:
@@ -192,11 +236,11 @@ def load_nodes_file(path: str | Path) -> tuple[NodeSpec, ...]:
         raise NodesFileError(str(path), str(exc)) from None
 
 
-def _toml_value(value: str | int) -> str:
+def _toml_value(value: str | int | float) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
+    if isinstance(value, int | float):
+        return repr(value)
     escaped = value.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
 

@@ -40,6 +40,7 @@ class TestUsageErrors:
             (("up", "--time-scale", "0"), "--time-scale: must be > 0"),
             (("up", "--port", "70000"), "--port: must be in 0..65535"),
             (("up", "--sim-nodes", "-1"), "--sim-nodes: must be >= 0"),
+            (("up", "--host-kv", "-1"), "--host-kv: host KV factor: must be finite and >= 0"),
             (("up", "--policy", "nope"), "--policy: must be one of tao,"),
             (("demo", "--policies", "tao,nope"), "unknown policy 'nope'"),
             (("demo", "--sessions", "0"), "--sessions: must be >= 1"),
@@ -97,6 +98,26 @@ class TestUpListensOnLoopback:
             bound = cmd[cmd.index(flag) + 1]
             assert bound == given == f"tcp://127.0.0.1:{port_}"
         assert spec.url == "http://127.0.0.1:8101"
+
+
+class TestUpHostTier:
+    def test_host_kv_reaches_the_simnode_and_the_nodes_file(self) -> None:
+        """`tao up --host-kv F` gives each simnode its host tier and tells the valuation, in
+        the nodes file, what a host-tier load costs (the profile's bytes and bandwidth)."""
+        from shared.core.engine import DEFAULT_PROFILE, PROFILES
+
+        args = build_up_args()
+        args.host_kv = 4.0
+        cmd, spec = simnode_launch(0, up_config(args, {}), (8101, 8102, 8103))
+        config, _, _ = parse_config(cmd[3:])
+        profile = PROFILES[DEFAULT_PROFILE]
+        assert config.host_kv == 4.0
+        assert config.host_link() == profile.host_link(4.0)
+        assert spec.host_load_s_per_token == pytest.approx(
+            profile.kv_bytes_per_gpu_token / profile.h2d_bytes_s
+        )
+        plain_cmd, plain = simnode_launch(0, up_config(build_up_args(), {}), (8101, 8102, 8103))
+        assert "--host-kv" not in plain_cmd and plain.host_load_s_per_token == 0.0
 
 
 class TestExitReason:

@@ -474,6 +474,8 @@ class TestSimNodeArguments:
             (["--kv-replay", "tcp://*:2"], "--kv-replay: needs --kv-events"),
             (["--kv-events", "5557"], "--kv-events: must be a ZMQ endpoint"),
             (["--kv-events", "tcp://*:1", "--kv-buffer-steps", "0"], "--kv-buffer-steps"),
+            (["--host-kv", "-2"], "--host-kv: host KV factor: must be finite and >= 0"),
+            (["--host-kv", "nan"], "--host-kv: host KV factor"),
         ],
     )
     def test_bad_options(

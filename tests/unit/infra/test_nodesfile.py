@@ -72,6 +72,22 @@ def test_render_round_trips(tmp_path: Path) -> None:
         ('[[node]]\nid = "a"\nurl = "http://x"\nkv_replay = "tcp://x:2"\n', "needs kv_events"),
         ('[[node]]\nid = "a"\nurl = "http://x"\ncapacity_tokens = 0\n', "capacity_tokens"),
         ('[[node]]\nid = "a"\nurl = "http://x"\n[[node]]\nid = "a"\nurl = "http://y"\n', "twice"),
+        (
+            '[[node]]\nid = "a"\nurl = "http://x"\nh2d_gbs = 35.2\n',
+            "h2d_gbs needs kv_bytes_per_gpu_token",
+        ),
+        (
+            '[[node]]\nid = "a"\nurl = "http://x"\nkv_bytes_per_gpu_token = 0\nh2d_gbs = 1\n',
+            "kv_bytes_per_gpu_token must be an integer >= 1",
+        ),
+        (
+            '[[node]]\nid = "a"\nurl = "http://x"\nkv_bytes_per_gpu_token = 8\nh2d_gbs = "x"\n',
+            "h2d_gbs must be a number > 0",
+        ),
+        (
+            '[[node]]\nid = "a"\nurl = "http://x"\nkv_bytes_per_gpu_token = 8\nh2d_gbs = inf\n',
+            "h2d_gbs must be a number > 0",
+        ),
         ("nodes = 1\n", "unknown top-level key(s) 'nodes'"),
         ("[[node]\nid=", "not valid TOML"),
     ],
@@ -129,3 +145,18 @@ class TestDomains:
         path.write_text('[[node]]\nid = "a1"\nurl = "http://a1:8000"\ndomain = "a b"\n')
         with pytest.raises(NodesFileError, match="node 'a1': domain must match"):
             load_nodes_file(path)
+
+
+class TestHostTier:
+    def test_a_node_states_its_host_link(self, tmp_path: Path) -> None:
+        """kv_bytes_per_gpu_token and h2d_gbs give the seconds a host-tier load takes per
+        token (Qwen3-32B on TP2: 128 KiB per GPU over H100's measured 35.2 GB/s)."""
+        text = FULL.replace(
+            "capacity_tokens = 524288", "kv_bytes_per_gpu_token = 131072\nh2d_gbs = 35.2"
+        )
+        a, b = load_nodes_file(_write(tmp_path, text))
+        assert (a.kv_bytes_per_gpu_token, a.h2d_gbs) == (131072, 35.2)
+        assert a.host_load_s_per_token == pytest.approx(131072 / 35.2e9)
+        assert b.host_load_s_per_token == 0.0  # no host tier
+        again = load_nodes_file(_write(tmp_path, render_nodes_file((a, b))))
+        assert again == (a, b)

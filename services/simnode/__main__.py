@@ -48,6 +48,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-buffer-steps", type=int, default=DEFAULT_BUFFER_STEPS, metavar="N")
     p.add_argument("--kv-topic", default="", metavar="TOPIC")
     p.add_argument(
+        "--kv-bind",
+        action="store_true",
+        help="bind --kv-events even on an address vLLM would connect to (tcp://127.0.0.1:P)",
+    )
+    p.add_argument(
         "--host-kv",
         type=float,
         default=0.0,
@@ -86,6 +91,7 @@ def parse_config(argv: Sequence[str] | None = None) -> tuple[SimNodeConfig, str,
         kv_hash=args.kv_hash,
         kv_buffer_steps=args.kv_buffer_steps,
         kv_topic=args.kv_topic,
+        kv_bind=args.kv_bind,
         host_kv=args.host_kv,
     )
     try:

@@ -39,6 +39,9 @@ class SimNodeConfig:
     kv_hash: KvHashKind = "int"
     kv_buffer_steps: int = DEFAULT_BUFFER_STEPS
     kv_topic: str = ""
+    kv_bind: bool = False
+    """Bind the KV-event PUB even on an address vLLM would connect to (``tcp://127.0.0.1:P``:
+    vLLM binds only wildcard, ``::`` and ipc endpoints, ``kv_events.py:449-455@0.32``)."""
     host_kv: float = 0.0
     """A host KV tier of ``host_kv`` × the GPU KV (vLLM's OffloadingConnector, as ``tao sim
     --host-kv``); 0: none. Its blocks are announced as vLLM announces them (``medium="CPU"``)."""
@@ -103,6 +106,7 @@ def create_app(config: SimNodeConfig) -> web.Application:
             hash_kind=config.kv_hash,
             buffer_steps=config.kv_buffer_steps,
             topic=config.kv_topic,
+            bind=config.kv_bind,
         )
         app[KVPUB_KEY] = kvpub
         runner.after_tick = lambda: kvpub.pump(runner)

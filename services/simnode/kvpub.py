@@ -119,6 +119,7 @@ class KvPublisher:
         seed: bytes | None = None,
         data_parallel_rank: int = 0,
         clock: Callable[[], float] = time.time,
+        bind: bool = False,
     ) -> None:
         if encoding not in KV_ENCODINGS:
             known = ", ".join(KV_ENCODINGS)
@@ -129,6 +130,9 @@ class KvPublisher:
         if buffer_steps < 1:
             raise ValueError(f"kv buffer steps: must be >= 1, got {buffer_steps}")
         self.endpoint = endpoint
+        self.bind = bind
+        """Bind the PUB on ``endpoint`` even where vLLM would connect (:func:`binds`): a
+        loopback address, as ``tao up`` gives its simnodes."""
         self.replay_endpoint = replay_endpoint
         self.encoding: KVEncoding = encoding
         self.hash_kind: KvHashKind = hash_kind
@@ -166,7 +170,7 @@ class KvPublisher:
         try:
             pub.set_hwm(self.hwm)
             pub.setsockopt(zmq.LINGER, 0)
-            if binds(self.endpoint):
+            if self.bind or binds(self.endpoint):
                 pub.bind(self.endpoint)
             else:
                 pub.connect(self.endpoint)

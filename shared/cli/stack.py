@@ -91,7 +91,9 @@ def simnode_launch(
     kv, replay = f"tcp://127.0.0.1:{kv_port}", f"tcp://127.0.0.1:{replay_port}"
     cmd = [sys.executable, "-m", "services.simnode", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--node-id", node_id, "--time-scale", repr(cfg.time_scale)]
-    cmd += ["--kv-events", kv, "--kv-replay", replay]
+    # --kv-bind: vLLM (and so the simnode) binds its PUB only on a wildcard address and
+    # connects to any other, and telemetry's SUB connects: on 127.0.0.1 both would connect.
+    cmd += ["--kv-events", kv, "--kv-replay", replay, "--kv-bind"]
     if cfg.kv_tokens is not None:
         cmd += ["--kv-tokens", str(cfg.kv_tokens)]
     if cfg.profile is not None:

@@ -88,6 +88,16 @@ def _policies(text: str) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+def _host_kv(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def _delay(text: str) -> tuple[float, float]:
     lo_s, sep, hi_s = text.partition("-")
     try:
@@ -157,6 +167,11 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--snapshots", type=int, default=0, metavar="K",
         help="capture up to K contended snapshots from the first tao run and compare DP with "
         "short-first on them (written with --out)",
+    )  # fmt: skip
+    p.add_argument(
+        "--host-kv", type=_host_kv, default=0.0, metavar="F",
+        help="give every node a host KV tier of F x its GPU KV (vLLM's OffloadingConnector: "
+        "write-through stores, LRU, async loads over the profile's host link; default 0, none)",
     )  # fmt: skip
     p.add_argument("--budget", type=_positive_int, default=DEFAULT_BUDGET, metavar="STATES",
                    help=f"DP state budget per solve (default {DEFAULT_BUDGET})")  # fmt: skip
@@ -257,7 +272,11 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.domains > args.nodes:
         raise ProblemError("--domains", f"at most --nodes ({args.nodes}), got {args.domains}")
     config = SimConfig(
-        nodes=args.nodes, profile=args.profile, budget=args.budget, domains=args.domains
+        nodes=args.nodes,
+        profile=args.profile,
+        budget=args.budget,
+        domains=args.domains,
+        host_kv=args.host_kv,
     )
     seeds = list(range(args.seeds))
     progress = _Progress(len(seeds) * len(workers) * len(args.policies), sys.stderr, args.quiet)

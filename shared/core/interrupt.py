@@ -51,6 +51,10 @@ class InterruptCandidate:
     remaining_s: float = math.inf
     """Expected remaining seconds of its tool (0 once its end was observed; the hold rule of
     :mod:`shared.core.rules` reads it; ``inf`` when unknown)."""
+    host_tokens: int = 0
+    """Tokens of its context, from the start, that its node's host tier holds."""
+    load_s_per_token: float = 0.0
+    """Its node's host-tier load seconds per token (0: no host tier)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,6 +84,13 @@ class TaoRules:
     evict_requeue_s: float = 0.014
     """The control loop's round trip for the re-admission when the tool returns: debounce, hop,
     value, solve, apply and forward of :class:`shared.sim.des.ControlLatency` (≈ 13.8 ms)."""
+    tier: bool = True
+    """The host KV tier's pricing (docs/internals.md, "Tiered credit"): a prefix a node's host
+    tier holds is credited by the fraction of its recompute its load saves
+    (:func:`shared.core.tiers.host_credit`), and releasing or readmitting a session whose
+    prefix the host holds costs its load, not its recompute (:func:`release_cost_s`,
+    :func:`readmit_horizon_s`). Off (``tao-no-tier``): every tier but the GPU is ignored.
+    Acts only on nodes with a host tier (``NodeView.host_load_s_per_token > 0``)."""
 
 
 DEFAULT_RULES: Final = TaoRules()
@@ -131,6 +138,7 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-prev": replace(HOLD, payback_context=False, demand=True),
     "tao-readmit": replace(HOLD, readmit=True),
     "tao-payback-usable": replace(HOLD, payback_capacity=False),
+    "tao-no-tier": replace(DEFAULT_RULES, tier=False),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
 ``tao-paper``, which switches off every rule, and the variants of ``tao-hold``, the rules before
@@ -165,36 +173,79 @@ def recompute_s(evicted: int, kept: int, rules: TaoRules) -> float:
     return e * (rules.evict_prefill_s + rules.evict_attn_s * (k + e / 2))
 
 
-def release_cost_s(tokens: int, slack: int, running: int, rules: TaoRules) -> float:
+def _refill(
+    tokens: int, kept: int, host_tokens: int, load_s_per_token: float, rules: TaoRules
+) -> tuple[float, float]:
+    """(recompute seconds, load seconds) to make a ``tokens``-long context usable again when
+    its first ``kept`` tokens stay on the GPU and the node's host tier holds its first
+    ``host_tokens``: the host covers what it holds beyond ``kept`` (by its load, or by the
+    recompute where that is faster), the rest is recomputed."""
+    tokens, kept = max(0, tokens), min(max(0, kept), max(0, tokens))
+    loaded = 0
+    if rules.tier and load_s_per_token > 0.0:
+        loaded = max(0, min(tokens, host_tokens) - kept)
+    recomputed = tokens - kept - loaded
+    load = min(loaded * load_s_per_token, recompute_s(loaded, kept, rules))
+    return recompute_s(recomputed, kept + loaded, rules), load
+
+
+def release_cost_s(
+    tokens: int,
+    slack: int,
+    running: int,
+    rules: TaoRules,
+    host_tokens: int = 0,
+    load_s_per_token: float = 0.0,
+) -> float:
     """Expected seconds a release of a ``tokens``-long session costs (the ``evict`` rule):
     the recompute of the tail that the node's unclaimable cache ``slack`` (capacity − reserved −
-    free tokens) cannot keep, times the ``1 + running`` requests it delays, plus the re-queue."""
-    evicted = min(max(0, tokens), max(0, tokens - max(0, slack)))
-    kept = max(0, tokens) - evicted
-    return (1 + max(0, running)) * recompute_s(evicted, kept, rules) + rules.evict_requeue_s
+    free tokens) cannot keep, times the ``1 + running`` requests it delays, plus the re-queue.
+    With a host tier (``tier`` rule) the part of that tail the host holds (``host_tokens`` from
+    the start) costs its load instead, which delays no other request (vLLM loads without
+    stalling a step: docs/kv-tier.md §3)."""
+    kept = max(0, tokens) - min(max(0, tokens), max(0, tokens - max(0, slack)))
+    rec, load = _refill(tokens, kept, host_tokens, load_s_per_token, rules)
+    return (1 + max(0, running)) * rec + load + rules.evict_requeue_s
 
 
-def readmit_horizon_s(tokens: int, rules: TaoRules) -> float:
+def readmit_horizon_s(
+    tokens: int, rules: TaoRules, host_tokens: int = 0, load_s_per_token: float = 0.0
+) -> float:
     """How long before a released session's call returns it must be taken back so that it
     can run when it does (the ``cost`` rule's readiness horizon): the control loop's round
-    trip plus the prefill of its whole context (a released prefix is assumed evicted; a host
-    tier would make this its reload)."""
-    return rules.evict_requeue_s + recompute_s(tokens, 0, rules)
+    trip plus the time to make its whole context usable again (a released prefix is assumed
+    gone from the GPU): its load where the host tier holds it, its prefill where not."""
+    rec, load = _refill(tokens, 0, host_tokens, load_s_per_token, rules)
+    return rules.evict_requeue_s + rec + load
 
 
 def release_net_s(
-    remaining_s: float, tokens: int, slack: int, running: int, rules: TaoRules
+    remaining_s: float,
+    tokens: int,
+    slack: int,
+    running: int,
+    rules: TaoRules,
+    host_tokens: int = 0,
+    load_s_per_token: float = 0.0,
 ) -> float:
     """Seconds a release nets: the room's expected idle time ``remaining_s`` minus
     :func:`release_cost_s` (``inf`` when the remaining time is unknown)."""
     if math.isinf(remaining_s):
         return math.inf
-    return remaining_s - release_cost_s(tokens, slack, running, rules)
+    cost = release_cost_s(tokens, slack, running, rules, host_tokens, load_s_per_token)
+    return remaining_s - cost
 
 
 def release_worth(
-    remaining_s: float, tokens: int, slack: int, running: int, rules: TaoRules
+    remaining_s: float,
+    tokens: int,
+    slack: int,
+    running: int,
+    rules: TaoRules,
+    host_tokens: int = 0,
+    load_s_per_token: float = 0.0,
 ) -> bool:
     """Whether the room of a tool-running session is worth more than releasing it costs:
     the tool's expected remaining seconds exceed :func:`release_cost_s` (always, when unknown)."""
-    return remaining_s > release_cost_s(tokens, slack, running, rules)
+    cost = release_cost_s(tokens, slack, running, rules, host_tokens, load_s_per_token)
+    return remaining_s > cost

@@ -42,6 +42,7 @@ from shared.core.rules import (
 )
 from shared.core.session import Session, admit, release
 from shared.core.signature import set_digest
+from shared.core.tiers import tiered_credits
 from shared.core.valuation import (
     Ineligibility,
     NodeView,
@@ -79,6 +80,10 @@ _OPTIONS = PlanOptions()
 
 Residency = Mapping[str, Mapping[str, tuple[int, float]]]
 """session id → node id → ``(k0, t_obs)``: resident prefix tokens last observed, and when."""
+
+HostResidency = Mapping[str, Mapping[str, int]]
+"""session id → node id → tokens of the session's context, from its start, that the node's host
+KV tier holds now (:mod:`shared.core.tiers`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,8 +232,13 @@ def value_snapshot(
     tick: int = 0,
     params: ValuationParams = _PARAMS,
     rules: TaoRules = PAPER,
+    host: HostResidency | None = None,
 ) -> TickSnapshot:
     """Value the pool and the interrupt candidates at ``now`` (DESIGN 3.1–3.3).
+
+    ``host``: what each node's host KV tier holds of each session (none: no host tier). Under
+    the ``tier`` rule it adds the host credit of :func:`tiered_credits` and prices releases
+    and readmissions by the load (:mod:`shared.core.rules`).
 
     ``rules`` decide the candidates' reservation (the growth rule); every other rule acts in
     :func:`decide`, which reads what the snapshot carries for them (the wait, the last node,
@@ -249,10 +259,21 @@ def value_snapshot(
     marks: dict[str, float | None] = {}
     skipped: dict[str, str] = {}
 
+    load_rate = {nv.id: nv.host_load_s_per_token for nv in nodes} if rules.tier else {}
+    hosted = host if host is not None and any(load_rate.values()) else {}
+
     def credits_of(sid: str) -> dict[str, int]:
-        return decayed_credits(
-            residency.get(sid, {}), now, half_life_s=params.half_life_s, unit=params.credit_unit
-        )
+        gpu = residency.get(sid, {})
+        credits = decayed_credits(gpu, now, half_life_s=params.half_life_s, unit=params.credit_unit)
+        on_host = hosted.get(sid)
+        if on_host:
+            credits = tiered_credits(credits, gpu, on_host, load_rate, rules, params.credit_unit)
+        return credits
+
+    def host_of(sid: str, node: str | None) -> tuple[int, float]:
+        if node is None:
+            return 0, 0.0
+        return hosted.get(sid, {}).get(node, 0), load_rate.get(node, 0.0)
 
     for s in sessions:
         if s.ended:
@@ -264,10 +285,16 @@ def value_snapshot(
         if not pooled and not in_tool:
             continue
         pred = None if s.tool is None else predict_end(s.tool.view(), history, now)
+        host_tokens, load_s = host_of(s.id, s.node if in_tool else s.home)
+        horizon = (
+            readmit_horizon_s(s.tokens, rules, host_tokens, load_s)
+            if rules.cost
+            else params.horizon_s
+        )
         r = readiness(
             ReadinessState(pred, s.probe_mark),
             now,
-            horizon_s=readmit_horizon_s(s.tokens, rules) if rules.cost else params.horizon_s,
+            horizon_s=horizon,
             freshness_s=params.freshness_s,
         )
         marks[s.id] = r.probe_mark
@@ -291,6 +318,8 @@ def value_snapshot(
                     ready=r.r,
                     tokens=s.tokens,
                     remaining_s=0.0 if pred is not None and pred.observed else remaining,
+                    host_tokens=host_tokens,
+                    load_s_per_token=load_s,
                 )
             )
             continue
@@ -446,7 +475,15 @@ def releasable(ic: InterruptCandidate, snapshot: TickSnapshot, rules: TaoRules) 
     if rules.evict:
         slack = 0 if rules.cost else _slack(snapshot, ic.node)
         running = snapshot.running.get(ic.node, 0)
-        return release_worth(ic.remaining_s, ic.tokens, slack, running, rules)
+        return release_worth(
+            ic.remaining_s,
+            ic.tokens,
+            slack,
+            running,
+            rules,
+            ic.host_tokens,
+            ic.load_s_per_token,
+        )
     if rules.hold:
         return ic.remaining_s >= hold_threshold(ic, rules)
     return True
@@ -579,7 +616,9 @@ class _Round:
 
         def key(ic: InterruptCandidate) -> tuple[object, ...]:
             running = snapshot.running.get(ic.node, 0)
-            net = release_net_s(ic.remaining_s, ic.tokens, 0, running, rules)
+            net = release_net_s(
+                ic.remaining_s, ic.tokens, 0, running, rules, ic.host_tokens, ic.load_s_per_token
+            )
             return (-net, *interrupt_key(ic))
 
         return key

@@ -23,8 +23,14 @@ GPU-resident one is worth all its tokens.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import TYPE_CHECKING, Final, Literal
+
+from shared.core.decay import round_to
+
+if TYPE_CHECKING:
+    from shared.core.rules import TaoRules
 
 __all__ = [
     "CPU",
@@ -34,6 +40,7 @@ __all__ = [
     "host_credit",
     "load_s_per_token",
     "tier_of",
+    "tiered_credits",
 ]
 
 Tier = Literal["GPU", "CPU"]
@@ -123,3 +130,33 @@ def load_s_per_token(bytes_per_token: int, h2d_bytes_s: float) -> float:
             f"got {bytes_per_token}, {h2d_bytes_s}"
         )
     return bytes_per_token / h2d_bytes_s
+
+
+def tiered_credits(
+    gpu_credits: Mapping[str, int],
+    gpu: Mapping[str, tuple[int, float]],
+    host: Mapping[str, int],
+    load_s_per_token: Mapping[str, float],
+    rules: TaoRules,
+    unit: int,
+) -> dict[str, int]:
+    """Per-node credit of one session over both tiers: its decayed GPU credit
+    (``gpu_credits``, from the GPU residency ``gpu``: node → ``(k0, t_obs)``) plus, on each node
+    with a host tier (``load_s_per_token`` > 0), the :func:`host_credit` of what the host holds
+    beyond the GPU's ``k0`` (``host``: node → tokens from the start), rounded to ``unit``. The
+    host residency is current evidence (the event stream announces every host store and
+    eviction), so its credit does not decay."""
+    from shared.core.rules import recompute_s  # rules prices with the tiers; no import cycle
+
+    out = dict(gpu_credits)
+    for node, held in host.items():
+        rate = load_s_per_token.get(node, 0.0)
+        k0 = gpu[node][0] if node in gpu else 0
+        extra = held - k0
+        if rate <= 0.0 or extra <= 0:
+            continue
+        credit = host_credit(extra, extra * rate, recompute_s(extra, k0, rules))
+        add = round_to(unit, credit) if credit > 0 else 0
+        if add > 0:
+            out[node] = out.get(node, 0) + add
+    return {node: out[node] for node in sorted(out)}

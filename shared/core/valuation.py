@@ -138,6 +138,9 @@ class NodeView:
     """Tokens of the shared prefixes held once on the node for the sessions admitted there
     (their weights leave them out: :attr:`shared.core.session.Session.shared`); taken off its
     free capacity."""
+    host_load_s_per_token: float = 0.0
+    """Seconds per token to load KV from the node's host tier (:class:`shared.core.tiers.HostLink`
+    ``.load_s_per_token``); 0: the node has no host tier."""
 
 
 @dataclass(frozen=True, slots=True)

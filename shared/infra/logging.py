@@ -12,6 +12,7 @@ from typing import Any, TextIO
 
 import orjson
 import structlog
+import structlog.tracebacks
 from structlog.typing import FilteringBoundLogger
 
 from .settings import LOG_FORMATS, LOG_LEVELS, Settings
@@ -57,10 +58,14 @@ def configure_logging(
     if fmt not in LOG_FORMATS:
         raise ValueError(f"log format must be one of {', '.join(LOG_FORMATS)}, got {fmt!r}")
     name = s.service_name or service
+    # No local variables in tracebacks: a crashing frame's locals hold settings with the NATS
+    # and Redis URLs (passwords included) and auth arguments, which must never reach a log.
     renderer: Any = (
         structlog.processors.JSONRenderer(serializer=_orjson_dumps)
         if fmt == "json"
-        else structlog.dev.ConsoleRenderer(colors=False)
+        else structlog.dev.ConsoleRenderer(
+            colors=False, exception_formatter=structlog.dev.plain_traceback
+        )
     )
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
@@ -69,7 +74,11 @@ def configure_logging(
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if fmt == "json":
-        processors.append(structlog.processors.dict_tracebacks)
+        processors.append(
+            structlog.processors.ExceptionRenderer(
+                structlog.tracebacks.ExceptionDictTransformer(show_locals=False)
+            )
+        )
     processors.append(renderer)
     structlog.configure(
         processors=processors,

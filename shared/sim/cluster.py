@@ -30,6 +30,7 @@ import msgspec
 
 from shared.core.domains import DomainLoad, choose_domain, session_demand
 from shared.core.policies import PlanOptions, Policy, get_policy
+from shared.core.policies.kv_aware import TIER_WEIGHTS
 from shared.core.problem import Candidate, Node, PlanResult, Problem
 from shared.core.session import Session, admit, release, set_probe_mark
 from shared.core.thunder import (
@@ -63,7 +64,7 @@ __all__ = [
     "scheduler",
 ]
 
-ROUTERS = frozenset({"rr", "cache-aware", "kv-aware"})
+ROUTERS = frozenset({"rr", "cache-aware", "kv-aware", "kv-aware-tiered"})
 """Policies simulated as request routers (no pool)."""
 THUNDERAGENT = frozenset({"thunderagent", "thunderagent-ideal"})
 """Policies simulated by the ThunderAgent state machine (:mod:`shared.core.thunder`)."""
@@ -95,6 +96,9 @@ class _Base:
                 reserved=reserved[n],
                 running=sim.engines[n].running,
                 shared=shared[n],
+                host_load_s_per_token=(
+                    0.0 if sim.host_link is None else sim.host_link.load_s_per_token
+                ),
             )
             for n in self.node_ids
         ]
@@ -143,7 +147,12 @@ class RouterScheduler(_Base):
         sim = self.sim
         s = sim.sessions[sid]
         agent = sim.agents[sid]
-        credit = sim.resident_now(sid) if self.policy.name != "rr" else {}
+        if self.policy.name == "rr":
+            credit: dict[str, int] = {}
+        elif self.policy.name == "kv-aware-tiered":
+            credit = sim.resident_now(sid, host_weight=TIER_WEIGHTS["CPU"] / TIER_WEIGHTS["GPU"])
+        else:
+            credit = sim.resident_now(sid)
         cap = usable_capacity(self.node_views()[0])
         nodes = tuple(Node(id=n, free=cap, load=sim.inflight_tokens[n]) for n in sim.node_ids)
         tokens = agent.prompt_len
@@ -287,6 +296,11 @@ class PooledScheduler(_Base):
         nodes = self.node_views()
         started = time.perf_counter()
         residency = {sid: sim.residency(sid, node) for sid, node in involved}
+        host = (
+            {sid: sim.host_residency(sid, node) for sid, node in involved}
+            if sim.host_link is not None and self.rules.tier
+            else None
+        )
         snap = value_snapshot(
             mine,
             nodes,
@@ -296,6 +310,7 @@ class PooledScheduler(_Base):
             tick=self.tick_no,
             params=sim.config.params,
             rules=self.rules,
+            host=host,
         )
         self.tick_no += 1
         if not sim.config.interrupts:

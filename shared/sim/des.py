@@ -108,6 +108,9 @@ class SimConfig:
     """Credit decays from the session's last finish on the node even while the engine still
     holds its prefix (the rule before the event-evidence decay); default: a prefix resident
     now is observed now."""
+    host_kv: float = 0.0
+    """Each node's host KV tier, as a multiple of its GPU KV (``tao sim --host-kv``; vLLM's
+    OffloadingConnector, :mod:`shared.core.engine.host`); 0: none."""
     domains: int = 1
     """Scheduling domains the nodes are split into (:class:`shared.sim.cluster.DomainScheduler`;
     TAO-family policies only: routers and ThunderAgent are domain-less)."""
@@ -134,6 +137,8 @@ class Agent:
     resident: dict[str, tuple[int, int]] = field(default_factory=dict)
     """Per node: (engine's ``evicted_blocks`` then, leading blocks of the session's chain
     known resident then): a lower bound while nothing has been evicted since."""
+    hosted: dict[str, tuple[int, int]] = field(default_factory=dict)
+    """The same for the node's host tier: (its ``evicted`` then, leading blocks ready then)."""
     release: str | None = None
     """Cause of the last release of the session's admission since its previous request
     finished (:meth:`Simulator.note_release`), None if none; goes into the next request's
@@ -168,7 +173,8 @@ class Simulator:
         if config.kv_tokens is not None:
             self.profile = replace(self.profile, kv_tokens=config.kv_tokens)
         self.node_ids = tuple(f"n{i}" for i in range(config.nodes))
-        self.engines = {n: Engine(n, self.profile) for n in self.node_ids}
+        self.host_link = self.profile.host_link(config.host_kv)
+        self.engines = {n: Engine(n, self.profile, host=self.host_link) for n in self.node_ids}
         self.tasks = list(tasks)
         self.oracle = oracle
         self.now = 0.0
@@ -259,6 +265,12 @@ class Simulator:
                 progress(self._done, len(self.tasks))
         self._sample()
         self.result.preemptions = sum(e.num_preemptions for e in self.engines.values())
+        if self.host_link is not None:  # the host tier's work, summed over nodes
+            hosts = [e.host for e in self.engines.values() if e.host is not None]
+            self.counters["host_hit_tokens"] = sum(e.host_hit_tokens for e in self.engines.values())
+            self.counters["host_stored_blocks"] = sum(h.stored_blocks for h in hosts)
+            self.counters["host_evicted_blocks"] = sum(h.evicted for h in hosts)
+            self.counters["host_store_failures"] = sum(h.store_failures for h in hosts)
         self.result.end_time = self.now
         self.result.wall_s = time.perf_counter() - wall
         return self.result
@@ -442,13 +454,49 @@ class Simulator:
                 out[node] = (k0, t_obs if self.config.decay_from_finish else self.now)
         return out
 
-    def resident_now(self, sid: str) -> dict[str, int]:
-        """``{node: tokens}`` of the session's next prompt resident on each node (routers)."""
+    def host_residency(self, sid: str, only: str | None = None) -> dict[str, int]:
+        """``{node: tokens}``: the session's context, from its start, that each node's host tier
+        holds now (what the host tier's KV events tell the telemetry); ``{}`` without a tier."""
+        agent = self.agents.get(sid)
+        if self.host_link is None or agent is None or not agent.served:
+            return {}
+        bs = self.profile.block_size
+        nblocks = agent.ctx // bs
+        out: dict[str, int] = {}
+        for node in agent.served:
+            if only is not None and node != only:
+                continue
+            n = self._host_blocks(agent, node, nblocks) * bs
+            if n > 0:
+                out[node] = n
+        return out
+
+    def _host_blocks(self, agent: Agent, node: str, nblocks: int) -> int:
+        """Leading blocks of the session's first ``nblocks`` ready in ``node``'s host tier; the
+        walk resumes from the last answer while the host evicted nothing since."""
+        eng = self.engines[node]
+        host = eng.host
+        assert host is not None
+        known = agent.hosted.get(node)
+        start = known[1] if known is not None and known[0] == host.evicted else 0
+        hashes = agent.tokens.block_hashes(nblocks, self.profile.block_size)
+        n = eng.host_resident_blocks(hashes, nblocks, min(start, nblocks))
+        agent.hosted[node] = (host.evicted, n)
+        return n
+
+    def resident_now(self, sid: str, host_weight: float = 0.0) -> dict[str, int]:
+        """``{node: tokens}`` of the session's next prompt resident on each node (routers).
+        ``host_weight`` > 0: what a node's host tier holds beyond its GPU run counts that much
+        per token (``kv-aware-tiered``: llm-d's tier weights)."""
         agent = self.agents[sid]
-        nblocks = agent.prompt_len // self.profile.block_size
+        bs = self.profile.block_size
+        nblocks = agent.prompt_len // bs
         out: dict[str, int] = {}
         for node in self.node_ids:
-            k = self._resident_blocks(agent, node, nblocks) * self.profile.block_size
+            k = self._resident_blocks(agent, node, nblocks) * bs
+            if host_weight > 0.0 and self.host_link is not None:
+                h = self._host_blocks(agent, node, nblocks) * bs
+                k += int(host_weight * max(0, h - k))
             if k > 0:
                 out[node] = k
         return out

@@ -122,15 +122,19 @@ class Engine:
         """The host KV tier (read-only use), or ``None``."""
         return self._host
 
-    def host_resident_blocks(self, hashes: Sequence[int] | np.ndarray, stop: int) -> int:
+    def host_resident_blocks(
+        self, hashes: Sequence[int] | np.ndarray, stop: int, start: int = 0
+    ) -> int:
         """Leading blocks of the chain ``hashes[:stop]`` ready in the host tier now (0 without
-        one)."""
+        one). ``start``: blocks the caller knows are ready (an earlier answer with the host's
+        ``evicted`` unchanged since); the walk begins there."""
         host = self._host
         if host is None:
             return 0
         if self._now > -math.inf:
             host.complete(self._now)
-        return host.run(hashes, 0, min(stop, len(hashes)))
+        stop = min(stop, len(hashes))
+        return host.run(hashes, min(start, stop), stop)
 
     @property
     def kv_usage(self) -> float:
@@ -702,7 +706,9 @@ class Engine:
         p = self.profile
         total = n * step_time(p, (), batch, context) + p.decode_e * batch * n * (n - 1) / 2
         end = self._clock + total * (1.0 - 1e-9)
-        return min(end, self._loading[0][0]) if self._loading else end
+        if self._loading:  # a load that ends by the next step's start joins that step
+            return min(end, max(self._loading[0][0], self._clock))
+        return end
 
     def _try_run(self, now: float) -> bool:
         """Commit a run of identical decode steps starting at ``self._clock``; False if none."""

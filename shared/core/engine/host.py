@@ -58,6 +58,7 @@ class HostCache:
         "_pending",
         "_pins",
         "block_size",
+        "evicted",
         "generation",
         "link",
         "loaded_blocks",
@@ -81,6 +82,9 @@ class HostCache:
         self._events: list[KVEvent] = []
         self.generation = 0
         """Bumped whenever what a hit walk sees may change (a block turns ready or leaves)."""
+        self.evicted = 0
+        """Blocks evicted so far (monotone): while it stays the same, a run found ready stays
+        ready (blocks leave only by eviction), so a caller may resume a walk where it ended."""
         self.stored_blocks = 0
         self.loaded_blocks = 0
         self.store_failures = 0
@@ -169,6 +173,7 @@ class HostCache:
 
     def _evict(self, n: int) -> None:
         self.generation += 1
+        self.evicted += n
         lru, pins = self._lru, self._pins
         for _ in range(n):
             h, _ = lru.popitem(last=False)

@@ -23,6 +23,7 @@ BASELINES: dict[str, Callable[[], Policy]] = {
     RoundRobinPolicy.name: RoundRobinPolicy,
     CacheAwarePolicy.name: CacheAwarePolicy,
     KvAwarePolicy.name: KvAwarePolicy,
+    "kv-aware-tiered": lambda: KvAwarePolicy(name="kv-aware-tiered"),
     "thunderagent": ThunderAgentPolicy,
     "thunderagent-ideal": lambda: ThunderAgentPolicy(name="thunderagent-ideal"),
 }

@@ -81,8 +81,18 @@ def kv_aware(
     return route_fcfs(d, pick)
 
 
+TIER_WEIGHTS: dict[str, float] = {"GPU": 1.0, "CPU": 0.8}
+"""Credit per resident block by tier, as llm-d's precise prefix-cache scorer weights them (a
+host-tier hit is worth 0.8 of a GPU hit; docs/kv-tier.md, "Peers' tier credit")."""
+
+
 class KvAwarePolicy:
-    """``kv-aware``: argmin of ``overlap_score_weight × prefill_blocks + decode_blocks``."""
+    """``kv-aware``: argmin of ``overlap_score_weight × prefill_blocks + decode_blocks``.
+
+    ``kv-aware-tiered`` is the same router fed a tiered credit: the simulator credits each
+    node's GPU-resident prefix at :data:`TIER_WEIGHTS` ``["GPU"]`` and what its host tier holds
+    beyond that at ``["CPU"]`` (:meth:`shared.sim.des.Simulator.resident_now`), as llm-d does;
+    the routing cost is Dynamo's either way."""
 
     name = "kv-aware"
 
@@ -90,7 +100,9 @@ class KvAwarePolicy:
         self,
         overlap_score_weight: float = DEFAULT_OVERLAP_SCORE_WEIGHT,
         block_size: int = DEFAULT_BLOCK_SIZE,
+        name: str = "kv-aware",
     ) -> None:
+        self.name = name
         if overlap_score_weight < 0:
             raise ValueError(f"overlap_score_weight: must be >= 0, got {overlap_score_weight}")
         if block_size < 1:

@@ -29,7 +29,9 @@ def _services() -> dict[str, Any]:
 
 
 def _tao(kind: str) -> list[str]:
-    return sorted(n for n, s in _services().items() if s.get("command", [None, None])[1] == kind)
+    return sorted(
+        n for n, s in _services().items() if s.get("command", [None, None])[1:2] == [kind]
+    )
 
 
 def _settings(name: str, nodes_file: Path) -> Settings:
@@ -61,7 +63,7 @@ def test_every_tao_service_parses_and_sees_only_its_domains_nodes(nodes_file: Pa
     names every NATS server and keeps 3 copies of the streams."""
     domains: set[str] = set()
     for name, svc in _services().items():
-        if svc.get("image") != "tao-scheduler:local":
+        if svc.get("image") != "tao-scheduler:local" or name == "keys":  # keys: one-shot
             continue
         s = _settings(name, nodes_file)
         assert s.replicas == 3 and s.nats_url is not None and s.nats_url.count("nats://") == 3
@@ -92,7 +94,7 @@ def test_one_gateway_serves_both_domains(nodes_file: Path) -> None:
     assert s.gateway_domains == ("pool-a", "pool-b")
     assert s.namespace in s.gateway_domains  # its own connection opens no other namespace
     assert {n.domain for n in s.nodes} == {"pool-a", "pool-b"}
-    assert _services()[gateway]["ports"] == ["8000:8000"]
+    assert _services()[gateway]["ports"] == ["${TAO_GATEWAY_HOST_PORT:-8000}:8000"]
 
 
 def test_the_store_is_a_redis_cluster_of_three_masters_with_a_replica_each(
@@ -107,7 +109,7 @@ def test_the_store_is_a_redis_cluster_of_three_masters_with_a_replica_each(
     assert "--cluster create --cluster-replicas 1" in init and "for n in 1 2 3 4 5 6" in init
     assert set(_services()["redis-init"]["depends_on"]) == set(servers)
     for name, svc in _services().items():
-        if svc.get("image") != "tao-scheduler:local" or svc["command"][1] == "simnode":
+        if svc.get("image") != "tao-scheduler:local" or svc["command"][1:2] in ([], ["simnode"]):
             continue
         url = _settings(name, nodes_file).redis_url
         assert url == "redis+cluster://" + ",".join(f"{n}:6379" for n in servers), name
@@ -118,3 +120,21 @@ def test_every_dollar_is_an_interpolation_or_escaped() -> None:
     """Compose reads ``$`` as the start of a variable: a shell ``$`` must be written ``$$``."""
     text = FILE.read_text().replace("$$", "")
     assert not re.findall(r"\$(?![{A-Za-z_])", text)
+
+
+def test_one_build_for_every_tao_container() -> None:
+    """The one-shot `keys` service alone builds the image; every other TAO container names it
+    and never pulls it."""
+    users = {n: s for n, s in _services().items() if s.get("image") == "tao-scheduler:local"}
+    assert {n for n, s in _services().items() if "build" in s} == {"keys"}
+    assert all(s["pull_policy"] == "never" for n, s in users.items() if n != "keys")
+    assert all(s["depends_on"]["keys"] == {"condition": "service_completed_successfully"}
+               for n, s in users.items() if n != "keys" and "depends_on" in s)  # fmt: skip
+
+
+def test_the_gateway_is_ready_after_the_planners_and_needs_its_key() -> None:
+    gateway = _services()["gateway"]
+    assert "/readyz" in " ".join(gateway["healthcheck"]["test"])
+    assert {p for p in gateway["depends_on"] if p.startswith("planner-")} == set(_tao("planner"))
+    assert gateway["environment"]["TAO_GATEWAY_KEY_FILE"] == "/keys/gateway-key"
+    assert gateway["volumes"] == ["tao-keys-gateway:/keys:ro"]

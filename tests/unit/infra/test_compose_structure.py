@@ -34,7 +34,9 @@ KNOWN_SERVICE_PACKAGES = frozenset(
     {"telemetry", "tools", "valuation", "planner", "gateway", "simnode"}
 )
 REQUIRED_ENV = ("TAO_NATS_URL_FILE", "TAO_REDIS_URL_FILE", "TAO_NODES_FILE", "TAO_POLICY")
-ACCESS_DIR = "/keys/access"
+ACCESS_DIR = "/keys/all/access"
+URL_FILES = ("/keys/nats-url", "/keys/redis-url")
+KEYS_SCRIPT = ROOT / "docker" / "keys.sh"
 NODES_TARGET = "/etc/tao/nodes.toml"
 HEALTHY = {"condition": "service_healthy"}
 
@@ -95,6 +97,14 @@ def _settings(name: str) -> Settings:
 def _nodes() -> tuple[NodeSpec, ...]:
     """The node inventory: the `nodes` config mounted at NODES_TARGET."""
     return parse_nodes(tomllib.loads(_compose()["configs"]["nodes"]["content"]))
+
+
+def _keys_command(action: str) -> list[str]:
+    """docker/keys.sh's `tao keys ACTION ...` line (continuations joined), without `tao`."""
+    text = KEYS_SCRIPT.read_text(encoding="utf-8").replace("\\\n", " ")
+    line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"tao keys {action} "))
+    words = shlex.split(line.replace('"$', "$").replace('" ', " "))
+    return [w.strip('"').replace("$all/", "/keys/all/") for w in words[1:]]
 
 
 def _option(command: list[str], flag: str) -> str:
@@ -181,7 +191,7 @@ class TestBrokers:
     def test_nats_runs_jetstream_on_a_named_volume(self) -> None:
         """NATS starts with JetStream, its store on /data, backed by a declared named volume."""
         nats = _service("nats")
-        assert nats["image"].startswith("nats:2.")
+        assert nats["image"] == "${TAO_NATS_IMAGE:-nats:2.10-alpine}"  # base-images.sh
         command = nats["command"]
         assert "-js" in command
         assert _option(command, "-sd") == "/data"
@@ -201,7 +211,7 @@ class TestBrokers:
     def test_redis_healthcheck_pings(self) -> None:
         """Redis is checked with redis-cli ping."""
         redis = _service("redis")
-        assert redis["image"].startswith("redis:7")
+        assert redis["image"] == "${TAO_REDIS_IMAGE:-redis:7-alpine}"
         assert redis["healthcheck"]["test"] == ["CMD", "redis-cli", "ping"]
 
     @pytest.mark.parametrize("name", ["nats", "redis"])
@@ -211,19 +221,20 @@ class TestBrokers:
 
 
 class TestPlacementKeys:
-    """Signed placements by default: a one-shot `keys` service makes the key pair in a named
-    volume; the planner signs with the private half, the gateway trusts the public one."""
+    """Signed placements by default: the one-shot `keys` service (docker/keys.sh) makes the key
+    pair; the planner alone mounts the private half, the gateway the public one."""
 
-    def test_keys_is_a_one_shot_tao_keys_placement(self) -> None:
+    def test_keys_is_a_one_shot_without_network(self) -> None:
         keys = _service("keys")
         assert keys["restart"] == "no" and keys["image"] == IMAGE
-        args = build_parser().parse_args(keys["command"])
+        assert keys["entrypoint"] == ["tao-compose-keys"]
+        assert keys["network_mode"] == "none" and keys["cap_drop"] == ["ALL"]
+        assert "tao-keys:/keys/all" in keys["volumes"]
+        args = build_parser().parse_args(_keys_command("placement"))
         assert (args.command, args.action, args.if_missing) == ("keys", "placement", True)
-        assert keys["volumes"] == ["tao-keys:/keys"]
-        assert "tao-keys" in _compose()["volumes"]
         assert (args.private, args.public) == (
-            "/keys/placement-key.toml",
-            "/keys/placement-keys.toml",
+            "/keys/all/placement-key.toml",
+            "/keys/all/placement-keys.toml",
         )
 
     @pytest.mark.parametrize(
@@ -236,7 +247,8 @@ class TestPlacementKeys:
     def test_planner_signs_and_gateway_verifies(self, name: str, variable: str, path: str) -> None:
         service = _service(name)
         assert _environment(name)[variable] == path
-        assert "tao-keys:/keys:ro" in service["volumes"]
+        assert service["volumes"] == [f"tao-keys-{name}:/keys:ro"]
+        assert f"tao-keys-{name}:/keys/{name}" in _service("keys")["volumes"]
         assert service["depends_on"]["keys"] == {"condition": "service_completed_successfully"}
 
     def test_the_image_lets_its_user_write_the_keys(self) -> None:
@@ -253,15 +265,12 @@ class TestPlacementKeys:
 
 
 class TestAccess:
-    """NATS and Redis check every client by default: the one-shot `access` service writes one
-    user per role into the `tao-keys` volume, the servers load them, and each service reads
-    its own URL (credentials included) from a file there."""
+    """NATS and Redis check every client by default: the one-shot `keys` service runs `tao keys
+    access` into the `tao-keys` volume (which only it mounts) and hands each service its own
+    URL files (credentials included) in a volume of its own, mounted read-only at /keys."""
 
     def _access_args(self) -> Any:
-        service = _service("access")
-        assert service["restart"] == "no" and service["image"] == IMAGE
-        assert service["volumes"] == ["tao-keys:/keys"]
-        args = build_parser().parse_args(service["command"])
+        args = build_parser().parse_args(_keys_command("access"))
         assert (args.command, args.action, args.dir, args.if_missing) == (
             "keys",
             "access",
@@ -273,56 +282,60 @@ class TestAccess:
     def test_access_names_the_compose_servers_and_namespace(self) -> None:
         args = self._access_args()
         assert (args.nats_url, args.redis_url) == ("nats://nats:4222", "redis://redis:6379/0")
-        command = _service("access")["command"]
-        assert command[command.index("--namespace") + 1] == "${TAO_NAMESPACE:-}"
+        assert _keys_command("access")[_keys_command("access").index("--namespace") + 1] == (
+            "$namespace"
+        )
+        assert str(_service("keys")["environment"]["TAO_NAMESPACE"]) == "${TAO_NAMESPACE:-}"
         assert str(_service("telemetry")["environment"]["TAO_NAMESPACE"]) == "${TAO_NAMESPACE:-}"
 
     @pytest.mark.parametrize(
         ("name", "flag", "path"),
-        [
-            ("nats", "-c", f"{ACCESS_DIR}/nats.conf"),
-            ("redis", "--aclfile", f"{ACCESS_DIR}/users.acl"),
-        ],
+        [("nats", "-c", "/keys/nats.conf"), ("redis", "--aclfile", "/keys/users.acl")],
     )
     def test_servers_load_the_users(self, name: str, flag: str, path: str) -> None:
         service = _service(name)
         assert _option(service["command"], flag) == path
-        assert "tao-keys:/keys:ro" in service["volumes"]
-        assert service["depends_on"]["access"] == {"condition": "service_completed_successfully"}
+        assert f"tao-keys-{name}:/keys:ro" in service["volumes"]
+        assert f"tao-keys-{name}:/keys/{name}" in _service("keys")["volumes"]
+        assert service["depends_on"]["keys"] == {"condition": "service_completed_successfully"}
 
     @pytest.mark.parametrize(
         ("name", "role"),
         [*((n, n) for n in CONTROL_PLANE), ("kv-bridge", "ops"), ("demo", "ops")],
     )
     def test_each_client_connects_as_its_role(self, name: str, role: str) -> None:
+        """Its URL files are /keys/nats-url and /keys/redis-url of its role's own volume, which
+        docker/keys.sh fills from that role's files, owned by the service's uid."""
         env = _environment(name)
-        assert env["TAO_NATS_URL_FILE"] == f"{ACCESS_DIR}/{role}.nats-url"
-        assert env["TAO_REDIS_URL_FILE"] == f"{ACCESS_DIR}/{role}.redis-url"
-        assert "tao-keys:/keys:ro" in _service(name)["volumes"]
+        assert (env["TAO_NATS_URL_FILE"], env["TAO_REDIS_URL_FILE"]) == URL_FILES
+        assert _service(name)["volumes"] == [f"tao-keys-{role}:/keys:ro"]
+        script = KEYS_SCRIPT.read_text(encoding="utf-8")
+        assert f"access/{role}.nats-url:nats-url" in script.replace("$name", role)
+        uid = str(_service("keys")["environment"][f"TAO_UID_{role.upper()}"])
+        assert str(_service(name)["user"]).split(":")[0] == uid
+
+    def test_every_service_runs_as_its_own_uid(self) -> None:
+        users = {n: str(_service(n)["user"]).split(":")[0] for n in CONTROL_PLANE}
+        assert len(set(users.values())) == len(users) and "0" not in users.values()
 
     def test_the_access_command_writes_what_the_containers_read(self, tmp_path: Path) -> None:
-        """Run the service's own command (into a temporary folder): every file a container
-        names exists, each URL file names the compose server as its role, nats-server accepts
-        the config (`-t`), and a second run changes nothing."""
+        """Run the script's own `tao keys access` (into a temporary folder): every role's URL
+        files name the compose servers as that role, nats-server accepts the config (`-t`),
+        and a second run changes nothing."""
         from shared.infra.embedded import find_nats_server
 
-        command = list(_service("access")["command"])
+        command = _keys_command("access")
         command[command.index("--dir") + 1] = str(tmp_path)
         command[command.index("--namespace") + 1] = ""
         assert main(command) == 0
-        for name, role in [*((n, n) for n in CONTROL_PLANE), ("demo", "ops")]:
-            env = _environment(name)
-            nats = (tmp_path / Path(env["TAO_NATS_URL_FILE"]).name).read_text().strip()
-            redis = (tmp_path / Path(env["TAO_REDIS_URL_FILE"]).name).read_text().strip()
+        for role in (*CONTROL_PLANE, "ops"):
+            nats = (tmp_path / f"{role}.nats-url").read_text().strip()
+            redis = (tmp_path / f"{role}.redis-url").read_text().strip()
             assert (urlsplit(nats).hostname, urlsplit(nats).port) == ("nats", 4222)
             assert (urlsplit(redis).hostname, urlsplit(redis).port) == ("redis", 6379)
             assert urlsplit(nats).username == urlsplit(redis).username == role
-            assert (
-                Settings.from_env(
-                    {"TAO_NATS_URL_FILE": str(tmp_path / Path(env["TAO_NATS_URL_FILE"]).name)}
-                ).nats_url
-                == nats
-            )
+            env = {"TAO_NATS_URL_FILE": str(tmp_path / f"{role}.nats-url")}
+            assert Settings.from_env(env).nats_url == nats
         checked = subprocess.run(
             [find_nats_server(), "-t", "-c", str(tmp_path / "nats.conf")],
             capture_output=True,
@@ -340,16 +353,21 @@ class TestTaoServices:
 
     @pytest.mark.parametrize("name", [*TAO_SERVICES, "demo"])
     def test_uses_the_one_image(self, name: str) -> None:
-        """The service builds docker/Dockerfile from the repo root and tags the shared image."""
+        """The service runs the shared image and never pulls or builds it: the `keys` service
+        alone builds docker/Dockerfile from the repo root (one build for the stack)."""
         service = _service(name)
         assert service["image"] == IMAGE
-        assert service["build"] == {"context": ".", "dockerfile": "docker/Dockerfile"}
-        assert (ROOT / service["build"]["dockerfile"]).is_file()
+        assert "build" not in service and service["pull_policy"] == "never"
+        build = _service("keys")["build"]
+        assert (build["context"], build["dockerfile"]) == (".", "docker/Dockerfile")
+        assert (ROOT / build["dockerfile"]).is_file()
+        builders = {n for n, s in _compose()["services"].items() if "build" in s}
+        assert builders == {"keys"}
 
     def test_every_container_of_the_image_is_listed(self) -> None:
         """No service outside the known TAO set (and demo, kv-bridge) uses the TAO image."""
         users = {n for n, s in _compose()["services"].items() if s.get("image") == IMAGE}
-        assert users == {*TAO_SERVICES, "demo", "kv-bridge", "keys", "access"}
+        assert users == {*TAO_SERVICES, "demo", "kv-bridge", "keys"}
 
     @pytest.mark.parametrize("name", TAO_SERVICES)
     def test_command_names_a_service_package(self, name: str) -> None:
@@ -380,8 +398,7 @@ class TestTaoServices:
         env = _environment(name)
         assert set(REQUIRED_ENV) <= env.keys()
         assert "TAO_NATS_URL" not in env and "TAO_REDIS_URL" not in env  # no shared credentials
-        assert env["TAO_NATS_URL_FILE"] == f"{ACCESS_DIR}/{name}.nats-url"
-        assert env["TAO_REDIS_URL_FILE"] == f"{ACCESS_DIR}/{name}.redis-url"
+        assert (env["TAO_NATS_URL_FILE"], env["TAO_REDIS_URL_FILE"]) == URL_FILES
         raw_policy = str(_service(name)["environment"]["TAO_POLICY"])
         assert raw_policy == "${TAO_POLICY:-tao}"
 
@@ -443,14 +460,16 @@ class TestGateway:
     def test_publishes_8000_and_listens_on_all_interfaces(self) -> None:
         """Port 8000 is published and the gateway binds 0.0.0.0:8000 inside the container."""
         gateway = _service("gateway")
-        assert "8000:8000" in [str(p) for p in gateway["ports"]]
+        assert "${TAO_GATEWAY_HOST_PORT:-8000}:8000" in [str(p) for p in gateway["ports"]]
         env = _settings("gateway")
         assert (env.gateway_host, env.gateway_port) == ("0.0.0.0", 8000)
 
-    def test_healthcheck_hits_healthz(self) -> None:
-        """The gateway health check GETs /healthz on its own port."""
+    def test_healthcheck_hits_readyz(self) -> None:
+        """The gateway health check GETs /readyz on its own port (ready once a plan round ran),
+        and the gateway starts after the planner."""
         url = urlsplit(_http_check_url(_service("gateway")))
-        assert (url.port, url.path) == (8000, "/healthz")
+        assert (url.port, url.path) == (8000, "/readyz")
+        assert _service("gateway")["depends_on"]["planner"] == {"condition": "service_started"}
 
     def test_only_the_gateway_is_published(self) -> None:
         """No other service of the default stack publishes a host port; the observability
@@ -553,13 +572,16 @@ class TestDockerfile:
         patterns = [
             line.strip().rstrip("/")
             for line in DOCKERIGNORE.read_text(encoding="utf-8").splitlines()
-            if line.strip() and not line.startswith("#") and not line.startswith("!")
+            if line.strip() and not line.startswith("#")
         ]
         for source in _copy_sources():
             path = source.rstrip("/")
             assert (ROOT / path).exists(), f"COPY source {path} does not exist"
-            hits = [p for p in patterns if fnmatch.fnmatch(path, p)]
-            assert not hits, f"COPY source {path} is excluded by .dockerignore {hits}"
+            ignored = False  # the last pattern that matches decides; `!` takes a path back
+            for pattern in patterns:
+                if fnmatch.fnmatch(path, pattern.lstrip("!")):
+                    ignored = not pattern.startswith("!")
+            assert not ignored, f"COPY source {path} is excluded by .dockerignore"
 
     def test_package_data_ships_every_data_file(self) -> None:
         """Every non-Python file under shared/ and services/ is declared package data."""

@@ -39,3 +39,33 @@ class TestJsonLines:
         log.warning("loud")
         lines = [orjson.loads(x) for x in out.getvalue().splitlines()]
         assert [x["event"] for x in lines] == ["loud"]
+
+
+class TestNoSecretsInTracebacks:
+    """A crash's traceback carries no local variables: a frame's locals hold the settings with
+    the NATS and Redis URLs, passwords included (found in a compose run's service_crashed)."""
+
+    @staticmethod
+    def _crash(fmt: str) -> str:
+        import pytest
+
+        out = io.StringIO()
+        configure_logging(Settings(log_format=fmt), service="gateway", stream=out)
+        redis_url = "redis://gateway:s3cret-pw@redis:6379/0"
+        try:
+            raise RuntimeError(f"cannot connect ({len(redis_url)} chars)")
+        except RuntimeError:
+            get_logger("t").exception("service_crashed")
+        text = out.getvalue()
+        if "cannot connect" not in text:
+            pytest.fail(f"the exception is not in the log: {text!r}")
+        return text
+
+    def test_json(self) -> None:
+        text = self._crash("json")
+        line = orjson.loads(text.strip())
+        assert line["exception"][0]["exc_type"] == "RuntimeError"
+        assert "s3cret-pw" not in text
+
+    def test_console(self) -> None:
+        assert "s3cret-pw" not in self._crash("console")

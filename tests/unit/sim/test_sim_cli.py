@@ -102,6 +102,9 @@ class TestUsage:
             (["--nodes", "-1"], "--nodes"),
             (["--nodes", "2", "--domains", "3"], "--domains"),
             (["--domains", "0"], "--domains"),
+            (["--host-kv", "-1"], "--host-kv"),
+            (["--host-kv", "nan"], "--host-kv"),
+            (["--host-kv", "lots"], "--host-kv"),
         ],
     )
     def test_one_line(

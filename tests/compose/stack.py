@@ -1,0 +1,116 @@
+"""One compose project, driven through the ``docker compose`` CLI (the compose tier's helper)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+UP_TIMEOUT_S = 600
+VIOLATION = re.compile(r"permissions? violation|publish violation|subscription violation", re.I)
+ERROR_LINE = re.compile(r'"level":\s*"(error|critical)"')
+
+
+def run(
+    argv: Sequence[str],
+    *,
+    env: dict[str, str] | None = None,
+    timeout: float = 300,
+    check: bool = True,
+    stdin: str | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run a command in the repository root; a failure shows its output."""
+    done = subprocess.run(
+        list(argv),
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        input=stdin,
+        check=False,
+    )
+    if check and done.returncode != 0:
+        raise AssertionError(
+            f"{' '.join(argv)} exited {done.returncode}\n"
+            f"--- stdout\n{done.stdout[-6000:]}\n--- stderr\n{done.stderr[-6000:]}"
+        )
+    return done
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout: float, every: float = 0.5) -> float:
+    """Poll ``condition`` until it holds; the seconds it took, or AssertionError naming ``what``."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"{what}: not within {timeout:g} s")
+        time.sleep(every)
+    return time.monotonic() - start
+
+
+@dataclass
+class ComposeStack:
+    """``docker compose -f FILE -p PROJECT`` with extra environment (interpolated values)."""
+
+    file: Path
+    project: str
+    env: dict[str, str] = field(default_factory=dict)
+
+    def compose(self, *args: str, timeout: float = 300, check: bool = True,
+                profiles: Sequence[str] = ()) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        argv = ["docker", "compose", "-f", str(self.file), "-p", self.project]
+        for profile in profiles:
+            argv += ["--profile", profile]
+        return run([*argv, *args], env=self.env, timeout=timeout, check=check)
+
+    def up(self) -> None:
+        self.compose("up", "--detach", "--wait", "--wait-timeout", str(UP_TIMEOUT_S),
+                     timeout=UP_TIMEOUT_S + 60)  # fmt: skip
+
+    def down(self) -> None:
+        self.compose("--profile", "*", "down", "--volumes", "--remove-orphans", "--timeout", "5",
+                     timeout=300, check=False)  # fmt: skip
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['TAO_GATEWAY_HOST_PORT']}"
+
+    def containers(self, all_: bool = True) -> dict[str, str]:
+        """service name → container id (one container per service here)."""
+        out = self.compose("ps", "--all" if all_ else "--status=running", "--format", "json")
+        rows = [json.loads(line) for line in out.stdout.splitlines() if line.strip()]
+        return {row["Service"]: row["ID"] for row in rows}
+
+    def inspect(self, container: str, template: str) -> str:
+        return run(["docker", "inspect", "-f", template, container]).stdout.strip()
+
+    def restarts(self) -> dict[str, int]:
+        return {s: int(self.inspect(c, "{{.RestartCount}}")) for s, c in self.containers().items()}
+
+    def logs(self, service: str) -> str:
+        return self.compose("logs", "--no-color", "--no-log-prefix", service).stdout
+
+    def exec(self, service: str, *command: str, user: str | None = None,
+             check: bool = False) -> subprocess.CompletedProcess[str]:  # fmt: skip
+        extra = ["--user", user] if user else []
+        return self.compose("exec", "-T", *extra, service, *command, check=check, timeout=60)
+
+    def gateway_key(self) -> str:
+        """The key the gateway checks (docker/keys.sh put it in the gateway's own volume)."""
+        return self.exec("gateway", "cat", "/keys/gateway-key", check=True).stdout.strip()
+
+    def kill_main_process(self, service: str) -> None:
+        """SIGKILL the service's process inside its container (as a crash would): the container
+        exits and its restart policy brings it back (``docker kill`` would count as a stop)."""
+        self.exec(service, "sh", "-c", "kill -KILL -1", check=False)
+
+
+def trouble(text: str) -> list[str]:
+    """The lines of a log that tell of a refused permission or an error."""
+    return [ln for ln in text.splitlines() if VIOLATION.search(ln) or ERROR_LINE.search(ln)]

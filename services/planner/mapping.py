@@ -101,6 +101,8 @@ def to_wire(
             credit=ic.credit,
             signature=WireSignature(session_id=ic.id, version=snapshot.versions.get(ic.id, 0)),
             remaining_s=None if math.isinf(ic.remaining_s) else ic.remaining_s,
+            host_tokens=ic.host_tokens,
+            load_s_per_token=ic.load_s_per_token,
         )
         for ic in snapshot.interrupts
     ]
@@ -188,6 +190,14 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
                 "ValuationSnapshot", f"interrupt_candidates[{i}].signature: names another id"
             )
         versions[ic.id] = ic.signature.version
+        if ic.host_tokens < 0 or not (
+            ic.load_s_per_token >= 0.0 and math.isfinite(ic.load_s_per_token)
+        ):
+            raise DecodeError(
+                "ValuationSnapshot",
+                f"interrupt_candidates[{i}]: host_tokens must be >= 0 and load_s_per_token "
+                f"finite and >= 0, got {ic.host_tokens}, {ic.load_s_per_token}",
+            )
         inter.append(
             core_interrupt.InterruptCandidate(
                 id=ic.id,
@@ -197,6 +207,8 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
                 ready=ic.ready,
                 tokens=ic.tokens,
                 remaining_s=math.inf if ic.remaining_s is None else ic.remaining_s,
+                host_tokens=ic.host_tokens,
+                load_s_per_token=ic.load_s_per_token,
             )
         )
     return TickSnapshot(

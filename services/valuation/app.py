@@ -92,6 +92,11 @@ class Ticker:
         return named
 
 
+def host_links(settings: Settings) -> dict[str, float]:
+    """Each configured node's host-tier load seconds per token (nodes with a host tier only)."""
+    return {n.id: n.host_load_s_per_token for n in settings.nodes if n.host_load_s_per_token > 0}
+
+
 def _standby(leader: Leadership | None) -> bool:
     return leader is not None and not leader.leading
 
@@ -140,6 +145,7 @@ async def run(
         clock=time.time,
         thunderagent=is_thunderagent(settings.policy),
         rules=policy_rules(get_policy(settings.policy)),
+        host_load=host_links(settings),
     )
     counted = await store.rebuild_contexts()  # the context totals, right from here on
     valuator.log.info("contexts_rebuilt", sessions=counted)

@@ -93,7 +93,13 @@ from shared.core.domains import domain_load
 from shared.core.predictor import History
 from shared.core.rules import PAPER, TaoRules
 from shared.core.session import Session, on_end
-from shared.core.tick import Residency, TickSnapshot, node_pressure, value_snapshot
+from shared.core.tick import (
+    HostResidency,
+    Residency,
+    TickSnapshot,
+    node_pressure,
+    value_snapshot,
+)
 from shared.core.valuation import NodeView, ValuationParams
 from shared.infra.busapi import Delivery, MessageBus
 from shared.infra.settings import Settings
@@ -221,6 +227,18 @@ def _idle_end(now: float, timeout_s: float) -> SessionFnWith[bool]:
     return step
 
 
+def with_host_links(views: list[NodeView], load: Mapping[str, float]) -> list[NodeView]:
+    """``views`` with each node's host-tier load seconds per token from ``load`` (absent: no
+    host tier, 0)."""
+    if not load:
+        return views
+    return [
+        v if load.get(v.id, 0.0) == v.host_load_s_per_token
+        else replace(v, host_load_s_per_token=load.get(v.id, 0.0))
+        for v in views
+    ]  # fmt: skip
+
+
 @dataclass(slots=True)
 class Valuator:
     """The valuation service's state across ticks."""
@@ -271,6 +289,11 @@ class Valuator:
     ``None``: a wake-up named none, read every admitted session."""
     shared_cold: bool = True
     """No tick has read every admitted session yet (the next one does)."""
+    host_load: Mapping[str, float] = field(default_factory=dict)
+    """Per node with a host KV tier, seconds to load one token from it (the nodes file's
+    ``kv_bytes_per_gpu_token`` / ``h2d_gbs``, :attr:`NodeSpec.host_load_s_per_token`): set on
+    the node views each tick, with each session's host residency (:meth:`SessionReader.host`)
+    passed to :func:`value_snapshot`."""
 
     def __post_init__(self) -> None:
         if self.reader is None:
@@ -383,21 +406,21 @@ class Valuator:
                 got, _ = await reader.read(ids, "shared", residency=False)
                 self.node_shared.learn(got, now)
         self.shared_cold = False  # (a failed read above leaves it set: the names are lost)
-        views = self.node_shared.views(views, now)
+        views = with_host_links(self.node_shared.views(views, now), self.host_load)
         history = self.history
         stale = self.history_at is None or now - self.history_at >= self.history_every_s
         if history is None or reason != "wake" or stale:
             history = self.history = await self.store.history()
             self.history_at = now
 
-        def value(sessions: list[Session], res: Residency) -> TickSnapshot:
+        def value(sessions: list[Session], res: Residency, host: HostResidency) -> TickSnapshot:
             res = with_evidence(res, evidence)  # credit ages from its latest confirmation
             return value_snapshot(
                 sessions, views, res, history, now, tick=self.tick, params=self.params,
-                rules=self.rules,
+                rules=self.rules, host=host,
             )  # fmt: skip
 
-        snap = value(pool, residency)
+        snap = value(pool, residency, reader.host("pool"))
         sessions = pool
         down = {v.id for v in views if not v.healthy}
 
@@ -419,7 +442,7 @@ class Valuator:
             self.node_shared.learn(tool, now)
             in_tool = {s.id for s in tool}
             tool += [s for s in stranded if s.id not in in_pool and s.id not in in_tool]
-            snap = with_interrupts(snap, value(tool, tool_res))
+            snap = with_interrupts(snap, value(tool, tool_res, reader.host("admitted_tool")))
             sessions = pool + tool
         stored = {s.id: s.probe_mark for s in sessions}
         marks = {sid: m for sid, m in snap.probe_marks.items() if stored.get(sid) != m}

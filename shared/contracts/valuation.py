@@ -94,7 +94,9 @@ class WireInterruptCandidate(Record, frozen=True, kw_only=True):
     Ordered for interruption ascending by (``credit`` on its node, ``ready``, ``tokens``);
     sessions with ``ready == 1`` are never interrupted. Releasing it frees ``weight`` tokens.
     ``remaining_s`` is its tool's expected remaining time (``None`` = unknown), which TAO's
-    hold rule reads.
+    hold rule reads. ``host_tokens``: tokens of its context, from the start, that its node's
+    host KV tier holds; ``load_s_per_token``: that node's host-tier load seconds per token (0:
+    no host tier); the release rule prices a host-held context by its load (``tier`` rule).
     """
 
     id: str
@@ -105,6 +107,8 @@ class WireInterruptCandidate(Record, frozen=True, kw_only=True):
     ready: int = 0
     credit: int = 0
     remaining_s: float | None = None
+    host_tokens: int = 0
+    load_s_per_token: float = 0.0
 
 
 class AdmittedSession(Record, frozen=True, kw_only=True):

@@ -74,6 +74,7 @@ import orjson
 from shared.cli.ops import OpsError
 from shared.cli.stack import Stack, StackConfig, StackError
 from shared.contracts import ToolEnd, ToolStart
+from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.core.policies import POLICY_NAMES
 from shared.infra.access import Access, write_access_dir
 from shared.infra.embedded import EmbeddedServers
@@ -630,6 +631,11 @@ def add_demo_parser(sub: Any) -> None:
         "prefix caches first",
     )
     p.add_argument("--kv-tokens", type=int, default=49_152, help="KV tokens per simnode")
+    p.add_argument(
+        "--host-kv", type=float, default=0.0, metavar="F",
+        help="each simnode's host KV tier, F x its GPU KV, as vLLM's OffloadingConnector "
+        "(default 0: none); the hit rate then counts host-loaded tokens, as vLLM's does",
+    )  # fmt: skip
     p.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
     p.add_argument(
         "--workload", default=DEMO_WORKLOAD, metavar="NAME",
@@ -678,6 +684,11 @@ def _check(args: argparse.Namespace) -> list[str]:
             raise DemoError(f"--{opt.replace('_', '-')}: must be >= 1")
     if not args.time_scale > 0:
         raise DemoError("--time-scale: must be > 0")
+    if args.host_kv != 0.0:
+        try:
+            PROFILES[DEFAULT_PROFILE].host_link(args.host_kv)
+        except ValueError as exc:
+            raise DemoError(f"--host-kv: {exc}") from None
     if not args.tool_scale > 0:
         raise DemoError("--tool-scale: must be > 0")
     args.family_tools = ()
@@ -737,6 +748,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                 policy=policy,
                 time_scale=args.time_scale,
                 kv_tokens=args.kv_tokens,
+                host_kv=args.host_kv,
                 namespace=ns,
                 domain=domain,
                 extra_env={"TAO_NODES_FILE": args.nodes_file} if real else {},

@@ -44,6 +44,7 @@ class TestUsageErrors:
             (("up", "--policy", "nope"), "--policy: must be one of tao,"),
             (("demo", "--policies", "tao,nope"), "unknown policy 'nope'"),
             (("demo", "--sessions", "0"), "--sessions: must be >= 1"),
+            (("demo", "--host-kv", "inf"), "--host-kv: host KV factor: must be finite"),
             (("demo", "--nodes-file", "/nonexistent/nodes.toml"), "--nodes-file: /nonexistent"),
             (("engines", "up", "--block-size", "16"), "--block-size: vLLM's CPU build needs"),
             (("engines", "up", "--max-model-len", "17000"), "--max-model-len: 17000 must be at"),

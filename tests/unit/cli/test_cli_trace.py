@@ -120,7 +120,8 @@ class TestDemoTrace:
     def args(self, trace: str, **kw: object) -> argparse.Namespace:
         ns = argparse.Namespace(policies="tao", sessions=None, turns=None, sim_nodes=2,
                                 kv_tokens=49_152, time_scale=10.0, trace=trace, seed=0,
-                                repeat=1, workload="claude-code", tool_scale=10.0)  # fmt: skip
+                                repeat=1, workload="claude-code", tool_scale=10.0,
+                                host_kv=0.0)  # fmt: skip
         for k, v in kw.items():
             setattr(ns, k, v)
         _check(ns)
@@ -156,7 +157,8 @@ class TestDemoTrace:
         """Without --trace the built-in task keeps its defaults (16 sessions x 6 turns)."""
         ns = argparse.Namespace(policies="tao", sessions=None, turns=None, sim_nodes=2,
                                 kv_tokens=1, time_scale=1.0, trace=None, seed=0,
-                                repeat=1, workload="claude-code", tool_scale=10.0)  # fmt: skip
+                                repeat=1, workload="claude-code", tool_scale=10.0,
+                                host_kv=0.0)  # fmt: skip
         _check(ns)
         assert (ns.sessions, ns.turns, ns.trace_tasks) == (16, 6, None)
         assert _script(3, ns).turns == 6

@@ -623,7 +623,10 @@ class Relay:
         the request's outcome."""
         api, info = turn.api, turn.info
         session_id, request_id, one_turn = turn.session_id, turn.request_id, turn.one_turn
-        done = Forwarded(node_id=node)
+        shown = (
+            turn.client_id if turn.client_id.isascii() and turn.client_id.isprintable() else None
+        )
+        done = Forwarded(node_id=node, session_id=shown or None)
         turn.outcome.forwarded = done
         reported: list[asyncio.Task[bool]] = []
 

@@ -10,8 +10,10 @@
      ``extra_headers``, any client; OpenCode 1.x sends it itself as ``X-Session-Id``);
   4. header ``x-session-affinity`` (OpenCode 1.x, for providers other than its own);
   5. header ``X-SMG-Routing-Key`` (SGLang's model gateway routes a conversation by it);
-  6. header ``session_id`` (Codex CLI: its conversation id on every Responses request,
-     codex-rs/codex-api/src/requests/headers.rs ``build_conversation_headers``);
+  6. header ``session-id``, then ``session_id`` (Codex CLI: its conversation id on every
+     Responses request; 0.171.0 sends ``session-id`` and ``thread-id``, captured by
+     tests/harness; earlier releases ``session_id``, codex-rs/codex-api/src/requests/headers.rs
+     ``build_conversation_headers``);
   7. ``previous_response_id`` (``/v1/responses``): the session of the response it names,
      which the gateway remembers for every response it served (:class:`ResponseIds`);
   8. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field);
@@ -109,7 +111,8 @@ PARENT_HEADER: Final = "x-parent-session-id"
 CLAUDE_AGENT_HEADER: Final = "x-claude-code-agent-id"
 HARNESS_HEADER: Final = "X-TAO-Harness"
 SMG_HEADER: Final = "X-SMG-Routing-Key"
-CODEX_SESSION_HEADER: Final = "session_id"
+CODEX_SESSION_HEADER: Final = "session-id"
+CODEX_LEGACY_SESSION_HEADER: Final = "session_id"
 MAX_HARNESS_CHARS: Final = 128
 MAX_ID_CHARS: Final = 512
 """Longest parent session id read (a subject token's limit, ``subjects.MAX_TOKEN_LEN``)."""
@@ -438,6 +441,7 @@ _ID_HEADERS: Final[tuple[tuple[str, IdSource], ...]] = (
     (AFFINITY_HEADER, "affinity"),
     (SMG_HEADER, "smg"),
     (CODEX_SESSION_HEADER, "codex"),
+    (CODEX_LEGACY_SESSION_HEADER, "codex"),
 )
 _CLAUDE_SOURCES: Final = frozenset({"metadata", "claude_header"})
 
@@ -468,6 +472,7 @@ _READ_HEADERS: Final = (
     AFFINITY_HEADER,
     SMG_HEADER,
     CODEX_SESSION_HEADER,
+    CODEX_LEGACY_SESSION_HEADER,
     PARENT_HEADER,
     CLAUDE_AGENT_HEADER,
     HARNESS_HEADER,

@@ -38,8 +38,24 @@ from services.simnode.tokenizer import TemplateError
 from shared.core.engine import Completion
 
 if TYPE_CHECKING:
-    from services.simnode.handlers import Reply
     from services.simnode.runner import Waiter
+
+
+class Reply(Protocol):
+    """What the model will answer (:class:`services.simnode.handlers.Reply`; not imported:
+    the handlers import this module)."""
+
+    @property
+    def output(self) -> list[int]: ...
+    @property
+    def content_len(self) -> int: ...
+    @property
+    def tool_name(self) -> str | None: ...
+    @property
+    def tool_args(self) -> str | None: ...
+    @property
+    def finish_reason(self) -> str: ...
+
 
 __all__ = ["chat_messages", "response_object", "sse", "stream", "unary", "usage"]
 
@@ -186,7 +202,10 @@ class Answering(Protocol):
     def _finished(self, request: web.Request, waiter: Waiter) -> Awaitable[Completion | None]: ...
 
     def _content_runs(
-        self, request: web.Request, reply: Reply, waiter: Waiter
+        self,
+        request: web.Request,
+        reply: Any,  # the node's own Reply (this Protocol's Reply is what it reads of it)
+        waiter: Waiter,
     ) -> AsyncIterator[tuple[int, int]]: ...
 
 

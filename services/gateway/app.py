@@ -29,7 +29,7 @@ from aiohttp import web
 
 from services._common import serve_forever, store_from
 from services.gateway import hooks
-from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, Api
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api
 from services.gateway.cluster_metrics import cluster_lines
 from services.gateway.domains import DomainRouter
 from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement
@@ -102,6 +102,7 @@ def create_app(
     app.router.add_post("/v1/chat/completions", http.chat_completions)
     app.router.add_post("/v1/completions", http.completions)
     app.router.add_post("/v1/messages", http.messages)
+    app.router.add_post("/v1/responses", http.responses)
     app.router.add_get("/v1/models", http.models)
     app.router.add_delete("/v1/sessions/{session_id}", http.delete_session)
     app.router.add_get("/healthz", http.healthz)
@@ -242,7 +243,7 @@ def create_domains_app(
         text = labelled_union(pages, "domain") + "\n".join(routed) + "\n"
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
-    for api in (CHAT, COMPLETIONS, MESSAGES):
+    for api in (CHAT, COMPLETIONS, MESSAGES, RESPONSES):
         front.router.add_post(api.path, model_endpoint(api))
     front.router.add_get("/v1/models", models)
     front.router.add_delete("/v1/sessions/{session_id}", delete_session)

@@ -5,6 +5,7 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
     POST   /v1/chat/completions   held until admitted, then forwarded (stream or not)
     POST   /v1/completions        same
     POST   /v1/messages           same, Anthropic Messages API (Claude Code; :mod:`.anthropic`)
+    POST   /v1/responses          same, OpenAI Responses API (Codex CLI; :mod:`.openai_responses`)
     GET    /v1/models             union of the nodes' models
     DELETE /v1/sessions/{id}      end a session now: its held requests are answered at once
                                   (409, error type "session_ended", each reported as
@@ -23,8 +24,10 @@ Request headers read by the model endpoints:
 
     X-Session-ID      the session id. First of: (/v1/messages) Claude Code's
                       ``metadata.user_id``, ``X-Claude-Code-Session-Id``, ``X-Session-ID``,
-                      OpenCode's ``x-session-affinity``, the body's ``user``, ``program_id``;
-                      none: a one-turn session under a generated id (:mod:`.requests`)
+                      OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``, Codex's
+                      ``session_id``, (/v1/responses) ``previous_response_id``'s session, the
+                      body's ``user``, ``program_id``; none: the session the conversation
+                      continues, else a new one (:mod:`.requests`, :mod:`.continuation`)
     x-parent-session-id  optional: the session that started this one as a sub-agent
                       (OpenCode), reported as SessionRequest.parent_session_id
     X-TAO-Harness     optional: the agent harness sending the request (set by harness hooks or
@@ -52,7 +55,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from services.gateway.cluster_metrics import cluster_lines
 from services.gateway.relay import Relay
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
@@ -85,6 +88,9 @@ class HttpHandlers:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self.relay.handle(request, MESSAGES)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self.relay.handle(request, RESPONSES)
 
     async def delete_session(self, request: web.Request) -> web.Response:
         caller = self.relay.auth.client(request.headers)
@@ -181,5 +187,8 @@ class BusHandlers:
         self.relay.nodes.update(status)
 
     async def on_session_end(self, end: SessionEnd, delivery: Delivery) -> None:
-        """Whoever ended the session (idle timeout, DELETE, one-turn), its admission is over."""
+        """Whoever ended the session (idle timeout, DELETE, one-turn), its admission is over,
+        and no request continues it by content."""
         self.relay.placements.forget(end.session_id)
+        if self.relay.continuations is not None:
+            self.relay.continuations.forget(end.session_id)

@@ -42,6 +42,11 @@ served by another node than the session's previous turn, read from the gateway's
 ``X-TAO-Node`` answer header, else from the completion id a simnode gives,
 ``chatcmpl-<node>-<n>``; ``-`` when neither names the node), plans applied / discarded.
 
+With ``--identity none`` the sessions send no session id at all (no ``X-Session-ID``, no
+``user``), as a stock ``openai`` client does: the gateway keeps each session together by its
+conversation (services.gateway.continuation) and names it in each answer's
+``X-TAO-Session-Id``, under which the demo reports its tool events and ends it.
+
 With ``--nodes-file FILE`` (``tao engines up`` writes one) the stacks front those real nodes
 instead of simnodes, and each policy's run first empties their prefix caches (vLLM's
 ``POST /reset_prefix_cache``). A real model ignores the scripted replies: it writes
@@ -87,6 +92,7 @@ if TYPE_CHECKING:
 __all__ = ["DemoResult", "add_demo_parser", "demo_table"]
 
 _NODE_HEADER = "X-TAO-Node"  # the gateway names the serving node (services.gateway.proxy)
+_SESSION_HEADER = "X-TAO-Session-Id"  # ... and the session it served the turn in
 
 _WORDS = [
     "the",
@@ -338,6 +344,8 @@ class _Turn:
     tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
     content: list[str] = field(default_factory=list)
     served: str | None = None
+    session: str | None = None
+    """The session the gateway served the turn in (``X-TAO-Session-Id``)."""
 
     def message(self) -> dict[str, Any]:
         """The assistant message for the next request's history."""
@@ -359,16 +367,18 @@ async def _stream_turn(
 ) -> _Turn:
     """Send one chat request of session ``sid`` (scripted by ``reply``) and read its stream."""
     turn = _Turn(sent=time.monotonic())
+    named = getattr(args, "identity", "header") == "header"
     raw = await client.chat.completions.with_raw_response.create(
         model=args.model,
         messages=messages,
         stream=True,
         stream_options={"include_usage": True},
         max_tokens=reply["output_tokens"],
-        extra_headers={"X-Session-ID": sid},
+        extra_headers={"X-Session-ID": sid} if named else {},
         extra_body={"tao_script": reply},
     )
     turn.served = raw.headers.get(_NODE_HEADER)
+    turn.session = raw.headers.get(_SESSION_HEADER)
     stream = raw.parse()
     async for chunk in stream:
         turn.served = turn.served or served_by(getattr(chunk, "id", None))
@@ -466,6 +476,8 @@ async def _session(
                 "arguments": {"command": f"pytest -k t{turn}"},
             }
         answer = await _stream_turn(client, args, sid, messages, reply)
+        if getattr(args, "identity", "header") == "none" and answer.session:
+            sid = answer.session  # the gateway found the session by the conversation
         node = _count_turn(result, answer, node, tool_end_at)
         messages.append(answer.message())
         if last:
@@ -648,6 +660,12 @@ def add_demo_parser(sub: Any) -> None:
         "--repeat", type=int, default=1, metavar="N",
         help="run every policy N times, interleaved, repeat r on workload seed --seed + r; "
         "the table shows mean ± sd and each policy's paired difference to the first",
+    )  # fmt: skip
+    p.add_argument(
+        "--identity", choices=("header", "none"), default="header",
+        help="how each session names itself: header (X-Session-ID, the default) or none (no "
+        "id at all, as a stock openai client sends: the gateway keeps the session by the "
+        "conversation's content; tool events go under the session id its answers name)",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(

@@ -48,6 +48,9 @@ message names the variable, what is wrong and what was given
 | TAO_PLACEMENT_KEYS        | (unset)   | gateway: trusted placement keys; set, unsigned, forged  |
 |                           |           | or expired placements are rejected and counted          |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
+| TAO_CONTINUATION_SESSIONS | 100000    | unnamed sessions the gateway remembers per tenant to    |
+|                           |           | join their continuations by content (>= 0, 0: off: a    |
+|                           |           | request with no id is then a one-turn session)          |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_INSTANCE              | (host)    | this replica's name in leader election (lease.py);      |
 |                           |           | default `<hostname>-<service>`; unique per replica      |
@@ -146,6 +149,7 @@ class Settings:
     placement_key: str | None = None
     placement_keys: str | None = None
     idle_timeout_s: float = 300.0
+    continuation_sessions: int = 100_000
     service_name: str | None = None
     instance: str | None = None
     lease_ttl_s: float = 2.0
@@ -401,6 +405,7 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "placement_key": ("TAO_PLACEMENT_KEY", _text),
     "placement_keys": ("TAO_PLACEMENT_KEYS", _text),
     "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
+    "continuation_sessions": ("TAO_CONTINUATION_SESSIONS", _integer(lo=0)),
     "service_name": ("TAO_SERVICE_NAME", _name),
     "instance": ("TAO_INSTANCE", _name),
     "lease_ttl_s": ("TAO_LEASE_TTL_S", _lease_ttl),

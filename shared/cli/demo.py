@@ -33,6 +33,16 @@ result (or, after a turn without a tool, a user message) adds the next turn's re
 growth. Arrivals and tool durations are divided by ``--time-scale``, as the simnodes' engine
 time is; ``--sessions`` / ``--turns`` cap the sessions replayed and the turns per session.
 
+No policy is timed on a cold stack: before its timed sessions, each run warms its stack
+(:func:`_warm_up`, whose requests are neither timed nor counted). Its stack was already ready
+when it started (the planner's kernels loaded and planning: ``/readyz``); the warm-up then sends
+short one-turn requests, a round at a time, until every node has served one (the simnodes'
+block-pool kernels load at a node's first request), so each request was also admitted by a
+plan round. The planner counters are read after the warm-up and reported as the difference.
+It prints one line per run (``warmed up: N requests, nodes ..., X s, not timed``) and the JSON
+rows carry ``warmup_requests`` / ``warmup_nodes`` / ``warmup_s``; so the first column is never
+penalised for running first.
+
 Measured per policy (all from the client side, except the planner counters, read from Redis):
 tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), tool end → first
 token mean (the time from reporting the tool's end to the next call's first token), prefix cache
@@ -155,6 +165,11 @@ class DemoResult:
     wall_s: float = 0.0
     repeat: int = 0
     """Which of ``--repeat`` runs this is (0-based; its workload seed is ``--seed`` + it)."""
+    warmup_requests: int = 0
+    """Untimed requests sent before the timed sessions (:func:`_warm_up`)."""
+    warmup_nodes: list[str] = field(default_factory=list)
+    """The nodes that served a warm-up request (by the gateway's node header)."""
+    warmup_s: float = 0.0
 
     def row(self) -> dict[str, Any]:
         """The table row / JSON object of this run."""
@@ -162,6 +177,7 @@ class DemoResult:
             "policy": self.policy,
             "tasks_done": self.tasks_done,
             "sessions": self.sessions,
+            "turns": len(self.ttfts),
             "latency_mean_s": _mean(self.latencies),
             "latency_p99_s": _p99(self.latencies),
             "ttft_mean_s": _mean(self.ttfts),
@@ -181,6 +197,9 @@ class DemoResult:
             "errors": len(self.errors),
             "wall_s": self.wall_s,
             "repeat": self.repeat,
+            "warmup_requests": self.warmup_requests,
+            "warmup_nodes": self.warmup_nodes,
+            "warmup_s": self.warmup_s,
         }
 
 
@@ -502,6 +521,8 @@ class Target:
     redis_url: str | None
     namespace: str = ""
     domain: str = "default"
+    nodes: int = 0
+    """How many nodes the warm-up should see serve (0: unknown, one round)."""
 
 
 class _NoBus:
@@ -531,6 +552,16 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as http:
         models = await _wait_for_models(client, args.model)
         args.model = args.model or models[0]
+        await _warm_up(client, args, http, target, result)
+        before: dict[str, Any] = {}
+        if target.redis_url:
+            before = await _planner_stats(target.redis_url, target.domain)
+        if not args.json:
+            nodes = ", ".join(result.warmup_nodes) or "not named"
+            sys.stderr.write(
+                f"tao demo: {policy}: warmed up: {result.warmup_requests} requests, nodes "
+                f"{nodes}, {result.warmup_s:.1f} s, not timed\n"
+            )
         began = time.monotonic()
         ticker = asyncio.create_task(_progress(result, began, args))
         try:
@@ -548,8 +579,54 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
     await client.close()
     await bus.drain()
     if target.redis_url:
-        result.planner = await _planner_stats(target.redis_url, target.domain)
+        result.planner = counted_since(
+            await _planner_stats(target.redis_url, target.domain), before
+        )
     return result
+
+
+WARMUP_ROUNDS = 6
+"""Rounds of warm-up requests at most (:func:`_warm_up`)."""
+
+
+async def _warm_up(
+    client: Any, args: argparse.Namespace, http: Any, target: Target, result: DemoResult
+) -> None:
+    """Warm the stack before the timed sessions: rounds of concurrent one-turn requests (two
+    per node not yet seen), each its own session, ended at once, until every node has served
+    one (at most :data:`WARMUP_ROUNDS`; one round when the node count is unknown). Recorded in
+    ``result.warmup_*``; nothing of it is timed or counted in the results."""
+    t0 = time.monotonic()
+    served: set[str] = set()
+    tag = uuid.uuid4().hex[:8]
+    for rnd in range(WARMUP_ROUNDS):
+        want = max(1, target.nodes - len(served))
+        sids = [f"warmup-{tag}-{rnd}-{i}" for i in range(2 * want)]
+        reply = {"output_tokens": 4, "tool_call": None}
+        turns = await asyncio.gather(
+            *(
+                _stream_turn(client, args, sid, [{"role": "user", "content": "warm up"}], reply)
+                for sid in sids
+            )
+        )
+        for sid in sids:
+            async with http.delete(f"{target.gateway_url}/v1/sessions/{sid}") as resp:
+                resp.raise_for_status()
+        result.warmup_requests += len(sids)
+        served.update(t.served for t in turns if t.served is not None)
+        if target.nodes <= 0 or len(served) >= target.nodes:
+            break
+    result.warmup_nodes = sorted(served)
+    result.warmup_s = time.monotonic() - t0
+
+
+def counted_since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The planner counters of ``after`` less those of ``before`` (the warm-up's); other
+    values (methods, solve-time percentiles) as ``after`` has them."""
+    return {
+        k: v - before[k] if isinstance(v, int) and isinstance(before.get(k), int) else v
+        for k, v in after.items()
+    }
 
 
 PROGRESS_S = 5.0
@@ -753,7 +830,12 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                         )
                         out.flush()
                     target = Target(
-                        stack.gateway_url, stack.nats_for("ops"), stack.redis_for("ops"), ns, domain
+                        stack.gateway_url,
+                        stack.nats_for("ops"),
+                        stack.redis_for("ops"),
+                        ns,
+                        domain,
+                        nodes=len(stack.node_urls) or len(real),
                     )
                     result = asyncio.run(_drive(target, args, policy))
                     result.repeat = rep

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from shared.cli.demo import DemoResult, add_demo_parser, demo_table, served_by
+from shared.cli.demo import DemoResult, add_demo_parser, counted_since, demo_table, served_by
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -144,3 +144,16 @@ class TestMeasuredLoad:
         from shared.cli.main import main
 
         assert main(["demo", *argv]) == 2
+
+
+class TestWarmUpCounters:
+    def test_the_warm_ups_plans_are_not_the_runs(self) -> None:
+        """Planner counters are reported less the warm-up's; other values as read."""
+        before = {"plans_applied": 3, "ticks": 10, "solve_ms": {"n": 3}}
+        after = {"plans_applied": 20, "ticks": 50, "solve_ms": {"n": 40}, "fallbacks": 0}
+        assert counted_since(after, before) == {
+            "plans_applied": 17,
+            "ticks": 40,
+            "solve_ms": {"n": 40},
+            "fallbacks": 0,
+        }

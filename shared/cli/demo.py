@@ -52,6 +52,9 @@ served by another node than the session's previous turn, read from the gateway's
 ``X-TAO-Node`` answer header, else from the completion id a simnode gives,
 ``chatcmpl-<node>-<n>``; ``-`` when neither names the node), plans applied / discarded.
 
+The clients send ``TAO_GATEWAY_KEY`` (or ``TAO_GATEWAY_KEY_FILE``'s content) as their key, for
+a gateway that asks for one (``--against`` a compose gateway, which listens beyond loopback).
+
 With ``--nodes-file FILE`` (``tao engines up`` writes one) the stacks front those real nodes
 instead of simnodes, and each policy's run first empties their prefix caches (vLLM's
 ``POST /reset_prefix_cache``). A real model ignores the scripted replies: it writes
@@ -73,7 +76,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
@@ -543,13 +546,16 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
     from shared.infra.bus import Bus
 
     result = DemoResult(policy=policy, sessions=args.sessions)
+    key = gateway_key(os.environ)
     bus: Any = _NoBus()
     if target.nats_url:
         bus = await Bus.connect(target.nats_url, name="tao-demo", namespace=target.namespace)
     client = openai.AsyncOpenAI(
-        base_url=f"{target.gateway_url}/v1", api_key="tao-demo", max_retries=2, timeout=300.0
+        base_url=f"{target.gateway_url}/v1", api_key=key, max_retries=2, timeout=300.0
     )
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as http:
+    timeout = aiohttp.ClientTimeout(total=30.0)
+    auth = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession(timeout=timeout, headers=auth) as http:
         models = await _wait_for_models(client, args.model)
         args.model = args.model or models[0]
         await _warm_up(client, args, http, target, result)
@@ -583,6 +589,20 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
             await _planner_stats(target.redis_url, target.domain), before
         )
     return result
+
+
+def gateway_key(env: Mapping[str, str]) -> str:
+    """The key the demo's clients send: ``TAO_GATEWAY_KEY``, else the content of
+    ``TAO_GATEWAY_KEY_FILE`` (a gateway beyond loopback asks for it, as compose's does), else
+    a placeholder (a gateway on loopback asks for none)."""
+    key = env.get("TAO_GATEWAY_KEY", "").strip()
+    path = env.get("TAO_GATEWAY_KEY_FILE", "").strip()
+    if not key and path:
+        try:
+            key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise DemoError(f"TAO_GATEWAY_KEY_FILE: cannot read {path} ({exc})") from None
+    return key or "tao-demo"
 
 
 WARMUP_ROUNDS = 6

@@ -12,7 +12,10 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
                                   SessionCancel reason "session_ended"), then SessionEnd is
                                   published; 200 with
                                   {"id", "object": "session.deleted", "deleted": true}
-    GET    /healthz               {"status": "ok", "gateway_id", "held", "admitted"}
+    GET    /healthz               liveness: {"status": "ok", "gateway_id", "held", "admitted"}
+    GET    /readyz                readiness (:mod:`.ready`): 200 {"status": "ready", ...} once
+                                  the planner is warm and planning and a node is healthy,
+                                  else 503 {"status": "not_ready", "reason", ...}
     GET    /metrics               Prometheus text
 
 A model request's body is read in one place (:func:`.requests.read_body`): one that is not
@@ -57,11 +60,12 @@ from aiohttp import web
 
 from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from services.gateway.cluster_metrics import cluster_lines
+from services.gateway.ready import readiness
 from services.gateway.relay import Relay
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
 from shared.infra.busapi import Delivery
 
-__all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
+__all__ = ["BusHandlers", "HttpHandlers", "decode_placement", "ready_response"]
 
 MODELS_TIMEOUT_S = 2.0
 
@@ -72,6 +76,15 @@ def decode_placement(data: bytes) -> Placement:
     if placement.kind == "admit" and not placement.node_id:
         raise DecodeError("Placement", "admit without node_id")
     return placement
+
+
+def ready_response(gateway_id: str, reason: str | None, detail: dict[str, object]) -> web.Response:
+    """``/readyz``'s answer: 200 ready, or 503 with the ``reason``."""
+    body: dict[str, object] = {"status": "ready" if reason is None else "not_ready"}
+    if reason is not None:
+        body["reason"] = reason
+    body.update(gateway_id=gateway_id, **detail)
+    return web.json_response(body, status=200 if reason is None else 503)
 
 
 class HttpHandlers:
@@ -112,6 +125,11 @@ class HttpHandlers:
                 "admitted": relay.placements.admitted_count(),
             }
         )
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        relay = self.relay
+        reason, detail = await readiness(relay.stored.store, relay.clock())
+        return ready_response(relay.settings.gateway_id, reason, detail)
 
     async def metrics(self, request: web.Request) -> web.Response:
         cluster = await cluster_lines(self.relay.stored.store)

@@ -204,7 +204,9 @@ class Relay:
         store: StateStore | None = None,
         store_recheck_s: float = STORE_RECHECK_S,
         token_ids: TokenIdNodes | None = None,
+        key: str | None = None,
     ) -> None:
+        """``key``: the gateway's own key (:mod:`.gatewaykey`), ``None`` without one."""
         self.settings = settings
         self.bus = bus
         self.nodes = nodes
@@ -229,7 +231,11 @@ class Relay:
         )
         self.response_ids = ResponseIds(ttl_s=settings.idle_timeout_s)
         self.auth = Auth.from_file(
-            settings.tenants_file, settings.node_api_key, clock, self._invalid("tenants_file")
+            settings.tenants_file,
+            settings.node_api_key,
+            clock,
+            self._invalid("tenants_file"),
+            key=key,
         )
         self.verifier = (
             None
@@ -557,7 +563,7 @@ class Relay:
         tenant = caller.tenant
         if tenant is None or tenant.max_held is None:
             return False
-        held = self._held_by.get(tenant.name, 0)
+        held = self._held_by.get(caller.name, 0)
         return held >= tenant.max_held and self.placements.node_of(session_id) is None
 
     async def _held(self, turn: Turn) -> str | Answered:

@@ -100,6 +100,7 @@ __all__ = [
     "parent_session",
     "parse_body",
     "read_body",
+    "read_json",
     "session_identity",
     "upstream_body",
 ]
@@ -248,6 +249,12 @@ def parse_body(raw: object) -> dict[str, Any]:
 def read_body(data: bytes) -> dict[str, Any]:
     """Decode and check a model request's body (module docstring, "Body"): the object, or
     :class:`BadRequest` naming what is wrong and where."""
+    return parse_body(read_json(data))
+
+
+def read_json(data: bytes) -> object:
+    """``data`` as strict JSON nesting at most :data:`MAX_BODY_DEPTH` levels (a model request's
+    or a hook's body), or :class:`BadRequest` naming what is wrong and where."""
     try:
         tree = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -257,7 +264,7 @@ def read_body(data: bytes) -> dict[str, Any]:
         if path is not None:
             path.reverse()
             raise BadRequest(_TOO_DEEP + _at(path))
-    return parse_body(tree)
+    return tree
 
 
 def _deeper(node: object, room: int) -> list[str | int] | None:

@@ -39,7 +39,14 @@ message names the variable, what is wrong and what was given
 | TAO_RETRY_AFTER_S         | 2         | Retry-After sent with the 503, s (> 0)                  |
 | TAO_MAX_BODY_BYTES        | 33554432  | largest request body the gateway reads (413 beyond it)  |
 | TAO_TENANTS_FILE          | (unset)   | tenants, API keys, hook tokens (TOML; tenants.py): set, |
-|                           |           | the gateway requires keys; unset, it trusts everyone    |
+|                           |           | the gateway requires tenants' keys; unset: below        |
+| TAO_GATEWAY_AUTH          | auto      | auto: a key is needed when the gateway listens beyond   |
+|                           |           | loopback (no tenants file); on: always; off: never      |
+| TAO_GATEWAY_KEY           | (unset)   | the key clients and hooks present (gatewaykey.py)       |
+| TAO_GATEWAY_KEY_FILE      | (unset)   | file holding TAO_GATEWAY_KEY; neither set: generated    |
+|                           |           | once into TAO_STATE_DIR/gateway.key (0600), printed once|
+| TAO_STATE_DIR             | (below)   | the gateway's state; default $XDG_STATE_HOME/tao or     |
+|                           |           | ~/.local/state/tao                                      |
 | TAO_HOOK_RATE             | 20        | hook posts per second per session at the gateway (> 0)  |
 | TAO_HOOK_BURST            | 200       | hook posts a session may send at once (429 beyond)      |
 | TAO_NODE_API_KEY          | (unset)   | sent to the nodes as `Authorization: Bearer` (vLLM      |
@@ -97,6 +104,7 @@ from .redisconn import CLUSTER_SCHEMES, is_cluster_url, startup_nodes
 from .shard import ONE, Shard, parse_shard
 
 __all__ = [
+    "GATEWAY_AUTH",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "URL_FILES",
@@ -109,6 +117,7 @@ __all__ = [
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
+GATEWAY_AUTH: Final = ("auto", "on", "off")
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_-]{0,64}")
 
@@ -143,6 +152,10 @@ class Settings:
     retry_after_s: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
     tenants_file: str | None = None
+    gateway_auth: str = "auto"
+    gateway_key: str | None = field(default=None, repr=False)
+    gateway_key_file: str | None = None
+    state_dir: str | None = None
     hook_rate: float = 20.0
     hook_burst: int = 200
     node_api_key: str | None = None
@@ -399,6 +412,10 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "retry_after_s": ("TAO_RETRY_AFTER_S", _POSITIVE),
     "max_body_bytes": ("TAO_MAX_BODY_BYTES", _integer(lo=1024)),
     "tenants_file": ("TAO_TENANTS_FILE", _text),
+    "gateway_auth": ("TAO_GATEWAY_AUTH", _choice(GATEWAY_AUTH)),
+    "gateway_key": ("TAO_GATEWAY_KEY", _text),
+    "gateway_key_file": ("TAO_GATEWAY_KEY_FILE", _text),
+    "state_dir": ("TAO_STATE_DIR", _text),
     "hook_rate": ("TAO_HOOK_RATE", _POSITIVE),
     "hook_burst": ("TAO_HOOK_BURST", _integer(lo=1)),
     "node_api_key": ("TAO_NODE_API_KEY", _text),

@@ -10,10 +10,15 @@ api            path                       errors      session id                
 chat           ``/v1/chat/completions``   OpenAI      headers, then user, program_id  asked
 completions    ``/v1/completions``        OpenAI      headers, then user, program_id  asked
 messages       ``/v1/messages``           Anthropic   ``metadata.user_id``, then chat  no
+responses      ``/v1/responses``          OpenAI      headers, ``previous_response_id``,  no
+                                                      then user, program_id
 =============  =========================  ==========  ==============================  =========
 
-The headers are ``X-Claude-Code-Session-Id``, ``X-Session-ID`` and ``x-session-affinity``, in
-that order (:mod:`.requests`, which also reads the parent session and the harness).
+The headers are ``X-Claude-Code-Session-Id``, ``X-Session-ID``, ``x-session-affinity``,
+``X-SMG-Routing-Key`` and Codex's ``session_id``, in that order (:mod:`.requests`, which also
+reads the parent session and the harness). With none of them, chat, messages and responses
+requests join the session their conversation continues (:meth:`Api.items`,
+:mod:`.continuation`).
 """
 
 from __future__ import annotations
@@ -32,6 +37,13 @@ from services.gateway.anthropic import (
     describe_messages,
     read_message_body,
 )
+from services.gateway.continuation import Item, anthropic_items, chat_items, responses_items
+from services.gateway.openai_responses import (
+    ResponsesStreamStats,
+    describe_responses,
+    read_responses_body,
+    responses_error_event,
+)
 from services.gateway.proxy import BodyReader, Tracker, anthropic_error_event, openai_error_event
 from services.gateway.requests import (
     IdSource,
@@ -48,11 +60,17 @@ __all__ = [
     "CHAT",
     "COMPLETIONS",
     "MESSAGES",
+    "RESPONSES",
     "AnthropicApi",
     "Api",
     "OpenAIApi",
+    "ResponsesApi",
     "openai_error",
 ]
+
+
+CODEX: Final = "codex"
+"""The harness reported for a request that Codex's ``session_id`` header identified."""
 
 
 def openai_error(
@@ -82,6 +100,8 @@ class _SameHarness:
             return named
         if source in ("metadata", "claude_header"):
             return CLAUDE_CODE
+        if source == "codex":
+            return CODEX
         return harness_from_agent(headers) if headers is not None else None
 
 
@@ -90,7 +110,7 @@ class Api(Protocol):
     :class:`AnthropicApi`."""
 
     @property
-    def name(self) -> Literal["chat", "completions", "messages"]:
+    def name(self) -> Literal["chat", "completions", "messages", "responses"]:
         """Also the ``endpoint`` label of the request metrics."""
         ...
 
@@ -122,9 +142,18 @@ class Api(Protocol):
         ...
 
     def identity(
-        self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+        self,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        new_id: Callable[[], str],
+        previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
-        """The session id and its source (:func:`.requests.session_identity`)."""
+        """The session id and its source (:func:`.requests.session_identity`); ``previous``
+        maps a served response id to its session."""
+        ...
+
+    def items(self, body: Mapping[str, Any]) -> list[Item] | None:
+        """The conversation's items (:mod:`.continuation`); ``None``: the API has none."""
         ...
 
     def harness(
@@ -170,9 +199,16 @@ class OpenAIApi(_SameHarness):
         return openai_error_event(message)
 
     def identity(
-        self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+        self,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        new_id: Callable[[], str],
+        previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
         return session_identity(headers, body, new_id)
+
+    def items(self, body: Mapping[str, Any]) -> list[Item] | None:
+        return chat_items(body) if self.name == "chat" else None
 
     def upstream(
         self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
@@ -212,10 +248,17 @@ class AnthropicApi(_SameHarness):
         return anthropic_error_event(message)
 
     def identity(
-        self, headers: Mapping[str, str], body: Mapping[str, Any], new_id: Callable[[], str]
+        self,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        new_id: Callable[[], str],
+        previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
         claude = claude_session_id(body.get("metadata"))
         return session_identity(headers, body, new_id, claude_metadata=claude)
+
+    def items(self, body: Mapping[str, Any]) -> list[Item] | None:
+        return anthropic_items(body)
 
     def upstream(
         self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
@@ -230,6 +273,55 @@ class AnthropicApi(_SameHarness):
         return MessageStreamStats()
 
 
+@dataclass(frozen=True, slots=True)
+class ResponsesApi(_SameHarness):
+    """Responses (:mod:`.openai_responses`): OpenAI's errors, the session from the headers,
+    then ``previous_response_id``, then ``user`` or ``program_id``; no token ids (vLLM's
+    Responses endpoint has no ``return_token_ids``), and streams carry usage unasked (in
+    ``response.completed``)."""
+
+    name: Literal["responses"] = "responses"
+    path: str = "/v1/responses"
+    token_ids: bool = False
+    auth_error_type: str = "invalid_request_error"
+
+    def describe(self, body: Mapping[str, Any]) -> RequestInfo:
+        return describe_responses(body)
+
+    def error(
+        self, status: int, message: str, err_type: str, *, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        return openai_error(status, message, err_type, headers=headers)
+
+    def error_event(self, message: str) -> bytes:
+        return responses_error_event(message)
+
+    def identity(
+        self,
+        headers: Mapping[str, str],
+        body: Mapping[str, Any],
+        new_id: Callable[[], str],
+        previous: Callable[[str], str | None] | None = None,
+    ) -> tuple[str, IdSource]:
+        return session_identity(headers, body, new_id, previous=previous)
+
+    def items(self, body: Mapping[str, Any]) -> list[Item] | None:
+        return responses_items(body)
+
+    def upstream(
+        self, body: Mapping[str, Any], info: RequestInfo, *, token_ids: bool
+    ) -> dict[str, Any]:
+        del token_ids  # the Responses endpoint has no token ids to ask for
+        return upstream_body(body, stream=False, token_ids=False)
+
+    def reader(self, body: Mapping[str, Any], asked_ids: bool) -> BodyReader:
+        return read_responses_body
+
+    def tracker(self, body: Mapping[str, Any], info: RequestInfo, asked_ids: bool) -> Tracker:
+        return ResponsesStreamStats()
+
+
 CHAT: Final = OpenAIApi("chat", "/v1/chat/completions")
 COMPLETIONS: Final = OpenAIApi("completions", "/v1/completions")
 MESSAGES: Final = AnthropicApi()
+RESPONSES: Final = ResponsesApi()

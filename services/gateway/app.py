@@ -18,6 +18,7 @@ alone. The service reads the store of ``settings.domain`` (read only).
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -28,16 +29,18 @@ import orjson
 from aiohttp import web
 
 from services._common import serve_forever, store_from
-from services.gateway import hooks
-from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, Api
+from services.gateway import gatewaykey, hooks
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api
 from services.gateway.cluster_metrics import cluster_lines
 from services.gateway.domains import DomainRouter
-from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement
+from services.gateway.gatewaykey import KeyPolicy
+from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement, ready_response
 from services.gateway.hook_limit import HookLimiter
 from services.gateway.hook_limit import session_of as hook_session
 from services.gateway.metrics import labelled_union
 from services.gateway.nodes import NodeDirectory
 from services.gateway.proxy import CONNECT_TIMEOUT_S
+from services.gateway.ready import readiness
 from services.gateway.relay import Relay
 from services.gateway.store_check import STORE_RECHECK_S
 from services.gateway.tokenids import TokenIdNodes
@@ -78,10 +81,13 @@ def create_app(
     store: StateStore | None = None,
     store_recheck_s: float = STORE_RECHECK_S,
     name: str = NAME,
+    keys: KeyPolicy | None = None,
 ) -> web.Application:
     """The gateway app for ``settings`` on ``bus``; nodes from ``node_urls`` (else
     ``settings.nodes``) and from node status messages; admissions also read from ``store``
-    (module docstring). Its lines are logged as ``component=name``, as each service's."""
+    (module docstring). Its lines are logged as ``component=name``, as each service's.
+    ``keys``: who may call (:mod:`.gatewaykey`; ``None``: resolved from ``settings``)."""
+    keys = keys if keys is not None else gatewaykey.resolve(settings)
     static = dict(node_urls) if node_urls is not None else {n.id: n.url for n in settings.nodes}
     relay = Relay(
         settings,
@@ -92,6 +98,7 @@ def create_app(
         store=store,
         store_recheck_s=store_recheck_s,
         token_ids=TokenIdNodes(n.id for n in settings.nodes if not n.return_token_ids),
+        key=keys.key if keys.mode == "key" else None,
     )
     http = HttpHandlers(relay)
     # aiohttp reads at most 1 MiB by default: an agent's prompt with its tools and history
@@ -102,9 +109,11 @@ def create_app(
     app.router.add_post("/v1/chat/completions", http.chat_completions)
     app.router.add_post("/v1/completions", http.completions)
     app.router.add_post("/v1/messages", http.messages)
+    app.router.add_post("/v1/responses", http.responses)
     app.router.add_get("/v1/models", http.models)
     app.router.add_delete("/v1/sessions/{session_id}", http.delete_session)
     app.router.add_get("/healthz", http.healthz)
+    app.router.add_get("/readyz", http.readyz)
     app.router.add_get("/metrics", http.metrics)
     limiter = HookLimiter(settings.hook_rate, settings.hook_burst)
     app[HOOKS] = hooks.install(app, bus, relay.auth, relay.metrics, limiter, relay.log)
@@ -159,13 +168,16 @@ def create_domains_app(
     *,
     clock: Callable[[], float] = time.time,
     name: str = NAME,
+    keys: KeyPolicy | None = None,
 ) -> web.Application:
     """One gateway for several domains (:mod:`.domains`): ``links`` maps each domain, in
     order, to its settings (its nodes, namespace and domain), bus and store. Each domain gets
     the app :func:`create_app` builds, started and cleaned up with this one; this app routes
-    each request to one of them."""
+    each request to one of them. ``keys``: as :func:`create_app`'s, the same for every
+    domain."""
+    keys = keys if keys is not None else gatewaykey.resolve(settings)
     apps = {
-        d: create_app(dsettings, bus, store=store, clock=clock, name=name)
+        d: create_app(dsettings, bus, store=store, clock=clock, name=name, keys=keys)
         for d, (dsettings, bus, store) in links.items()
     }
     router = DomainRouter({d: a[RELAY] for d, a in apps.items()}, reserve=settings.reserve_tokens)
@@ -226,6 +238,16 @@ def create_domains_app(
             }
         )
 
+    async def readyz(request: web.Request) -> web.StreamResponse:
+        per: dict[str, object] = {}
+        why: list[str] = []
+        for d, r in router.relays.items():
+            reason, detail = await readiness(r.stored.store, clock())
+            per[d] = {"ready": reason is None, "reason": reason, **detail}
+            if reason is not None:
+                why.append(f"{d}: {reason}")
+        return ready_response(settings.gateway_id, "; ".join(why) or None, {"domains": per})
+
     async def metrics(request: web.Request) -> web.StreamResponse:
         pages: dict[str, str] = {}
         for d, r in router.relays.items():
@@ -242,11 +264,12 @@ def create_domains_app(
         text = labelled_union(pages, "domain") + "\n".join(routed) + "\n"
         return web.Response(text=text, content_type="text/plain", charset="utf-8")
 
-    for api in (CHAT, COMPLETIONS, MESSAGES):
+    for api in (CHAT, COMPLETIONS, MESSAGES, RESPONSES):
         front.router.add_post(api.path, model_endpoint(api))
     front.router.add_get("/v1/models", models)
     front.router.add_delete("/v1/sessions/{session_id}", delete_session)
     front.router.add_get("/healthz", healthz)
+    front.router.add_get("/readyz", readyz)
     front.router.add_get("/metrics", metrics)
     front.router.add_post("/hooks/{harness}", hook)
     front.on_startup.append(_start_domains)
@@ -298,6 +321,7 @@ async def main(settings: Settings, ctx: ServiceContext) -> None:
     """Service entry point for ``shared.infra.runner.run_service``: serve until cancelled;
     with ``TAO_GATEWAY_DOMAINS``, one app over each listed domain (:func:`create_domains_app`,
     one bus connection per domain namespace, each closed on the way out)."""
+    keys = gatewaykey.resolve(settings)  # a SettingsError names the variable
     buses: list[MessageBus] = []
     if settings.gateway_domains:
         links: dict[str, tuple[Settings, MessageBus, StateStore | None]] = {}
@@ -309,11 +333,11 @@ async def main(settings: Settings, ctx: ServiceContext) -> None:
             buses.append(bus)
             await bus.ensure_streams()
             links[domain] = (local, bus, store_from(local, ctx))
-        app = create_domains_app(settings, links, name=ctx.name)
+        app = create_domains_app(settings, links, name=ctx.name, keys=keys)
         log = next(iter(app[ROUTER].relays.values())).log
     else:
         app = create_app(
-            settings, ctx.require_bus(), store=store_from(settings, ctx), name=ctx.name
+            settings, ctx.require_bus(), store=store_from(settings, ctx), name=ctx.name, keys=keys
         )
         log = app[RELAY].log
     try:
@@ -324,7 +348,19 @@ async def main(settings: Settings, ctx: ServiceContext) -> None:
             port=settings.gateway_port,
             gateway_id=settings.gateway_id,
             domains=list(settings.gateway_domains) or None,
+            auth=keys.mode,
+            key_source=keys.source or None,
+            key_file=str(keys.path) if keys.path is not None else None,
         )
+        if keys.mode == "off" and not gatewaykey.is_loopback(settings.gateway_host):
+            log.warning(
+                "gateway_auth_off",
+                host=settings.gateway_host,
+                note="TAO_GATEWAY_AUTH=off: anyone who reaches this port may send requests "
+                "and post hook events for any session",
+            )
+        url = f"http://{settings.gateway_host}:{settings.gateway_port}"
+        gatewaykey.announce(keys, url, sys.stdout)
         try:
             await serve_forever()
         finally:

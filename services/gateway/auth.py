@@ -1,6 +1,9 @@
 """Who is calling: client API keys and hook tokens mapped to tenants (:mod:`shared.infra.tenants`).
 
-Off unless ``TAO_TENANTS_FILE`` is set; then
+On with a tenants file (``TAO_TENANTS_FILE``), or with the gateway's own key (secure by default
+beyond loopback, :mod:`.gatewaykey`), which is one implicit tenant (:data:`IMPLICIT`: its key is
+both its API key and its hook token, and its session ids are the clients' own, unprefixed). Off
+(everyone trusted) only on loopback or with ``TAO_GATEWAY_AUTH=off``. When on:
 
 * a model request, ``GET /v1/models`` and ``DELETE /v1/sessions/{id}`` need a tenant's API
   key, as ``Authorization: Bearer <key>`` (OpenAI clients) or ``x-api-key: <key>`` (Anthropic
@@ -17,7 +20,8 @@ Off unless ``TAO_TENANTS_FILE`` is set; then
 * a tenant with ``max_held`` has at most that many requests held at once; one more is
   answered 429 with ``Retry-After``, counted as ``outcome="tenant_limit"``.
 
-``/healthz`` and ``/metrics`` stay open (probes and Prometheus on the operator's network).
+``/healthz``, ``/readyz`` and ``/metrics`` stay open (probes and Prometheus on the operator's
+network).
 """
 
 from __future__ import annotations
@@ -31,14 +35,19 @@ from shared.infra.errors import ConfigFileError
 from shared.infra.tenants import (
     SecretKind,
     Tenant,
+    Tenants,
     TenantsWatch,
+    digest,
     qualify,
     unqualify,
 )
 
-__all__ = ["HOOK_TOKEN_HEADER", "OPEN", "Auth", "Caller"]
+__all__ = ["HOOK_TOKEN_HEADER", "IMPLICIT", "OPEN", "Auth", "Caller"]
 
 HOOK_TOKEN_HEADER: Final = "X-TAO-Hook-Token"
+IMPLICIT: Final = ""
+"""The name of the gateway key's tenant: no file's tenant can have it (names are non-empty),
+and its sessions are not prefixed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,13 +56,18 @@ class Caller:
 
     tenant: Tenant | None = None
 
+    @property
+    def name(self) -> str:
+        """The tenant's name; ``""`` when authentication is off or for the gateway key."""
+        return self.tenant.name if self.tenant is not None else IMPLICIT
+
     def session(self, session_id: str) -> str:
         """The id TAO keeps for the caller's ``session_id``."""
-        return session_id if self.tenant is None else qualify(self.tenant.name, session_id)
+        return qualify(self.name, session_id) if self.name else session_id
 
     def client_id(self, session_id: str) -> str:
         """The caller's own id of a kept ``session_id``."""
-        return session_id if self.tenant is None else unqualify(self.tenant.name, session_id)
+        return unqualify(self.name, session_id) if self.name else session_id
 
 
 OPEN: Final = Caller()
@@ -66,11 +80,24 @@ def _bearer(headers: Mapping[str, str]) -> str:
 
 
 class Auth:
-    """The gateway's view of the tenants file (``watch``; ``None``: authentication off)."""
+    """The gateway's view of the tenants file (``watch``) or of its own ``key``; neither:
+    authentication off."""
 
-    def __init__(self, watch: TenantsWatch | None, node_api_key: str | None = None) -> None:
+    def __init__(
+        self,
+        watch: TenantsWatch | None,
+        node_api_key: str | None = None,
+        *,
+        key: str | None = None,
+    ) -> None:
         self.watch = watch
         self.node_api_key = node_api_key
+        self.implicit: Tenants | None = None
+        if key is not None:
+            if watch is not None:
+                raise ValueError("a gateway key and a tenants file exclude each other")
+            d = digest(key)
+            self.implicit = Tenants((Tenant(IMPLICIT, api_keys=(d,), hook_tokens=(d,)),))
 
     @classmethod
     def from_file(
@@ -79,21 +106,25 @@ class Auth:
         node_api_key: str | None,
         clock: Callable[[], float],
         on_error: Callable[[ConfigFileError], None] | None = None,
+        *,
+        key: str | None = None,
     ) -> Auth:
-        """Auth from ``TAO_TENANTS_FILE`` (``None``: off); a bad file raises at start, a
-        reload that fails keeps the last good tenants and is passed to ``on_error``."""
+        """Auth from ``TAO_TENANTS_FILE`` (``None``: the gateway ``key``, or off without one);
+        a bad file raises at start, a reload that fails keeps the last good tenants and is
+        passed to ``on_error``."""
         if path is None:
-            return cls(None, node_api_key)
-        return cls(TenantsWatch(path, clock=clock, on_error=on_error), node_api_key)
+            return cls(None, node_api_key, key=key)
+        return cls(TenantsWatch(path, clock=clock, on_error=on_error), node_api_key, key=key)
 
     @property
     def enabled(self) -> bool:
-        return self.watch is not None
+        return self.watch is not None or self.implicit is not None
 
     def _find(self, kind: SecretKind, secret: str) -> Caller | None:
-        if self.watch is None:
+        tenants = self.watch.current() if self.watch is not None else self.implicit
+        if tenants is None:
             return OPEN
-        tenant = self.watch.current().find(kind, secret)
+        tenant = tenants.find(kind, secret)
         return None if tenant is None else Caller(tenant)
 
     def client(self, headers: Mapping[str, str]) -> Caller | None:

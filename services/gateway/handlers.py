@@ -5,13 +5,17 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
     POST   /v1/chat/completions   held until admitted, then forwarded (stream or not)
     POST   /v1/completions        same
     POST   /v1/messages           same, Anthropic Messages API (Claude Code; :mod:`.anthropic`)
+    POST   /v1/responses          same, OpenAI Responses API (Codex CLI; :mod:`.openai_responses`)
     GET    /v1/models             union of the nodes' models
     DELETE /v1/sessions/{id}      end a session now: its held requests are answered at once
                                   (409, error type "session_ended", each reported as
                                   SessionCancel reason "session_ended"), then SessionEnd is
                                   published; 200 with
                                   {"id", "object": "session.deleted", "deleted": true}
-    GET    /healthz               {"status": "ok", "gateway_id", "held", "admitted"}
+    GET    /healthz               liveness: {"status": "ok", "gateway_id", "held", "admitted"}
+    GET    /readyz                readiness (:mod:`.ready`): 200 {"status": "ready", ...} once
+                                  the planner is warm and planning and a node is healthy,
+                                  else 503 {"status": "not_ready", "reason", ...}
     GET    /metrics               Prometheus text
 
 A model request's body is read in one place (:func:`.requests.read_body`): one that is not
@@ -23,8 +27,10 @@ Request headers read by the model endpoints:
 
     X-Session-ID      the session id. First of: (/v1/messages) Claude Code's
                       ``metadata.user_id``, ``X-Claude-Code-Session-Id``, ``X-Session-ID``,
-                      OpenCode's ``x-session-affinity``, the body's ``user``, ``program_id``;
-                      none: a one-turn session under a generated id (:mod:`.requests`)
+                      OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``, Codex's
+                      ``session_id``, (/v1/responses) ``previous_response_id``'s session, the
+                      body's ``user``, ``program_id``; none: the session the conversation
+                      continues, else a new one (:mod:`.requests`, :mod:`.continuation`)
     x-parent-session-id  optional: the session that started this one as a sub-agent
                       (OpenCode), reported as SessionRequest.parent_session_id
     X-TAO-Harness     optional: the agent harness sending the request (set by harness hooks or
@@ -52,13 +58,14 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES
 from services.gateway.cluster_metrics import cluster_lines
+from services.gateway.ready import readiness
 from services.gateway.relay import Relay
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
 from shared.infra.busapi import Delivery
 
-__all__ = ["BusHandlers", "HttpHandlers", "decode_placement"]
+__all__ = ["BusHandlers", "HttpHandlers", "decode_placement", "ready_response"]
 
 MODELS_TIMEOUT_S = 2.0
 
@@ -69,6 +76,15 @@ def decode_placement(data: bytes) -> Placement:
     if placement.kind == "admit" and not placement.node_id:
         raise DecodeError("Placement", "admit without node_id")
     return placement
+
+
+def ready_response(gateway_id: str, reason: str | None, detail: dict[str, object]) -> web.Response:
+    """``/readyz``'s answer: 200 ready, or 503 with the ``reason``."""
+    body: dict[str, object] = {"status": "ready" if reason is None else "not_ready"}
+    if reason is not None:
+        body["reason"] = reason
+    body.update(gateway_id=gateway_id, **detail)
+    return web.json_response(body, status=200 if reason is None else 503)
 
 
 class HttpHandlers:
@@ -85,6 +101,9 @@ class HttpHandlers:
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         return await self.relay.handle(request, MESSAGES)
+
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        return await self.relay.handle(request, RESPONSES)
 
     async def delete_session(self, request: web.Request) -> web.Response:
         caller = self.relay.auth.client(request.headers)
@@ -106,6 +125,11 @@ class HttpHandlers:
                 "admitted": relay.placements.admitted_count(),
             }
         )
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        relay = self.relay
+        reason, detail = await readiness(relay.stored.store, relay.clock())
+        return ready_response(relay.settings.gateway_id, reason, detail)
 
     async def metrics(self, request: web.Request) -> web.Response:
         cluster = await cluster_lines(self.relay.stored.store)
@@ -181,5 +205,8 @@ class BusHandlers:
         self.relay.nodes.update(status)
 
     async def on_session_end(self, end: SessionEnd, delivery: Delivery) -> None:
-        """Whoever ended the session (idle timeout, DELETE, one-turn), its admission is over."""
+        """Whoever ended the session (idle timeout, DELETE, one-turn), its admission is over,
+        and no request continues it by content."""
         self.relay.placements.forget(end.session_id)
+        if self.relay.continuations is not None:
+            self.relay.continuations.forget(end.session_id)

@@ -14,12 +14,14 @@ with the token's tenant in the ``Tao-Tenant`` header, and the tools service serv
 ids as that tenant's. A session posting faster than ``TAO_HOOK_RATE`` (burst
 ``TAO_HOOK_BURST``) gets 429 with ``Retry-After`` (:mod:`.hook_limit`). Counted in
 ``tao_gateway_hooks_total{result}``: ``forwarded``, ``dropped``, ``unauthorized``,
-``not_found``, ``rate_limited``.
+``not_found``, ``bad_request``, ``rate_limited``.
 
 The answer never waits for the bus: 200 ``{}`` (no decision, for Claude Code) at once, and the
 payload goes to a queue that one task publishes in arrival order. A bus failure, or a full
 queue (:data:`QUEUE_LIMIT` payloads waiting), drops the payload with a warning and still
-answers 200: a hook must never block or fail its agent. An unknown harness is 404. At most
+answers 200: a hook must never block or fail its agent. An unknown harness is 404; a body
+that is not a JSON object (not strict JSON, nested deeper than the model endpoints allow, an
+array or a string) is 400 naming what is wrong and where, counted as ``bad_request``. At most
 ``MAX_HOOK_BYTES`` of the body are read; a longer body is forwarded as the same oversized
 marker the hook process sends (:func:`shared.harness.hookclient.oversized_marker`), which the tools
 service dead-letters as oversized.
@@ -41,6 +43,7 @@ from structlog.typing import FilteringBoundLogger
 from services.gateway.auth import Auth
 from services.gateway.hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, session_of
 from services.gateway.metrics import GatewayMetrics
+from services.gateway.requests import BadRequest, read_json
 from shared.contracts import subjects
 from shared.harness.base import MAX_HOOK_BYTES, RECEIVED_AT_HEADER
 from shared.harness.hookclient import oversized_marker
@@ -49,7 +52,7 @@ from shared.infra.busapi import MessageBus
 from shared.infra.logging import get_logger
 from shared.infra.tenants import TENANT_HEADER
 
-__all__ = ["QUEUE_LIMIT", "HookForwarder", "install", "read_capped"]
+__all__ = ["QUEUE_LIMIT", "HookForwarder", "hook_problem", "install", "read_capped"]
 
 QUEUE_LIMIT: Final = 4096
 _STOP_WAIT_S: Final = 2.0
@@ -104,9 +107,13 @@ class HookForwarder:
         if body is None:
             body = await read_capped(request)
         if len(body) > MAX_HOOK_BYTES:
-            body = oversized_marker(body, len(body))
-        tenant = caller.tenant.name if caller.tenant is not None else ""
-        wait = self.limiter.take((tenant, token, session_of(body)), at)
+            body = oversized_marker(body, len(body))  # the tools service dead-letters it
+        else:
+            problem = hook_problem(body)
+            if problem is not None:
+                self._count("bad_request")
+                return _error(400, "invalid_request_error", problem)
+        wait = self.limiter.take((caller.name, token, session_of(body)), at)
         if wait > 0:
             self._count("rate_limited")
             return web.json_response(
@@ -115,8 +122,8 @@ class HookForwarder:
                 headers={"Retry-After": HookLimiter.retry_after(wait)},
             )
         headers = {RECEIVED_AT_HEADER: f"{at:.6f}"}
-        if caller.tenant is not None:
-            headers[TENANT_HEADER] = caller.tenant.name
+        if caller.name:
+            headers[TENANT_HEADER] = caller.name
         try:
             self.queue.put_nowait((subjects.hook_events(token), body, headers))
         except asyncio.QueueFull:
@@ -158,6 +165,21 @@ class HookForwarder:
         with contextlib.suppress(asyncio.CancelledError):
             await self.worker
         self.worker = None
+
+
+def hook_problem(body: bytes) -> str | None:
+    """Why ``body`` is no hook payload (strict JSON, at most
+    :data:`~.requests.MAX_BODY_DEPTH` levels deep, an object), naming what is wrong and
+    where; ``None`` for a payload the tools service can map."""
+    try:
+        doc = read_json(body)
+    except BadRequest as exc:
+        return exc.message.replace("request body", "hook body", 1)
+    if not isinstance(doc, dict):
+        kinds = {list: "an array", str: "a string", bool: "a boolean", type(None): "null"}
+        kind = kinds.get(type(doc), "a number")
+        return f"hook body must be a JSON object (the harness's hook input), got {kind}"
+    return None
 
 
 async def read_capped(request: web.Request, limit: int = MAX_HOOK_BYTES) -> bytes:

@@ -1,12 +1,16 @@
 """Forwarding one request to a node and relaying the answer to the client.
 
 Non-streaming: the node's status, content type and body go back unchanged. Every forwarded
-answer carries the header ``X-TAO-Node`` naming the node that served it. Streaming: the node's
-SSE events go back one by one as they arrive (flushed per upstream read), unchanged, except the
-usage-only chunk the gateway asked for on the client's behalf (see :mod:`.responses`). In both,
-token ids the gateway asked for on its own behalf are taken out (:mod:`.tokenids`). What a
-response says is read by a :data:`BodyReader` (non-streaming) or a :class:`Tracker` (per SSE
-event), one pair per API (OpenAI here, Anthropic in :mod:`.anthropic`).
+answer carries the header ``X-TAO-Node`` naming the node that served it, and
+``X-TAO-Session-Id`` naming the session it was served in (the client's own id, or the one the
+gateway gave an unnamed conversation: what ``DELETE /v1/sessions/{id}`` takes).
+
+Streaming: the node's SSE events go back one by one as they arrive (flushed per upstream
+read), unchanged, except the usage-only chunk the gateway asked for on the client's behalf
+(see :mod:`.responses`). In both, token ids the gateway asked for on its own behalf are taken
+out (:mod:`.tokenids`). What a response says is read by a :data:`BodyReader` (non-streaming) or
+a :class:`Tracker` (per SSE event), one pair per API (OpenAI here, Anthropic in
+:mod:`.anthropic`, Responses in :mod:`.openai_responses`).
 
 Timing: ``ttft_s`` is measured from the moment the gateway sends the request to the first
 streamed chunk that carries output (see :class:`.responses.StreamStats`);
@@ -39,6 +43,7 @@ __all__ = [
     "CLIENT_CLOSED",
     "CONNECT_TIMEOUT_S",
     "NODE_HEADER",
+    "SESSION_REPLY_HEADER",
     "BodyReader",
     "ForwardError",
     "Forwarded",
@@ -54,6 +59,7 @@ __all__ = [
 
 _T = TypeVar("_T")
 NODE_HEADER: Final = "X-TAO-Node"
+SESSION_REPLY_HEADER: Final = "X-TAO-Session-Id"
 CONNECT_TIMEOUT_S: Final = 10.0
 """Longest wait for a TCP connection to a node; generation itself has no time limit."""
 
@@ -113,6 +119,8 @@ class Forwarded:
     reported, timing, and the error if any. Filled in as the forward proceeds."""
 
     node_id: str
+    session_id: str | None = None
+    """The session's id as its client knows it (:data:`SESSION_REPLY_HEADER`)."""
     status: int = 0
     stats: ResponseStats = field(default_factory=ResponseStats)
     ttft_s: float | None = None
@@ -243,7 +251,10 @@ async def forward_json(
 def _headers(content_type: str, done: Forwarded, **more: str) -> dict[str, str]:
     """A forwarded answer's headers: its type and :data:`NODE_HEADER`, the node that served it
     (what a client or ``tao demo`` reads to count node moves; vLLM's own ids name no node)."""
-    return {"Content-Type": content_type, NODE_HEADER: done.node_id, **more}
+    out = {"Content-Type": content_type, NODE_HEADER: done.node_id, **more}
+    if done.session_id is not None:
+        out[SESSION_REPLY_HEADER] = done.session_id
+    return out
 
 
 def openai_error_event(message: str) -> bytes:

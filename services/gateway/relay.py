@@ -12,7 +12,16 @@ once by its outcome, with one ``request_done`` log line (:class:`Outcome`, in
 * forwarded, or admitted to a node the gateway cannot reach (502): :class:`SessionResponse`
   with usage, finish reason, tool calls, timing and ``error`` when it failed, and the block
   keys of the node's token ids when it returned them (:mod:`.tokenids`);
-* one-turn sessions (no id given): :class:`SessionEnd` after that.
+* one-turn sessions (no id given, and no conversation to continue: ``/v1/completions``, or
+  continuation off): :class:`SessionEnd` after that; a new unnamed session whose first request
+  fails or is never forwarded ends the same way.
+
+A request that names no session and carries a conversation joins the live session whose last
+request and answer it extends, else starts a new one that stays open for its continuation
+(:mod:`.continuation`): the relay claims the session's tip on arrival, and on the complete
+answer records the new tip (the request's chain followed by the answer's items), or gives the
+tip back when the request failed. The Responses ids it serves are remembered for
+``previous_response_id`` (:class:`.continuation.ResponseIds`).
 
 A session not known as admitted from the placements is looked up in the state store on arrival
 and watched there while held (:mod:`.store_check`), so a missed placement never strands it.
@@ -47,9 +56,17 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from structlog.typing import FilteringBoundLogger
 
+from services.gateway.answers import Transcribing, transcribing_reader
 from services.gateway.apis import Api, openai_error
 from services.gateway.auth import Auth, Caller
 from services.gateway.calibration import PromptCalibration
+from services.gateway.continuation import (
+    Continuations,
+    ResponseIds,
+    answer_items,
+    chain,
+    root,
+)
 from services.gateway.holds import HoldEnded, Holds, HoldTimeout
 from services.gateway.hook_limit import retry_after
 from services.gateway.metrics import GatewayMetrics
@@ -68,6 +85,7 @@ from services.gateway.proxy import (
 from services.gateway.requests import (
     SESSION_HEADER,
     BadRequest,
+    IdSource,
     RequestInfo,
     check_headers,
     harness_of,
@@ -129,6 +147,8 @@ class Outcome:
     forwarded: Forwarded | None = None
     """The forward, once the request is sent to a node: its error (or none, ``ok``) is the
     outcome."""
+    continuation_settled: bool = False
+    """The session's continuation tip was recorded or given back (:meth:`Relay._settle`)."""
 
     def answer(self, label: str, response: web.StreamResponse) -> Answered:
         """``response`` ends the request with outcome ``label``."""
@@ -157,6 +177,16 @@ class Turn:
     one_turn: bool
     """The session was named by the gateway (no id from the client): it ends with the turn."""
     outcome: Outcome
+    tenant: str | None = None
+    client_id: str = ""
+    """The session's id as the client knows it (without the tenant's prefix)."""
+    chain_end: bytes | None = None
+    """The last hash of the request's conversation chain (:mod:`.continuation`), when the
+    session's continuation is tracked."""
+    fresh: bool = False
+    """A new unnamed session kept open for its continuation: it ends if this first turn fails."""
+    transcribe: bool = False
+    """Read the answer's words (continuation, or a Responses id to remember)."""
 
 
 class Relay:
@@ -174,7 +204,9 @@ class Relay:
         store: StateStore | None = None,
         store_recheck_s: float = STORE_RECHECK_S,
         token_ids: TokenIdNodes | None = None,
+        key: str | None = None,
     ) -> None:
+        """``key``: the gateway's own key (:mod:`.gatewaykey`), ``None`` without one."""
         self.settings = settings
         self.bus = bus
         self.nodes = nodes
@@ -190,8 +222,20 @@ class Relay:
         self.client: aiohttp.ClientSession | None = None
         self.token_ids = token_ids or TokenIdNodes()
         self.calibration = PromptCalibration()
+        self.continuations = (
+            Continuations(
+                ttl_s=settings.idle_timeout_s, max_sessions=settings.continuation_sessions
+            )
+            if settings.continuation_sessions
+            else None
+        )
+        self.response_ids = ResponseIds(ttl_s=settings.idle_timeout_s)
         self.auth = Auth.from_file(
-            settings.tenants_file, settings.node_api_key, clock, self._invalid("tenants_file")
+            settings.tenants_file,
+            settings.node_api_key,
+            clock,
+            self._invalid("tenants_file"),
+            key=key,
         )
         self.verifier = (
             None
@@ -284,8 +328,11 @@ class Relay:
         )
 
     def _end_msg(self, session_id: str, reason: str, at: float) -> Message:
-        """The session's :class:`SessionEnd`; its placement is forgotten with it."""
+        """The session's :class:`SessionEnd`; its placement and continuation are forgotten
+        with it."""
         self.placements.forget(session_id)
+        if self.continuations is not None:
+            self.continuations.forget(session_id)
         return SessionEnd(
             session_id=session_id, ended_at=at, reason=reason, gateway_id=self.settings.gateway_id
         )
@@ -345,10 +392,73 @@ class Relay:
                 "model_not_found",
                 api.error(404, f"The model `{info.model}` does not exist.", "NotFoundError"),
             )
+        tenant = caller.tenant.name if caller.tenant is not None else None
         named_id, source = api.identity(
-            request.headers, body, lambda: GENERATED_PREFIX + self.new_id()
+            request.headers,
+            body,
+            lambda: GENERATED_PREFIX + self.new_id(),
+            lambda rid: self.response_ids.session(tenant, rid, self.clock()),
         )
         session_id = caller.session(named_id)
+        chain_end: bytes | None = None
+        fresh = False
+        if source == "generated" and self.continuations is not None:
+            items = api.items(body)
+            if items:
+                hashes = chain(root(tenant), items)
+                chain_end = hashes[-1]
+                found = self.continuations.claim(tenant, hashes, self.clock())
+                if found is not None:
+                    session_id, source = found, "continued"
+                    named_id = caller.client_id(found)
+                else:
+                    fresh = True
+                    self.continuations.begin(tenant, session_id, self.clock())
+        try:
+            return await self._session_turn(
+                request,
+                api,
+                out,
+                caller,
+                body,
+                info,
+                named_harness,
+                named_id,
+                source,
+                session_id,
+                chain_end,
+                fresh,
+            )
+        finally:
+            if chain_end is not None and not out.continuation_settled:
+                self._unsettled(session_id, fresh)
+
+    def _unsettled(self, session_id: str, fresh: bool) -> None:
+        """A request whose continuation was tracked ended without a complete answer: a new
+        session is forgotten (its end is reported where one-turn sessions' are), a continued
+        one gets its tip back (a retry joins it)."""
+        assert self.continuations is not None
+        if fresh:
+            self.continuations.forget(session_id)
+        else:
+            self.continuations.release(session_id, self.clock())
+
+    async def _session_turn(
+        self,
+        request: web.Request,
+        api: Api,
+        out: Outcome,
+        caller: Caller,
+        body: dict[str, Any],
+        info: RequestInfo,
+        named_harness: str | None,
+        named_id: str,
+        source: IdSource,
+        session_id: str,
+        chain_end: bytes | None,
+        fresh: bool,
+    ) -> Answered:
+        """The rest of :meth:`_handle`, once the session is known."""
         if self._tenant_full(caller, session_id):
             return out.answer(
                 "tenant_limit",
@@ -361,7 +471,8 @@ class Relay:
             )
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
-        one_turn = source == "generated"
+        one_turn = source == "generated" and not fresh
+        ends_if_failed = one_turn or fresh
         out.session_id, out.request_id = session_id, request_id
         span = trace.get_current_span()
         span.set_attribute("tao.session_id", session_id)
@@ -389,7 +500,7 @@ class Relay:
         try:
             registered_ok = await asyncio.shield(registering)
         except asyncio.CancelledError:  # the client left; the cancel follows the request
-            self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
+            self._cancel(session_id, request_id, END_CLIENT_CLOSED, ends_if_failed)
             raise
         if not registered_ok:
             return out.answer(
@@ -400,9 +511,24 @@ class Relay:
             try:
                 node = await self.stored.lookup(session_id, "arrival")
             except asyncio.CancelledError:  # the client left during the store read
-                self._cancel(session_id, request_id, END_CLIENT_CLOSED, one_turn)
+                self._cancel(session_id, request_id, END_CLIENT_CLOSED, ends_if_failed)
                 raise
-        turn = Turn(request, api, body, info, caller, session_id, request_id, one_turn, out)
+        turn = Turn(
+            request,
+            api,
+            body,
+            info,
+            caller,
+            session_id,
+            request_id,
+            one_turn,
+            out,
+            tenant=caller.tenant.name if caller.tenant is not None else None,
+            client_id=named_id,
+            chain_end=chain_end,
+            fresh=fresh,
+            transcribe=chain_end is not None or api.name == "responses",
+        )
         if node is None:
             with _tracer.start_as_current_span(
                 "tao.hold", attributes={"tao.session_id": session_id}
@@ -437,7 +563,7 @@ class Relay:
         tenant = caller.tenant
         if tenant is None or tenant.max_held is None:
             return False
-        held = self._held_by.get(tenant.name, 0)
+        held = self._held_by.get(caller.name, 0)
         return held >= tenant.max_held and self.placements.node_of(session_id) is None
 
     async def _held(self, turn: Turn) -> str | Answered:
@@ -455,7 +581,7 @@ class Relay:
 
     async def _hold(self, turn: Turn) -> str | Answered:
         """Wait for the session's placement: its node, or the answer when none came."""
-        api, out, one_turn = turn.api, turn.outcome, turn.one_turn
+        api, out, one_turn = turn.api, turn.outcome, turn.one_turn or turn.fresh
         session_id, request_id = turn.session_id, turn.request_id
         started = self.clock()
         timeout = self.settings.hold_timeout_s
@@ -503,14 +629,19 @@ class Relay:
         the request's outcome."""
         api, info = turn.api, turn.info
         session_id, request_id, one_turn = turn.session_id, turn.request_id, turn.one_turn
-        done = Forwarded(node_id=node)
+        shown = (
+            turn.client_id if turn.client_id.isascii() and turn.client_id.isprintable() else None
+        )
+        done = Forwarded(node_id=node, session_id=shown or None)
         turn.outcome.forwarded = done
         reported: list[asyncio.Task[bool]] = []
 
         def report_now() -> None:
             if not reported:
+                self._settle(turn, done)
+                ends = one_turn or (turn.fresh and done.error is not None)
                 reported.append(
-                    self._report_response(session_id, request_id, done, one_turn, info.model)
+                    self._report_response(session_id, request_id, done, ends, info.model)
                 )
 
         url = self.nodes.endpoint(node, api.path)
@@ -545,6 +676,26 @@ class Relay:
             )
         await asyncio.shield(reported[0])
         return Answered(response)
+
+    def _settle(self, turn: Turn, done: Forwarded) -> None:
+        """The forward is over (``done`` complete): remember the Responses id it served, and
+        record the session's new continuation tip, or give the claimed one back."""
+        answer = done.stats.answer
+        ok = done.error is None and done.status == 200 and answer is not None
+        now = self.clock()
+        if ok and answer.response_id:
+            self.response_ids.served(turn.tenant, answer.response_id, turn.client_id, now)
+        if turn.chain_end is None or self.continuations is None:
+            return
+        turn.outcome.continuation_settled = True
+        if ok:
+            items = answer_items(answer.text, answer.calls)
+            tip = chain(turn.chain_end, items)[-1] if items else turn.chain_end
+            self.continuations.answered(turn.session_id, tip, now)
+        elif not turn.fresh:
+            self.continuations.release(turn.session_id, now)
+        else:
+            self.continuations.forget(turn.session_id)
 
     def _done(self, endpoint: str, out: Outcome) -> None:
         """Count the request by its outcome and log its ``request_done`` line, the one line
@@ -587,8 +738,12 @@ class Relay:
         async def send(ids: bool) -> web.StreamResponse:
             outgoing = api.upstream(body, info, token_ids=ids)
             read = api.reader(body, ids)
+            if turn.transcribe:
+                read = transcribing_reader(read, api.name)
             if info.stream:
                 tracker = api.tracker(body, info, ids)
+                if turn.transcribe:
+                    tracker = Transcribing(tracker, api.name)
                 return await forward_stream(
                     request,
                     client,

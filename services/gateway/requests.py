@@ -9,13 +9,23 @@
   3. header ``X-Session-ID`` (TAO's own: the OpenCode plugin, mini-swe-agent's
      ``extra_headers``, any client; OpenCode 1.x sends it itself as ``X-Session-Id``);
   4. header ``x-session-affinity`` (OpenCode 1.x, for providers other than its own);
-  5. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field).
+  5. header ``X-SMG-Routing-Key`` (SGLang's model gateway routes a conversation by it);
+  6. header ``session-id``, then ``session_id`` (Codex CLI: its conversation id on every
+     Responses request; 0.171.0 sends ``session-id`` and ``thread-id``, captured by
+     tests/harness; earlier releases ``session_id``, codex-rs/codex-api/src/requests/headers.rs
+     ``build_conversation_headers``);
+  7. ``previous_response_id`` (``/v1/responses``): the session of the response it names,
+     which the gateway remembers for every response it served (:class:`ResponseIds`);
+  8. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field);
+  9. the conversation itself: a request that extends a live session's last request and answer
+     joins that session (:mod:`.continuation`; the relay asks it, source ``continued``);
+  10. none: a new session under a generated id. One whose conversation can be continued
+      (chat, messages, responses) stays open for its continuation, and ends by TAO's idle
+      timeout; one that cannot (``/v1/completions``) is one-turn, ended after its response.
 
   Claude Code's ids come first because its hook payloads report that same uuid, so requests
-  and tool events meet in one session even when a client also sets ``X-Session-ID``. A request
-  with none of them is a one-turn session under a generated id, ended by the gateway after its
-  response. OpenAI's ``previous_response_id`` would chain Responses API turns, but the gateway
-  does not serve ``/v1/responses`` (a 404), so nothing maps it.
+  and tool events meet in one session even when a client also sets ``X-Session-ID``. Explicit
+  ids (1-8) always win over content (9).
 * **Sub-agents** get sessions of their own, linked to their parent's, so a parent waiting in
   its sub-agent tool call stays in that call while the sub-agent's turns run:
 
@@ -68,6 +78,7 @@ __all__ = [
     "CHARS_PER_TOKEN",
     "CLAUDE_AGENT_HEADER",
     "CLAUDE_SESSION_HEADER",
+    "CODEX_SESSION_HEADER",
     "FIELD_TYPES",
     "HARNESS_HEADER",
     "MAX_BODY_DEPTH",
@@ -75,6 +86,7 @@ __all__ = [
     "MAX_ID_CHARS",
     "PARENT_HEADER",
     "SESSION_HEADER",
+    "SMG_HEADER",
     "BadRequest",
     "IdSource",
     "RequestInfo",
@@ -88,6 +100,7 @@ __all__ = [
     "parent_session",
     "parse_body",
     "read_body",
+    "read_json",
     "session_identity",
     "upstream_body",
 ]
@@ -98,21 +111,43 @@ AFFINITY_HEADER: Final = "x-session-affinity"
 PARENT_HEADER: Final = "x-parent-session-id"
 CLAUDE_AGENT_HEADER: Final = "x-claude-code-agent-id"
 HARNESS_HEADER: Final = "X-TAO-Harness"
+SMG_HEADER: Final = "X-SMG-Routing-Key"
+CODEX_SESSION_HEADER: Final = "session-id"
+CODEX_LEGACY_SESSION_HEADER: Final = "session_id"
 MAX_HARNESS_CHARS: Final = 128
 MAX_ID_CHARS: Final = 512
 """Longest parent session id read (a subject token's limit, ``subjects.MAX_TOKEN_LEN``)."""
-AGENT_HARNESSES: Final = (("claude-cli/", "claude-code"), ("opencode/", "opencode"))
+AGENT_HARNESSES: Final = (
+    ("claude-cli/", "claude-code"),
+    ("opencode/", "opencode"),
+    ("codex_exec/", "codex"),
+    ("codex_cli_rs/", "codex"),
+)
 """``User-Agent`` prefixes that name a harness: Claude Code 2.1.197 sends ``claude-cli/<version>
-(external, sdk-cli)``, OpenCode 1.18.33 ``opencode/<version> ai-sdk/…`` (tests/harness)."""
+(external, sdk-cli)``, OpenCode 1.18.33 ``opencode/<version> ai-sdk/…``, Codex CLI
+``codex_exec/<version> …`` from ``codex exec`` and ``codex_cli_rs/<version> …`` interactive
+(tests/harness)."""
 CHARS_PER_TOKEN: Final = 4
 _KEEP_PRIVATE: Final = frozenset({"tao_script"})
 
 IdSource = Literal[
-    "header", "user", "program_id", "metadata", "claude_header", "affinity", "generated"
+    "header",
+    "user",
+    "program_id",
+    "metadata",
+    "claude_header",
+    "affinity",
+    "smg",
+    "codex",
+    "previous_response",
+    "continued",
+    "generated",
 ]
 """Where a session id came from; ``metadata`` / ``claude_header``: Claude Code's
 ``metadata.user_id`` / ``X-Claude-Code-Session-Id`` (:mod:`.anthropic`); ``affinity``:
-OpenCode's ``x-session-affinity``."""
+OpenCode's ``x-session-affinity``; ``smg``: ``X-SMG-Routing-Key``; ``codex``: Codex's
+``session_id`` header; ``previous_response``: a served response's session; ``continued``: the
+conversation's content (:mod:`.continuation`)."""
 
 
 class BadRequest(ValueError):
@@ -165,6 +200,10 @@ FIELD_TYPES: Final[tuple[tuple[str, str, Callable[[object], bool]], ...]] = (
     ("program_id", "a string or an integer", _session_name),
     ("metadata", "an object", lambda v: type(v) is dict),
     ("return_token_ids", "a boolean (true or false)", lambda v: type(v) is bool),
+    ("input", "a string or a list", lambda v: type(v) in (str, list)),
+    ("instructions", "a string", lambda v: type(v) is str),
+    ("max_output_tokens", f"an integer from 1 to {_INT64 - 1}", _positive_int),
+    ("previous_response_id", "a string", lambda v: type(v) is str),
 )
 """The body fields the gateway reads, what each must be, and its check (``null`` is absent).
 The endpoint's own rules come after (:func:`describe_request`,
@@ -210,6 +249,12 @@ def parse_body(raw: object) -> dict[str, Any]:
 def read_body(data: bytes) -> dict[str, Any]:
     """Decode and check a model request's body (module docstring, "Body"): the object, or
     :class:`BadRequest` naming what is wrong and where."""
+    return parse_body(read_json(data))
+
+
+def read_json(data: bytes) -> object:
+    """``data`` as strict JSON nesting at most :data:`MAX_BODY_DEPTH` levels (a model request's
+    or a hook's body), or :class:`BadRequest` naming what is wrong and where."""
     try:
         tree = orjson.loads(data)
     except orjson.JSONDecodeError as exc:
@@ -219,7 +264,7 @@ def read_body(data: bytes) -> dict[str, Any]:
         if path is not None:
             path.reverse()
             raise BadRequest(_TOO_DEEP + _at(path))
-    return parse_body(tree)
+    return tree
 
 
 def _deeper(node: object, room: int) -> list[str | int] | None:
@@ -359,10 +404,12 @@ def session_identity(
     new_id: Callable[[], str],
     *,
     claude_metadata: str | None = None,
+    previous: Callable[[str], str | None] | None = None,
 ) -> tuple[str, IdSource]:
     """The session id of a request and where it came from (module docstring);
-    ``claude_metadata`` is the session uuid of a Messages request's ``metadata.user_id``."""
-    sid, source = _named_session(headers, body, claude_metadata)
+    ``claude_metadata`` is the session uuid of a Messages request's ``metadata.user_id``;
+    ``previous`` maps a served response id to its session (``previous_response_id``)."""
+    sid, source = _named_session(headers, body, claude_metadata, previous)
     if sid is None:
         return new_id(), "generated"
     agent = header(headers, CLAUDE_AGENT_HEADER) if source in _CLAUDE_SOURCES else ""
@@ -370,7 +417,10 @@ def session_identity(
 
 
 def _named_session(
-    headers: Mapping[str, str], body: Mapping[str, Any], claude_metadata: str | None
+    headers: Mapping[str, str],
+    body: Mapping[str, Any],
+    claude_metadata: str | None,
+    previous: Callable[[str], str | None] | None = None,
 ) -> tuple[str | None, IdSource]:
     if claude_metadata:
         return claude_metadata, "metadata"
@@ -378,6 +428,11 @@ def _named_session(
         value = header(headers, name)
         if value:
             return value, source
+    chained = body.get("previous_response_id")
+    if previous is not None and isinstance(chained, str) and chained.strip():
+        found = previous(chained.strip())
+        if found is not None:
+            return found, "previous_response"
     user = _id_value(body.get("user"))
     if user is not None:
         return user, "user"
@@ -391,6 +446,9 @@ _ID_HEADERS: Final[tuple[tuple[str, IdSource], ...]] = (
     (CLAUDE_SESSION_HEADER, "claude_header"),
     (SESSION_HEADER, "header"),
     (AFFINITY_HEADER, "affinity"),
+    (SMG_HEADER, "smg"),
+    (CODEX_SESSION_HEADER, "codex"),
+    (CODEX_LEGACY_SESSION_HEADER, "codex"),
 )
 _CLAUDE_SOURCES: Final = frozenset({"metadata", "claude_header"})
 
@@ -419,6 +477,9 @@ _READ_HEADERS: Final = (
     CLAUDE_SESSION_HEADER,
     SESSION_HEADER,
     AFFINITY_HEADER,
+    SMG_HEADER,
+    CODEX_SESSION_HEADER,
+    CODEX_LEGACY_SESSION_HEADER,
     PARENT_HEADER,
     CLAUDE_AGENT_HEADER,
     HARNESS_HEADER,
@@ -515,7 +576,7 @@ def estimate_prompt_tokens(body: Mapping[str, Any]) -> int:
 
 
 def _max_tokens(body: Mapping[str, Any]) -> int | None:
-    for key in ("max_completion_tokens", "max_tokens"):
+    for key in ("max_completion_tokens", "max_tokens", "max_output_tokens"):
         value = body.get(key)
         if isinstance(value, int) and not isinstance(value, bool):
             return value

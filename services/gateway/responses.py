@@ -67,6 +67,9 @@ class ResponseStats:
     """The node's prompt token ids (``return_token_ids``), ``None`` when it sent none."""
     output_ids: list[Any] | None = None
     """Choice 0's output token ids, ``None`` when the node sent none."""
+    answer: Any = None
+    """The answer's words (:class:`.answers.Answer`) when the API's reader was asked for them
+    (session continuation by content), else ``None``."""
 
 
 def int_or_zero(value: object) -> int:

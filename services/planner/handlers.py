@@ -152,6 +152,9 @@ class Planner:
     plans unfenced). While it does not lead, or has not yet fenced the domain at its epoch,
     snapshots are dropped (:attr:`standby_skips`)."""
     standby_skips: int = 0
+    rounds: int = 0
+    """Plan rounds this replica ran (its readiness record shows them, :mod:`.app`)."""
+    last_tick: int = 0
     fenced: int = 0
     """The epoch this replica has fenced the domain at (:meth:`on_leadership`): it plans only
     under that epoch, so no plan of its own lands before a deposed leader's are refused."""
@@ -186,6 +189,13 @@ class Planner:
         options = PlanOptions(budget=self.budget, expired=lambda: time.monotonic() > deadline)
         return decide(snap, self.policy, options)
 
+    @property
+    def can_plan(self) -> bool:
+        """Whether this replica plans now: the only planner, or the leader once it fenced the
+        domain at its epoch."""
+        leader = self.leader
+        return leader is None or (leader.leading and self.fenced == leader.epoch)
+
     async def on_leadership(self, epoch: int) -> None:
         """The lease was taken (``epoch`` > 0) or lost (0). On taking it: fence the domain at
         the new epoch (a deposed leader's late applies are refused from now on), then re-publish
@@ -215,6 +225,8 @@ class Planner:
         try:
             return await self._plan(snap, epoch)
         finally:  # bookkeeping, off the tool-end -> placement path
+            self.rounds += 1
+            self.last_tick = snap.core.tick
             with anyio.CancelScope(shield=True):
                 await self.store.incr(ticks=1)
 

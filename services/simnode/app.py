@@ -124,6 +124,7 @@ def create_app(config: SimNodeConfig) -> web.Application:
     app.router.add_post("/v1/chat/completions", node.chat)
     app.router.add_post("/v1/completions", node.completions)
     app.router.add_post("/v1/messages", node.messages)
+    app.router.add_post("/v1/responses", node.responses)
     app.router.add_get("/v1/models", node.models)
     app.router.add_get("/health", node.health)
     app.router.add_get("/healthz", node.health)

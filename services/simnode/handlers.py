@@ -7,6 +7,9 @@ response, or of the first chunk) and ``token_ids`` on the choice (each chunk: it
 completions put both on the choice. They are the ids the engine caches: the rendered prompt
 and the reply's output, so their full blocks are the node's KV blocks.
 
+``POST /v1/responses`` serves the OpenAI Responses API (:mod:`services.simnode.responses`),
+scripted like chat; ``max_output_tokens`` limits it as ``max_tokens`` does chat.
+
 ``POST /v1/messages`` serves the Anthropic Messages API (:mod:`services.simnode.anthropic`),
 scripted like chat by ``tao_script``; unscripted, it writes ``min(max_tokens, 64)`` tokens
 (Claude Code asks for up to 32,000), ``stop_reason`` ``max_tokens`` only when that is all.
@@ -26,6 +29,7 @@ from typing import Any, Final
 from aiohttp import web
 
 from services.simnode import anthropic as anth
+from services.simnode import responses as resp_api
 from services.simnode import tokenizer as tok
 from services.simnode.runner import EngineRunner, Waiter
 from shared.core.engine import Completion, EngineRequest, generated_token_ids
@@ -226,6 +230,21 @@ class SimNode:
             return anthropic_error(400, str(exc), "invalid_request_error")
         return await self._serve(request, body, rid, prompt, reply, api="messages")
 
+    async def responses(self, request: web.Request) -> web.StreamResponse:
+        """``POST /v1/responses``: the OpenAI Responses API (stream or not)."""
+        try:
+            body = await read_json(request)
+            try:
+                prompt = tok.render_messages(resp_api.chat_messages(body), body.get("tools"))
+            except tok.TemplateError as exc:
+                raise BadRequest(str(exc), "input") from None
+            rid = self._new_id("resp")
+            limit = _int_field(body, "max_output_tokens", 1)
+            reply = plan_reply({**body, "max_tokens": limit}, rid)
+        except BadRequest as exc:
+            return error_response(400, str(exc), "BadRequestError", exc.param)
+        return await self._serve(request, body, rid, prompt, reply, api="responses")
+
     async def _serve(
         self,
         request: web.Request,
@@ -244,10 +263,13 @@ class SimNode:
         except ValueError as exc:
             if api == "messages":
                 return anthropic_error(400, str(exc), "invalid_request_error")
-            return error_response(400, str(exc), "BadRequestError", "messages")
+            return error_response(400, str(exc), "BadRequestError", "messages")  # or input
         ids = prompt if body.get("return_token_ids") is True and api != "messages" else None
         chat = api == "chat"
         try:
+            if api == "responses":
+                serve = resp_api.stream if streaming else resp_api.unary
+                return await serve(self, request, body, rid, reply, waiter)
             if api == "messages":
                 if streaming:
                     return await self._stream_message(request, rid, prompt, reply, waiter)

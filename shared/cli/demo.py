@@ -33,6 +33,16 @@ result (or, after a turn without a tool, a user message) adds the next turn's re
 growth. Arrivals and tool durations are divided by ``--time-scale``, as the simnodes' engine
 time is; ``--sessions`` / ``--turns`` cap the sessions replayed and the turns per session.
 
+No policy is timed on a cold stack: before its timed sessions, each run warms its stack
+(:func:`_warm_up`, whose requests are neither timed nor counted). Its stack was already ready
+when it started (the planner's kernels loaded and planning: ``/readyz``); the warm-up then sends
+short one-turn requests, a round at a time, until every node has served one (the simnodes'
+block-pool kernels load at a node's first request), so each request was also admitted by a
+plan round. The planner counters are read after the warm-up and reported as the difference.
+It prints one line per run (``warmed up: N requests, nodes ..., X s, not timed``) and the JSON
+rows carry ``warmup_requests`` / ``warmup_nodes`` / ``warmup_s``; so the first column is never
+penalised for running first.
+
 Measured per policy (all from the client side, except the planner counters, read from Redis):
 tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), tool end → first
 token mean (the time from reporting the tool's end to the next call's first token), prefix cache
@@ -41,6 +51,14 @@ hit rate (Σ cached / Σ prompt tokens from ``usage``), interrupts per tool call
 served by another node than the session's previous turn, read from the gateway's
 ``X-TAO-Node`` answer header, else from the completion id a simnode gives,
 ``chatcmpl-<node>-<n>``; ``-`` when neither names the node), plans applied / discarded.
+
+With ``--identity none`` the sessions send no session id at all (no ``X-Session-ID``, no
+``user``), as a stock ``openai`` client does: the gateway keeps each session together by its
+conversation (services.gateway.continuation) and names it in each answer's
+``X-TAO-Session-Id``, under which the demo reports its tool events and ends it.
+
+The clients send ``TAO_GATEWAY_KEY`` (or ``TAO_GATEWAY_KEY_FILE``'s content) as their key, for
+a gateway that asks for one (``--against`` a compose gateway, which listens beyond loopback).
 
 With ``--nodes-file FILE`` (``tao engines up`` writes one) the stacks front those real nodes
 instead of simnodes, and each policy's run first empties their prefix caches (vLLM's
@@ -63,7 +81,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
@@ -88,6 +106,7 @@ if TYPE_CHECKING:
 __all__ = ["DemoResult", "add_demo_parser", "demo_table"]
 
 _NODE_HEADER = "X-TAO-Node"  # the gateway names the serving node (services.gateway.proxy)
+_SESSION_HEADER = "X-TAO-Session-Id"  # ... and the session it served the turn in
 
 _WORDS = [
     "the",
@@ -156,6 +175,11 @@ class DemoResult:
     wall_s: float = 0.0
     repeat: int = 0
     """Which of ``--repeat`` runs this is (0-based; its workload seed is ``--seed`` + it)."""
+    warmup_requests: int = 0
+    """Untimed requests sent before the timed sessions (:func:`_warm_up`)."""
+    warmup_nodes: list[str] = field(default_factory=list)
+    """The nodes that served a warm-up request (by the gateway's node header)."""
+    warmup_s: float = 0.0
 
     def row(self) -> dict[str, Any]:
         """The table row / JSON object of this run."""
@@ -163,6 +187,7 @@ class DemoResult:
             "policy": self.policy,
             "tasks_done": self.tasks_done,
             "sessions": self.sessions,
+            "turns": len(self.ttfts),
             "latency_mean_s": _mean(self.latencies),
             "latency_p99_s": _p99(self.latencies),
             "ttft_mean_s": _mean(self.ttfts),
@@ -182,6 +207,9 @@ class DemoResult:
             "errors": len(self.errors),
             "wall_s": self.wall_s,
             "repeat": self.repeat,
+            "warmup_requests": self.warmup_requests,
+            "warmup_nodes": self.warmup_nodes,
+            "warmup_s": self.warmup_s,
         }
 
 
@@ -339,6 +367,8 @@ class _Turn:
     tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
     content: list[str] = field(default_factory=list)
     served: str | None = None
+    session: str | None = None
+    """The session the gateway served the turn in (``X-TAO-Session-Id``)."""
 
     def message(self) -> dict[str, Any]:
         """The assistant message for the next request's history."""
@@ -360,16 +390,18 @@ async def _stream_turn(
 ) -> _Turn:
     """Send one chat request of session ``sid`` (scripted by ``reply``) and read its stream."""
     turn = _Turn(sent=time.monotonic())
+    named = getattr(args, "identity", "header") == "header"
     raw = await client.chat.completions.with_raw_response.create(
         model=args.model,
         messages=messages,
         stream=True,
         stream_options={"include_usage": True},
         max_tokens=reply["output_tokens"],
-        extra_headers={"X-Session-ID": sid},
+        extra_headers={"X-Session-ID": sid} if named else {},
         extra_body={"tao_script": reply},
     )
     turn.served = raw.headers.get(_NODE_HEADER)
+    turn.session = raw.headers.get(_SESSION_HEADER)
     stream = raw.parse()
     async for chunk in stream:
         turn.served = turn.served or served_by(getattr(chunk, "id", None))
@@ -467,6 +499,8 @@ async def _session(
                 "arguments": {"command": f"pytest -k t{turn}"},
             }
         answer = await _stream_turn(client, args, sid, messages, reply)
+        if getattr(args, "identity", "header") == "none" and answer.session:
+            sid = answer.session  # the gateway found the session by the conversation
         node = _count_turn(result, answer, node, tool_end_at)
         messages.append(answer.message())
         if last:
@@ -503,6 +537,8 @@ class Target:
     redis_url: str | None
     namespace: str = ""
     domain: str = "default"
+    nodes: int = 0
+    """How many nodes the warm-up should see serve (0: unknown, one round)."""
 
 
 class _NoBus:
@@ -523,15 +559,28 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
     from shared.infra.bus import Bus
 
     result = DemoResult(policy=policy, sessions=args.sessions)
+    key = gateway_key(os.environ)
     bus: Any = _NoBus()
     if target.nats_url:
         bus = await Bus.connect(target.nats_url, name="tao-demo", namespace=target.namespace)
     client = openai.AsyncOpenAI(
-        base_url=f"{target.gateway_url}/v1", api_key="tao-demo", max_retries=2, timeout=300.0
+        base_url=f"{target.gateway_url}/v1", api_key=key, max_retries=2, timeout=300.0
     )
-    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30.0)) as http:
+    timeout = aiohttp.ClientTimeout(total=30.0)
+    auth = {"Authorization": f"Bearer {key}"}
+    async with aiohttp.ClientSession(timeout=timeout, headers=auth) as http:
         models = await _wait_for_models(client, args.model)
         args.model = args.model or models[0]
+        await _warm_up(client, args, http, target, result)
+        before: dict[str, Any] = {}
+        if target.redis_url:
+            before = await _planner_stats(target.redis_url, target.domain)
+        if not args.json:
+            nodes = ", ".join(result.warmup_nodes) or "not named"
+            sys.stderr.write(
+                f"tao demo: {policy}: warmed up: {result.warmup_requests} requests, nodes "
+                f"{nodes}, {result.warmup_s:.1f} s, not timed\n"
+            )
         began = time.monotonic()
         ticker = asyncio.create_task(_progress(result, began, args))
         try:
@@ -549,8 +598,68 @@ async def _drive(target: Target, args: argparse.Namespace, policy: str) -> DemoR
     await client.close()
     await bus.drain()
     if target.redis_url:
-        result.planner = await _planner_stats(target.redis_url, target.domain)
+        result.planner = counted_since(
+            await _planner_stats(target.redis_url, target.domain), before
+        )
     return result
+
+
+def gateway_key(env: Mapping[str, str]) -> str:
+    """The key the demo's clients send: ``TAO_GATEWAY_KEY``, else the content of
+    ``TAO_GATEWAY_KEY_FILE`` (a gateway beyond loopback asks for it, as compose's does), else
+    a placeholder (a gateway on loopback asks for none)."""
+    key = env.get("TAO_GATEWAY_KEY", "").strip()
+    path = env.get("TAO_GATEWAY_KEY_FILE", "").strip()
+    if not key and path:
+        try:
+            key = Path(path).expanduser().read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise DemoError(f"TAO_GATEWAY_KEY_FILE: cannot read {path} ({exc})") from None
+    return key or "tao-demo"
+
+
+WARMUP_ROUNDS = 6
+"""Rounds of warm-up requests at most (:func:`_warm_up`)."""
+
+
+async def _warm_up(
+    client: Any, args: argparse.Namespace, http: Any, target: Target, result: DemoResult
+) -> None:
+    """Warm the stack before the timed sessions: rounds of concurrent one-turn requests (two
+    per node not yet seen), each its own session, ended at once, until every node has served
+    one (at most :data:`WARMUP_ROUNDS`; one round when the node count is unknown). Recorded in
+    ``result.warmup_*``; nothing of it is timed or counted in the results."""
+    t0 = time.monotonic()
+    served: set[str] = set()
+    tag = uuid.uuid4().hex[:8]
+    for rnd in range(WARMUP_ROUNDS):
+        want = max(1, target.nodes - len(served))
+        sids = [f"warmup-{tag}-{rnd}-{i}" for i in range(2 * want)]
+        reply = {"output_tokens": 4, "tool_call": None}
+        turns = await asyncio.gather(
+            *(
+                _stream_turn(client, args, sid, [{"role": "user", "content": "warm up"}], reply)
+                for sid in sids
+            )
+        )
+        for sid in sids:
+            async with http.delete(f"{target.gateway_url}/v1/sessions/{sid}") as resp:
+                resp.raise_for_status()
+        result.warmup_requests += len(sids)
+        served.update(t.served for t in turns if t.served is not None)
+        if target.nodes <= 0 or len(served) >= target.nodes:
+            break
+    result.warmup_nodes = sorted(served)
+    result.warmup_s = time.monotonic() - t0
+
+
+def counted_since(after: dict[str, Any], before: dict[str, Any]) -> dict[str, Any]:
+    """The planner counters of ``after`` less those of ``before`` (the warm-up's); other
+    values (methods, solve-time percentiles) as ``after`` has them."""
+    return {
+        k: v - before[k] if isinstance(v, int) and isinstance(before.get(k), int) else v
+        for k, v in after.items()
+    }
 
 
 PROGRESS_S = 5.0
@@ -654,6 +763,12 @@ def add_demo_parser(sub: Any) -> None:
         "--repeat", type=int, default=1, metavar="N",
         help="run every policy N times, interleaved, repeat r on workload seed --seed + r; "
         "the table shows mean ± sd and each policy's paired difference to the first",
+    )  # fmt: skip
+    p.add_argument(
+        "--identity", choices=("header", "none"), default="header",
+        help="how each session names itself: header (X-Session-ID, the default) or none (no "
+        "id at all, as a stock openai client sends: the gateway keeps the session by the "
+        "conversation's content; tool events go under the session id its answers name)",
     )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print the results as JSON")
     p.add_argument(
@@ -765,7 +880,12 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                         )
                         out.flush()
                     target = Target(
-                        stack.gateway_url, stack.nats_for("ops"), stack.redis_for("ops"), ns, domain
+                        stack.gateway_url,
+                        stack.nats_for("ops"),
+                        stack.redis_for("ops"),
+                        ns,
+                        domain,
+                        nodes=len(stack.node_urls) or len(real),
                     )
                     result = asyncio.run(_drive(target, args, policy))
                     result.repeat = rep

@@ -31,6 +31,7 @@ from shared.cli.sim import add_sim_parser, int_at_least, positive_number
 from shared.cli.snapshot import parse_snapshot
 from shared.cli.top import add_top_parser
 from shared.cli.trace import add_trace_parser
+from shared.cli.warm import add_warm_parser
 from shared.core.generate import CreditMode, generate
 from shared.core.policies import DEFAULT_BUDGET, POLICY_NAMES, UnknownPolicyError
 from shared.core.problem import Problem, ProblemError
@@ -157,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspect_parser(sub)
     add_engines_parser(sub)
     add_keys_parser(sub)
+    add_warm_parser(sub)
     return parser
 
 

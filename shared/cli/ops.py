@@ -29,6 +29,7 @@ from typing import Any, TextIO
 import anyio
 import orjson
 
+from services.gateway.gatewaykey import KeyPolicy
 from shared.cli.stack import SERVICES, Stack, StackConfig, StackError
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.infra.access import redact
@@ -66,6 +67,12 @@ def add_ops_parsers(sub: Any) -> None:
     up.add_argument("--sim-nodes", type=int, default=2, metavar="N", help="simnodes (default 2)")
     up.add_argument("--policy", metavar="NAME", help="placement policy (default: TAO_POLICY)")
     up.add_argument("--port", type=int, default=8000, help="gateway port (default 8000)")
+    up.add_argument(
+        "--host", default="127.0.0.1",
+        help="gateway listen address (default 127.0.0.1); beyond loopback, e.g. 0.0.0.0, "
+        "clients and hooks need the gateway key (TAO_GATEWAY_KEY, or one generated and "
+        "shown once)",
+    )  # fmt: skip
     up.add_argument("--time-scale", type=float, default=1.0, help="simnode speed-up (default 1)")
     up.add_argument(
         "--kv-tokens", type=int, metavar="N",
@@ -128,6 +135,7 @@ def up_config(args: argparse.Namespace, env: Mapping[str, str]) -> StackConfig:
     return StackConfig(
         sim_nodes=args.sim_nodes,
         policy=args.policy,
+        gateway_host=args.host,
         gateway_port=args.port,
         time_scale=args.time_scale,
         kv_tokens=args.kv_tokens,
@@ -183,8 +191,9 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         if stack.access_dir is not None:
             kind += f", one user per service: {stack.access_dir}"
         out.write(
-            f"tao up: gateway {stack.gateway_url}/v1\n"
-            f"  nats  {redact(stack.nats_for('ops'))} ({kind})\n"
+            f"tao up: gateway {stack.gateway_url}/v1 (listening on {config.gateway_host})\n"
+            + key_lines(stack.keys)
+            + f"  nats  {redact(stack.nats_for('ops'))} ({kind})\n"
             f"  redis {redact(stack.redis_for('ops'))} ({kind})\n"
             + "".join(f"  node  {k} {v}\n" for k, v in stack.node_urls.items())
             + (f"  nodes file {nodes_file}\n" if nodes_file else "")
@@ -204,6 +213,24 @@ def _cmd_up(args: argparse.Namespace, out: TextIO) -> int:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     return 0
+
+
+def key_lines(keys: KeyPolicy | None) -> str:
+    """What ``tao up`` says about the gateway key: the key itself only when this start
+    generated it (once, as Jupyter shows its token), else where it comes from."""
+    if keys is None or keys.mode in ("open", "tenants"):
+        return ""
+    if keys.mode == "off":
+        return "  key   none: TAO_GATEWAY_AUTH=off, anyone who reaches the gateway may use it\n"
+    if keys.generated:
+        return (
+            f"  key   {keys.key}\n"
+            f"        (generated; stored in {keys.path}, owner only; shown this once. Clients\n"
+            "        send 'Authorization: Bearer <key>' or 'x-api-key', hooks "
+            "'X-TAO-Hook-Token')\n"
+        )
+    where = keys.path if keys.path is not None else keys.source
+    return f"  key   required; from {where}\n"
 
 
 # -- tao status ----------------------------------------------------------------------------------

@@ -12,10 +12,19 @@
    the gateway, all with the same environment (URLs, ``TAO_NODES_FILE`` naming the generated
    ``<log dir>/nodes.toml`` of the simnodes, policy, namespace and domain).
 
-Each child logs to ``<log dir>/<name>.log``. The stack waits until every simnode and the gateway
-answer ``/healthz`` and fails with :class:`StackError` (naming the child and its log) when one
-exits or does not answer in time. :meth:`Stack.stop` terminates the children in reverse order
-(then kills stragglers) and stops the embedded servers.
+Each child logs to ``<log dir>/<name>.log``. The stack waits until every simnode answers
+``/healthz`` and the gateway answers ``/readyz`` (the planner warm and planning, a node healthy:
+:mod:`services.gateway.ready`), so that the first request is served without the planner's
+warm-up, and fails with :class:`StackError` (naming the child, its log and, for the gateway,
+what it was still waiting for) when one exits or does not get there in time.
+
+The gateway listens on ``StackConfig.gateway_host`` (``tao up --host``; loopback by default).
+Beyond loopback it needs a key (:mod:`services.gateway.gatewaykey`): the stack resolves it before
+the gateway starts (generating ``<state dir>/gateway.key`` on the first start), so that ``tao
+up`` can show a generated key once (:attr:`Stack.keys`).
+
+:meth:`Stack.stop` terminates the children in reverse order (then kills stragglers) and stops
+the embedded servers.
 """
 
 from __future__ import annotations
@@ -27,20 +36,32 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
 
+from services.gateway import gatewaykey
+from services.gateway.gatewaykey import KeyPolicy
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.infra.access import ADMIN, SERVICE_ROLES, Access, read_access_dir, write_access_dir
 from shared.infra.embedded import EmbeddedServers, free_port, stop_processes
+from shared.infra.errors import SettingsError
 from shared.infra.nodesfile import render_nodes_file
-from shared.infra.settings import NodeSpec, with_url_files
+from shared.infra.settings import NodeSpec, Settings, with_url_files
 from shared.infra.signing import new_key_files
 
-__all__ = ["SERVICES", "Stack", "StackConfig", "StackError", "exit_reason", "simnode_launch"]
+__all__ = [
+    "SERVICES",
+    "Stack",
+    "StackConfig",
+    "StackError",
+    "exit_reason",
+    "reach",
+    "simnode_launch",
+]
 
 SERVICES: tuple[str, ...] = ("telemetry", "tools", "valuation", "planner", "gateway")
 """The services ``tao up`` starts, in start order (the gateway last: it serves clients)."""
@@ -80,12 +101,22 @@ def exit_reason(log: Path, name: str) -> str | None:
     return None
 
 
+def reach(host: str) -> str:
+    """The address this machine reaches a server listening on ``host`` at: loopback for a
+    wildcard (``0.0.0.0``, ``::``, empty), bracketed for IPv6."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def simnode_launch(
     i: int, cfg: StackConfig, ports: tuple[int, int, int]
 ) -> tuple[list[str], NodeSpec]:
     """The command of simnode ``i`` on ``ports`` (HTTP, KV events, replay) and its nodes-file
     entry. Everything listens on loopback, as the rest of ``tao up`` does (vLLM's KV-event
-    format on ZMQ; vLLM itself binds the endpoint it is given)."""
+    format on ZMQ; the simnode binds both endpoints, its PUB by --kv-bind)."""
     node_id = f"sim{i}"
     port, kv_port, replay_port = ports
     kv, replay = f"tcp://127.0.0.1:{kv_port}", f"tcp://127.0.0.1:{replay_port}"
@@ -121,6 +152,7 @@ class StackConfig:
 
     sim_nodes: int = 2
     policy: str | None = None
+    gateway_host: str = "127.0.0.1"
     gateway_port: int = 0
     time_scale: float = 1.0
     kv_tokens: int | None = None
@@ -169,6 +201,8 @@ class Stack:
         self.access: Access | None = None
         """The roles' credentials when the stack's servers check them, else None."""
         self.access_dir: Path | None = access_dir
+        self.keys: KeyPolicy | None = None
+        """Who may call the gateway (after :meth:`start`); ``generated``: shown once."""
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -178,11 +212,15 @@ class Stack:
             self._start_servers()
             self._start_simnodes()
             self.env = self.service_env()
+            try:
+                self.keys = gatewaykey.resolve(Settings.from_env(self.env), self.env)
+            except SettingsError as exc:
+                raise StackError(f"gateway: {exc}") from None
             for name in SERVICES:
                 self._spawn(name, [sys.executable, "-m", f"services.{name}"], self.env_for(name))
             for node_id, url in self.node_urls.items():
                 self._wait_http(node_id, f"{url}/healthz")
-            self._wait_http("gateway", f"{self.gateway_url}/healthz")
+            self._wait_http("gateway", f"{self.gateway_url}/readyz")
         except BaseException:
             self.stop()
             raise
@@ -297,7 +335,7 @@ class Stack:
             {
                 "TAO_NATS_URL": self.nats_url,
                 "TAO_REDIS_URL": self.redis_url,
-                "TAO_GATEWAY_HOST": "127.0.0.1",
+                "TAO_GATEWAY_HOST": cfg.gateway_host,
                 "TAO_GATEWAY_PORT": str(port),
                 "TAO_NAMESPACE": cfg.namespace,
             }
@@ -312,7 +350,7 @@ class Stack:
         env.update(cfg.extra_env)
         if not env.get("TAO_PLACEMENT_KEY") and not env.get("TAO_PLACEMENT_KEYS"):
             env.update(self._placement_keys())
-        self.gateway_url = f"http://127.0.0.1:{env['TAO_GATEWAY_PORT']}"
+        self.gateway_url = f"http://{reach(env['TAO_GATEWAY_HOST'])}:{env['TAO_GATEWAY_PORT']}"
         return env
 
     def launch_of(self, name: str) -> tuple[list[str], dict[str, str]]:
@@ -342,14 +380,22 @@ class Stack:
     def _wait_http(self, name: str, url: str) -> None:
         proc = next(p for n, p, _ in self._procs if n == name)
         deadline = time.monotonic() + _READY_TIMEOUT_S
+        waiting = ""
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise StackError(self.exited(name, proc.returncode))
-            with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1.0) as resp:
-                if resp.status == 200:
-                    return
+            try:
+                with urllib.request.urlopen(url, timeout=1.0) as resp:
+                    if resp.status == 200:
+                        return
+            except urllib.error.HTTPError as exc:  # 503 from /readyz: what it still waits for
+                with contextlib.suppress(ValueError, OSError):
+                    waiting = str(json.loads(exc.read()).get("reason") or "")
+            except OSError:
+                pass
             time.sleep(0.1)  # polling a child at start-up
+        still = f"; still {waiting}" if waiting else ""
         raise StackError(
-            f"{name}: did not answer {url} within {_READY_TIMEOUT_S:g} s "
+            f"{name}: did not answer {url} within {_READY_TIMEOUT_S:g} s{still} "
             f"(log: {self.log_dir / (name + '.log')})"
         )

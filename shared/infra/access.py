@@ -184,7 +184,9 @@ REDIS_GRANTS: Final[Mapping[str, RedisGrant]] = {
     "telemetry": RedisGrant(writes=("n:*", "nodes", "res:*", "nres:*", "chain:*", "chains")),
     "tools": RedisGrant(writes=(*_SESSION_KEYS, "chains", "toolstats", "n:*")),
     "valuation": RedisGrant(writes=(*_SESSION_KEYS, "chains", "n:*")),
-    "planner": RedisGrant(writes=("s:*", "pool", "admitted_tool", "n:*", "planner", "solve_ms")),
+    "planner": RedisGrant(
+        writes=("s:*", "pool", "admitted_tool", "n:*", "planner", "solve_ms", "ready")
+    ),
     "gateway": RedisGrant(),
     "hook": RedisGrant(reads=False),
     "ops": RedisGrant(),

@@ -32,6 +32,7 @@ from shared.infra.store_types import (
     ChainsRead,
     NodeRecord,
     NodeUpdate,
+    PlannerReady,
     Samples,
     SessionFn,
     SessionFnWith,
@@ -65,6 +66,7 @@ class FakeStore:
         self._chains: dict[str, str] = {}  # sid -> encoded chain (no TTL here)
         self._tools: dict[str, ToolStats] = {}
         self._overall = ToolStats()
+        self._ready: PlannerReady | None = None
         self._counters: dict[str, int] = {}
         self._solve_ms: list[float] = []
 
@@ -382,6 +384,12 @@ class FakeStore:
 
     async def planner_stats(self) -> dict[str, object]:
         return planner_stats_from(self._counters, self._solve_ms)
+
+    async def put_planner_ready(self, record: PlannerReady) -> None:
+        self._ready = record  # no expiry here: readers check PlannerReady.fresh
+
+    async def planner_ready(self) -> PlannerReady | None:
+        return self._ready
 
     async def status(self) -> dict[str, object]:
         return status_dict(

@@ -16,6 +16,8 @@ unchanged on a cluster. Layout, for the domain ``default``::
     tao:{default}:toolstats     hash   "tool:<name>" -> serialised ToolStats; "global" -> all tools
     tao:{default}:planner       hash   planner counters (ticks, plans_applied, ...)
     tao:{default}:solve_ms      list   the last SOLVE_SAMPLES solve times, newest first
+    tao:{default}:ready         hash   the planning replica's readiness record, expiring
+                                       (store_types.PlannerReady; the gateway's /readyz)
 
 Session hash fields (the ones Lua reads and writes are separate; floats are stored as Python
 ``repr`` strings, which round-trip exactly, never through Lua numbers)::
@@ -195,6 +197,10 @@ class Keys:
     @property
     def solve_ms(self) -> str:
         return f"{self.base}solve_ms"
+
+    @property
+    def ready(self) -> str:
+        return f"{self.base}ready"
 
     def pattern(self) -> str:
         """A SCAN pattern matching every key of this domain (for tests and ``tao reset``)."""

@@ -39,7 +39,14 @@ message names the variable, what is wrong and what was given
 | TAO_RETRY_AFTER_S         | 2         | Retry-After sent with the 503, s (> 0)                  |
 | TAO_MAX_BODY_BYTES        | 33554432  | largest request body the gateway reads (413 beyond it)  |
 | TAO_TENANTS_FILE          | (unset)   | tenants, API keys, hook tokens (TOML; tenants.py): set, |
-|                           |           | the gateway requires keys; unset, it trusts everyone    |
+|                           |           | the gateway requires tenants' keys; unset: below        |
+| TAO_GATEWAY_AUTH          | auto      | auto: a key is needed when the gateway listens beyond   |
+|                           |           | loopback (no tenants file); on: always; off: never      |
+| TAO_GATEWAY_KEY           | (unset)   | the key clients and hooks present (gatewaykey.py)       |
+| TAO_GATEWAY_KEY_FILE      | (unset)   | file holding TAO_GATEWAY_KEY; neither set: generated    |
+|                           |           | once into TAO_STATE_DIR/gateway.key (0600), printed once|
+| TAO_STATE_DIR             | (below)   | the gateway's state; default $XDG_STATE_HOME/tao or     |
+|                           |           | ~/.local/state/tao                                      |
 | TAO_HOOK_RATE             | 20        | hook posts per second per session at the gateway (> 0)  |
 | TAO_HOOK_BURST            | 200       | hook posts a session may send at once (429 beyond)      |
 | TAO_NODE_API_KEY          | (unset)   | sent to the nodes as `Authorization: Bearer` (vLLM      |
@@ -48,6 +55,9 @@ message names the variable, what is wrong and what was given
 | TAO_PLACEMENT_KEYS        | (unset)   | gateway: trusted placement keys; set, unsigned, forged  |
 |                           |           | or expired placements are rejected and counted          |
 | TAO_IDLE_TIMEOUT_S        | 300       | a session idle this long is ended, s (> 0)              |
+| TAO_CONTINUATION_SESSIONS | 100000    | unnamed sessions the gateway remembers per tenant to    |
+|                           |           | join their continuations by content (>= 0, 0: off: a    |
+|                           |           | request with no id is then a one-turn session)          |
 | TAO_SERVICE_NAME          | (unset)   | overrides the service name (logs, NATS client name)     |
 | TAO_INSTANCE              | (host)    | this replica's name in leader election (lease.py);      |
 |                           |           | default `<hostname>-<service>`; unique per replica      |
@@ -94,6 +104,7 @@ from .redisconn import CLUSTER_SCHEMES, is_cluster_url, startup_nodes
 from .shard import ONE, Shard, parse_shard
 
 __all__ = [
+    "GATEWAY_AUTH",
     "LOG_FORMATS",
     "LOG_LEVELS",
     "URL_FILES",
@@ -106,6 +117,7 @@ __all__ = [
 
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
+GATEWAY_AUTH: Final = ("auto", "on", "off")
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_-]{0,64}")
 
@@ -140,12 +152,17 @@ class Settings:
     retry_after_s: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
     tenants_file: str | None = None
+    gateway_auth: str = "auto"
+    gateway_key: str | None = field(default=None, repr=False)
+    gateway_key_file: str | None = None
+    state_dir: str | None = None
     hook_rate: float = 20.0
     hook_burst: int = 200
     node_api_key: str | None = None
     placement_key: str | None = None
     placement_keys: str | None = None
     idle_timeout_s: float = 300.0
+    continuation_sessions: int = 100_000
     service_name: str | None = None
     instance: str | None = None
     lease_ttl_s: float = 2.0
@@ -395,12 +412,17 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "retry_after_s": ("TAO_RETRY_AFTER_S", _POSITIVE),
     "max_body_bytes": ("TAO_MAX_BODY_BYTES", _integer(lo=1024)),
     "tenants_file": ("TAO_TENANTS_FILE", _text),
+    "gateway_auth": ("TAO_GATEWAY_AUTH", _choice(GATEWAY_AUTH)),
+    "gateway_key": ("TAO_GATEWAY_KEY", _text),
+    "gateway_key_file": ("TAO_GATEWAY_KEY_FILE", _text),
+    "state_dir": ("TAO_STATE_DIR", _text),
     "hook_rate": ("TAO_HOOK_RATE", _POSITIVE),
     "hook_burst": ("TAO_HOOK_BURST", _integer(lo=1)),
     "node_api_key": ("TAO_NODE_API_KEY", _text),
     "placement_key": ("TAO_PLACEMENT_KEY", _text),
     "placement_keys": ("TAO_PLACEMENT_KEYS", _text),
     "idle_timeout_s": ("TAO_IDLE_TIMEOUT_S", _POSITIVE),
+    "continuation_sessions": ("TAO_CONTINUATION_SESSIONS", _integer(lo=0)),
     "service_name": ("TAO_SERVICE_NAME", _name),
     "instance": ("TAO_INSTANCE", _name),
     "lease_ttl_s": ("TAO_LEASE_TTL_S", _lease_ttl),

@@ -98,6 +98,7 @@ from shared.infra.store_types import (
     Folded,
     NodeRecord,
     NodeUpdate,
+    PlannerReady,
     Samples,
     SessionFn,
     SessionFnWith,
@@ -748,6 +749,20 @@ class Store:
             {as_str(k): int(v) for k, v in counters.items()},
             [float(as_str(x)) for x in samples],
         )
+
+    async def put_planner_ready(self, record: PlannerReady) -> None:
+        """Write the planner's readiness record; Redis drops it ``ttl_s`` later unless the
+        next beat writes it again."""
+        async with self._pipe(True) as pipe:
+            pipe.delete(self.keys.ready)  # a record of another replica goes whole
+            pipe.hset(self.keys.ready, mapping=record.as_hash())
+            pipe.pexpire(self.keys.ready, max(1, round(record.ttl_s * 1000)))
+            await pipe.execute()
+
+    async def planner_ready(self) -> PlannerReady | None:
+        """The planner's readiness record, ``None`` when none is current."""
+        raw = await self._r.hgetall(self.keys.ready)
+        return PlannerReady.from_hash({as_str(k): as_str(v) for k, v in raw.items()})
 
     async def status(self) -> dict[str, object]:
         """The shape of ``tao status --json`` (see :func:`store_stats.status_dict`)."""

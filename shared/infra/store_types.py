@@ -44,6 +44,7 @@ __all__ = [
     "KeyNameError",
     "NodeRecord",
     "NodeUpdate",
+    "PlannerReady",
     "SessionFn",
     "SessionFnWith",
     "StateStore",
@@ -404,6 +405,53 @@ def merge_node(old: NodeRecord, update: NodeUpdate) -> NodeRecord:
     return replace(old, **changes)  # type: ignore[arg-type]
 
 
+@dataclass(frozen=True, slots=True)
+class PlannerReady:
+    """The planner's readiness record (``tao:{domain}:ready``): the replica that plans the
+    domain (``instance``, lease ``epoch``, 0 without election) has its kernels loaded
+    (``warm_ms`` to load them), has subscribed to the snapshots and, under a lease, fenced the
+    domain, since ``since``; it re-writes the record every beat (``beat_at``), and it lapses
+    ``ttl_s`` after the last beat (Redis expires it). ``rounds``: plan rounds it ran since it
+    started, ``tick``: the last one's valuation tick (0: none yet). The gateway's ``/readyz``
+    reads it."""
+
+    instance: str
+    epoch: int
+    warm_ms: float
+    since: float
+    beat_at: float
+    ttl_s: float
+    rounds: int = 0
+    tick: int = 0
+
+    def fresh(self, now: float) -> bool:
+        """Whether the planner beat within ``ttl_s`` of ``now``."""
+        return now - self.beat_at <= self.ttl_s
+
+    def as_hash(self) -> dict[str, str]:
+        """The record as hash fields (numbers as ``repr``: floats round-trip exactly)."""
+        out = {f.name: repr(getattr(self, f.name)) for f in fields(self)}
+        out["instance"] = self.instance
+        return out
+
+    @classmethod
+    def from_hash(cls, raw: Mapping[str, str]) -> PlannerReady | None:
+        """The record of :meth:`as_hash`; ``None`` when a field is missing or unreadable."""
+        try:
+            return cls(
+                instance=raw["instance"],
+                epoch=int(raw["epoch"]),
+                warm_ms=float(raw["warm_ms"]),
+                since=float(raw["since"]),
+                beat_at=float(raw["beat_at"]),
+                ttl_s=float(raw["ttl_s"]),
+                rounds=int(raw.get("rounds", "0")),
+                tick=int(raw.get("tick", "0")),
+            )
+        except (KeyError, ValueError):
+            return None
+
+
 class StateStore(Protocol):
     """The scheduler's shared state (module docstring); every method is a coroutine."""
 
@@ -469,5 +517,7 @@ class StateStore(Protocol):
         self, ms: float, method: str, exact: bool, *, fallback: bool | None = None
     ) -> None: ...
     async def planner_stats(self) -> dict[str, object]: ...
+    async def put_planner_ready(self, record: PlannerReady) -> None: ...
+    async def planner_ready(self) -> PlannerReady | None: ...
     async def status(self) -> dict[str, object]: ...
     async def clear(self) -> int: ...

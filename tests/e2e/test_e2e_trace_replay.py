@@ -61,7 +61,8 @@ def replay(e2e: Any, tmp_path_factory: pytest.TempPathFactory) -> tuple[DemoResu
     trace.write_text("".join(json.dumps(r) + "\n" for r in import_files("mini-swe-agent", paths)))
     tasks = load_trace(str(trace))
     args = argparse.Namespace(trace_tasks=tasks, trace=str(trace), sessions=len(tasks),
-                              turns=None, time_scale=TIME_SCALE, seed=0, model=None)  # fmt: skip
+                              turns=None, time_scale=TIME_SCALE, seed=0, model=None,
+                              json=True)  # fmt: skip
     stack = e2e.stack
     target = Target(e2e.gateway, stack.nats_url, stack.redis_url, e2e.namespace, e2e.domain)
 

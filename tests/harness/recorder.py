@@ -39,7 +39,7 @@ __all__ = [
 _HOP: frozenset[str] = frozenset(
     {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding"}
 )
-MODEL_PATHS: frozenset[str] = frozenset({"/v1/messages", "/v1/chat/completions"})
+MODEL_PATHS: frozenset[str] = frozenset({"/v1/messages", "/v1/chat/completions", "/v1/responses"})
 """Model endpoints whose requests get a ``tao_script``."""
 
 
@@ -91,12 +91,12 @@ def _properties(tools: object, name: str) -> set[str]:
 
 def tool_results(messages: object) -> int:
     """How many tool results the conversation carries (OpenAI ``tool`` messages, Anthropic
-    ``tool_result`` blocks)."""
+    ``tool_result`` blocks, Responses ``function_call_output`` items)."""
     count = 0
     for msg in messages if isinstance(messages, list) else ():
         if not isinstance(msg, Mapping):
             continue
-        if msg.get("role") == "tool":
+        if msg.get("role") == "tool" or msg.get("type") == "function_call_output":
             count += 1
         content = msg.get("content")
         if isinstance(content, list):
@@ -117,14 +117,23 @@ def script_for(body: Mapping[str, Any], commands: Sequence[str]) -> dict[str, An
     """The sim node's script for a model request: the next of ``commands`` as a shell tool
     call while the request offers one, then text (module docstring)."""
     names = _tool_names(body.get("tools"))
-    shell = next((n for n in ("Bash", "bash") if n in names), None)
-    done = tool_results(body.get("messages"))
+    shell = next((n for n in SHELL_TOOLS if n in names), None)
+    done = tool_results(body.get("messages", body.get("input")))
     if shell is None or done >= len(commands):
         return TEXT
+    props = _properties(body.get("tools"), shell)
     args: dict[str, Any] = {"command": commands[done]}
-    if "description" in _properties(body.get("tools"), shell):
+    if "cmd" in props:  # Codex's exec_command
+        args = {"cmd": commands[done]}
+    elif shell == "shell":  # Codex's shell: argv
+        args = {"command": ["bash", "-lc", commands[done]]}
+    if "description" in props:
         args["description"] = "Wait one second"
     return tool_script(shell, args)
+
+
+SHELL_TOOLS = ("Bash", "bash", "exec_command", "shell_command", "shell")
+"""Shell tools by name: Claude Code's, OpenCode's and mini-swe-agent's, Codex's."""
 
 
 Scripter = Callable[[Mapping[str, Any], Mapping[str, str]], dict[str, Any]]

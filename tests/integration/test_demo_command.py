@@ -1,9 +1,11 @@
 """`tao demo` as a user runs it: a short run leaves no log folders behind (each run used to
 leave an undocumented /tmp/tao-logs-* per policy), keeps them where --log-dir says, and its
-table has no row that repeats another (\"wall time\" was the task latency maximum)."""
+table has no row that repeats another (\"wall time\" was the task latency maximum), and it
+times no policy on a cold stack."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -28,6 +30,9 @@ def test_a_clean_run_leaves_no_log_folders(tmp_path: Path, nats_url: str, redis_
     assert "tasks done" in rows and "wall time" not in rows
     left = [p.name for p in tmp_path.iterdir() if p.name.startswith(("tao-demo-", "tao-logs-"))]
     assert left == [] and "logs are in" not in done.stderr
+    [line] = [ln for ln in done.stderr.splitlines() if "warmed up" in ln]  # said, untimed
+    assert line.startswith("tao demo: tao: warmed up: ") and "nodes sim0, sim1" in line
+    assert "not timed" in line
 
 
 def test_log_dir_keeps_each_policys_logs(tmp_path: Path, nats_url: str, redis_url: str) -> None:
@@ -36,3 +41,15 @@ def test_log_dir_keeps_each_policys_logs(tmp_path: Path, nats_url: str, redis_ur
     assert done.returncode == 0, done.stderr
     assert {p.name for p in (logs / "tao").iterdir()} >= {"gateway.log", "planner.log"}
     assert f"logs are in {logs}" in done.stderr
+
+
+def test_the_policy_is_timed_on_a_warm_stack(tmp_path: Path, nats_url: str, redis_url: str) -> None:
+    """Before its timed sessions the run warms its stack until both simnodes have served a
+    request; those requests are recorded as the warm-up and counted nowhere else (the timed
+    turns are exactly sessions x turns)."""
+    done = _demo(tmp_path, nats_url, redis_url, "--json")
+    assert done.returncode == 0, done.stderr
+    [row] = json.loads(done.stdout.strip().splitlines()[-1])["runs"]
+    assert row["warmup_nodes"] == ["sim0", "sim1"]
+    assert row["warmup_requests"] >= 2 and row["warmup_s"] > 0
+    assert (row["tasks_done"], row["turns"]) == (2, 2 * 2)

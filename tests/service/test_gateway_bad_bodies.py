@@ -204,20 +204,32 @@ class TestOneDomain:
         assert h.bus.published == []
 
     @pytest.mark.parametrize(
-        "body",
+        ("body", "named"),
         [
-            with_text("chat", b'"\\ud800"'),
-            with_text("chat", b'"\xff"'),
-            raw_body("chat", messages=nested(100_000)),
-            raw_body("chat", temperature=b"NaN"),
-            b"\xff\xfe{",
+            (with_text("chat", b'"\\ud800"'), "lone surrogate"),
+            (with_text("chat", b'"\xff"'), "not valid UTF-8"),
+            (raw_body("chat", messages=nested(100_000)), "nests deeper"),
+            (raw_body("chat", temperature=b"NaN"), "NaN"),
+            (b"\xff\xfe{", "not valid UTF-8"),
+            (b"", "empty"),
+            (b'{"session_id": "s1"', "not JSON"),
+            (b'[{"session_id": "s1"}]', "must be a JSON object"),
+            (b'"Stop"', "must be a JSON object"),
         ],
     )
-    async def test_hooks_take_any_body(self, h: Harness, body: bytes) -> None:
-        """A hook post is forwarded as sent, unparsed (the tools service dead-letters what it
-        cannot map): 200, never a 500."""
+    async def test_a_malformed_hook_body_is_400_naming_what_is_wrong(
+        self, h: Harness, body: bytes, named: str
+    ) -> None:
+        """A hook post that is no JSON object is answered 400 (never 200 or 500), the message
+        names what is wrong, and nothing is forwarded."""
         resp = await h.client.post("/hooks/claude", data=body)
-        assert resp.status == 200
+        assert resp.status == 400
+        error = (await resp.json())["error"]
+        assert error["type"] == "invalid_request_error"
+        assert named in error["message"] and "hook body" in error["message"]
+        assert h.relay.metrics.hooks.get(result="bad_request") == 1
+        await h.bus.settle()
+        assert [s for s, _, _ in h.bus.published if s.startswith("tao.v1.hook")] == []
 
 
 @pytest.fixture

@@ -190,11 +190,13 @@ class Harness:
         return await self.client.post("/v1/chat/completions", json=payload, headers=headers)
 
 
-async def make_harness(settings: Settings, node_url: str | None = None) -> AsyncIterator[Harness]:
+async def make_harness(
+    settings: Settings, node_url: str | None = None, node: StubNode | None = None
+) -> AsyncIterator[Harness]:
     bus = FakeBus()
     rec = Recorder()
     await bus.subscribe(subjects.session_events(), "rec", decode_session_event, rec.handler)
-    node = StubNode()
+    node = node or StubNode()
     node_server = TestServer(node.app())
     await node_server.start_server()
     url = node_url or str(node_server.make_url("")).rstrip("/")
@@ -442,8 +444,37 @@ class TestSessionIdentity:
         assert h.node.headers[0]["X-Session-ID"] == expected
         assert h.rec.of(SessionEnd) == []
 
-    async def test_no_id_is_a_one_turn_session(self, h: Harness) -> None:
-        """Without an id the request is a generated one-turn session, ended after its reply."""
+    async def test_no_id_without_continuation_is_a_one_turn_session(self) -> None:
+        """With continuation off (TAO_CONTINUATION_SESSIONS=0), a request without an id is a
+        generated one-turn session, ended after its reply."""
+        async for h in make_harness(SETTINGS.replace(continuation_sessions=0)):
+            await self._one_turn(h)
+
+    async def test_completions_without_id_is_a_one_turn_session(self, h: Harness) -> None:
+        """A completions request has no conversation to continue: one turn, ended after it."""
+        task = asyncio.create_task(
+            h.client.post("/v1/completions", json={"model": "m", "prompt": "hi"})
+        )
+        [req] = await h.rec.next(SessionRequest)
+        await h.place("admit", req.session_id, 1)
+        assert (await task).status == 200
+        [end] = await h.rec.next(SessionEnd)
+        assert (end.session_id, end.reason) == (req.session_id, "completed")
+
+    async def test_no_id_chat_stays_open_for_its_continuation(self, h: Harness) -> None:
+        """A chat request without an id starts a generated session that is not ended after its
+        reply: its next turn continues it (TAO's idle timeout ends it)."""
+        task = asyncio.create_task(h.chat(None))
+        [req] = await h.rec.next(SessionRequest)
+        assert req.session_id.startswith("gw-")
+        await h.place("admit", req.session_id, 1)
+        assert (await task).status == 200
+        await h.rec.next(SessionResponse)
+        await h.relay.flush()
+        assert h.rec.of(SessionEnd) == []
+
+    @staticmethod
+    async def _one_turn(h: Harness) -> None:
         task = asyncio.create_task(h.chat(None))
         [req] = await h.rec.next(SessionRequest)
         assert req.session_id.startswith("gw-")

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 import pytest
 
-from shared.cli.demo import DemoResult, add_demo_parser, demo_table, served_by
+from shared.cli.demo import (
+    DemoError,
+    DemoResult,
+    add_demo_parser,
+    counted_since,
+    demo_table,
+    gateway_key,
+    served_by,
+)
 
 
 def parse(*argv: str) -> argparse.Namespace:
@@ -144,3 +153,31 @@ class TestMeasuredLoad:
         from shared.cli.main import main
 
         assert main(["demo", *argv]) == 2
+
+
+class TestWarmUpCounters:
+    def test_the_warm_ups_plans_are_not_the_runs(self) -> None:
+        """Planner counters are reported less the warm-up's; other values as read."""
+        before = {"plans_applied": 3, "ticks": 10, "solve_ms": {"n": 3}}
+        after = {"plans_applied": 20, "ticks": 50, "solve_ms": {"n": 40}, "fallbacks": 0}
+        assert counted_since(after, before) == {
+            "plans_applied": 17,
+            "ticks": 40,
+            "solve_ms": {"n": 40},
+            "fallbacks": 0,
+        }
+
+
+class TestGatewayKey:
+    def test_the_demo_sends_the_gateways_key(self, tmp_path: Path) -> None:
+        """TAO_GATEWAY_KEY, else TAO_GATEWAY_KEY_FILE's content, else a placeholder (a
+        loopback gateway asks for none)."""
+        key_file = tmp_path / "key"
+        key_file.write_text("from-file\n")
+        assert gateway_key({"TAO_GATEWAY_KEY": "k1", "TAO_GATEWAY_KEY_FILE": str(key_file)}) == "k1"
+        assert gateway_key({"TAO_GATEWAY_KEY_FILE": str(key_file)}) == "from-file"
+        assert gateway_key({}) == "tao-demo"
+
+    def test_an_unreadable_key_file_is_named(self, tmp_path: Path) -> None:
+        with pytest.raises(DemoError, match="TAO_GATEWAY_KEY_FILE: cannot read"):
+            gateway_key({"TAO_GATEWAY_KEY_FILE": str(tmp_path / "missing")})

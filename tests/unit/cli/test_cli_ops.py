@@ -10,8 +10,9 @@ import pytest
 
 from services.simnode.__main__ import parse_config
 from shared.cli.main import main
-from shared.cli.ops import status_table, up_config
-from shared.cli.stack import Stack, exit_reason, simnode_launch
+from shared.cli.ops import key_lines, status_table, up_config
+from shared.cli.stack import Stack, exit_reason, reach, simnode_launch
+from shared.infra.settings import Settings
 
 
 def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
@@ -119,6 +120,44 @@ class TestUpHostTier:
         )
         plain_cmd, plain = simnode_launch(0, up_config(build_up_args(), {}), (8101, 8102, 8103))
         assert "--host-kv" not in plain_cmd and plain.host_load_s_per_token == 0.0
+
+
+class TestUpHost:
+    """``tao up --host``: the gateway listens where it says (loopback by default), the stack
+    reaches it on loopback for a wildcard, and beyond loopback it needs a key, which ``tao
+    up`` shows only when it was generated."""
+
+    def test_the_gateway_listens_on_the_host_given(self) -> None:
+        from shared.cli.main import build_parser
+
+        default = Stack(up_config(build_up_args(), {})).service_env()
+        assert default["TAO_GATEWAY_HOST"] == "127.0.0.1"
+        args = build_parser().parse_args(["up", "--host", "0.0.0.0", "--port", "8123"])
+        stack = Stack(up_config(args, {}))
+        env = stack.service_env()
+        assert env["TAO_GATEWAY_HOST"] == "0.0.0.0"
+        assert stack.gateway_url == "http://127.0.0.1:8123"
+
+    @pytest.mark.parametrize(
+        ("host", "reached"),
+        [("0.0.0.0", "127.0.0.1"), ("", "127.0.0.1"), ("::", "[::1]"), ("::1", "[::1]"),
+         ("10.0.0.2", "10.0.0.2"), ("localhost", "localhost")],
+    )  # fmt: skip
+    def test_where_the_stack_reaches_the_gateway(self, host: str, reached: str) -> None:
+        assert reach(host) == reached
+
+    def test_a_generated_key_is_shown_once_a_given_one_never(self, tmp_path: Path) -> None:
+        from services.gateway.gatewaykey import resolve
+
+        settings = Settings(gateway_host="0.0.0.0", state_dir=str(tmp_path))
+        first, again = resolve(settings), resolve(settings)
+        assert first.key is not None and first.key in key_lines(first)
+        assert first.key not in key_lines(again) and str(tmp_path) in key_lines(again)
+        given = resolve(settings.replace(gateway_key="mine"))
+        assert "mine" not in key_lines(given) and "TAO_GATEWAY_KEY" in key_lines(given)
+        off = resolve(settings.replace(gateway_auth="off"))
+        assert "TAO_GATEWAY_AUTH=off" in key_lines(off)
+        assert key_lines(resolve(Settings())) == ""
 
 
 class TestExitReason:

@@ -24,8 +24,9 @@ class TestProfiles:
     """The built-in profiles exist, cite sources and hold whole blocks."""
 
     def test_names_and_default(self) -> None:
-        """The three named deployments are registered and the default is one of them."""
-        assert set(PROFILES) == {"qwen3-32b-tp2", "moe-tp8", "deepseek-4xh100"}
+        """The named deployments are registered (the paper's DeepSeek as its fitted profile)
+        and the default is one of them."""
+        assert set(PROFILES) == {"qwen3-32b-tp2", "moe-tp8", "deepseek-4xh100", "paper-deepseek"}
         assert DEFAULT_PROFILE in PROFILES
 
     @pytest.mark.parametrize("name", sorted(PROFILES))

@@ -277,6 +277,11 @@ _PAPER_DEEPSEEK = Profile(
     decode_c=_DEEPSEEK_4XH100.decode_c * _PAPER_DECODE,
     decode_d=_DEEPSEEK_4XH100.decode_d * _PAPER_DECODE,
     decode_e=_DEEPSEEK_4XH100.decode_e * _PAPER_DECODE,
+    # The host tier's bytes per token are implied by the fitted capacity: 4x the stand-in's
+    # tokens in the same KV memory per GPU, so a quarter of its 67.5 KiB latent per token.
+    kv_bytes_per_gpu_token=_DEEPSEEK_4XH100.kv_bytes_per_gpu_token
+    * _DEEPSEEK_4XH100.kv_tokens
+    // (36_864 * 16),
     source=(
         "fitted by benchmarks/fit_paper_profile.py to the paper's Table 1 best-baseline figures "
         "(DeepSeek-V4 Flash, 2x4 H100, SWE-Lite; latency and TTFT at 16 and 64 workers), never "

@@ -129,3 +129,13 @@ class TestTierPricing:
         h = readmit_horizon_s(30_000, RULES, 30_000, RATE)
         assert h == pytest.approx(RULES.evict_requeue_s + 30_000 * RATE)
         assert h < readmit_horizon_s(30_000, RULES)
+
+
+@pytest.mark.parametrize("name", sorted(PROFILES))
+def test_every_profile_can_have_a_host_tier(name: str) -> None:
+    """tao sim --host-kv works with every built-in profile: each knows its KV bytes per GPU per
+    token, and a load is far cheaper than the prefill it replaces."""
+    p = PROFILES[name]
+    link = p.host_link(1.0)
+    assert link is not None and link.blocks == p.num_gpu_blocks
+    assert link.load_s_per_token < p.prefill_b / 5

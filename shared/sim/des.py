@@ -478,7 +478,18 @@ class Simulator:
         host = eng.host
         assert host is not None
         known = agent.hosted.get(node)
-        start = known[1] if known is not None and known[0] == host.evicted else 0
+        start = 0
+        if known is not None:  # blocks before the first one evicted since are still ready
+            mark, start = known
+            if mark != host.evicted:
+                gone = host.evicted_since(mark) if host.evicted - mark < start else None
+                if gone is None:
+                    start = 0
+                else:
+                    index = agent.tokens.index
+                    common = index.keys() & gone
+                    if common:
+                        start = min(start, min(index[h] for h in common))
         hashes = agent.tokens.block_hashes(nblocks, self.profile.block_size)
         n = eng.host_resident_blocks(hashes, nblocks, min(start, nblocks))
         agent.hosted[node] = (host.evicted, n)

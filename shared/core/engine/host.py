@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from itertools import filterfalse, repeat
+from typing import Final
 
 import numpy as np
 
@@ -43,6 +45,9 @@ from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
 from shared.core.tiers import CPU, HostLink
 
 __all__ = ["HostCache"]
+
+_LOG_KEEP: Final = 1 << 16
+"""Evicted hashes kept for :meth:`HostCache.evicted_since` (trimmed past twice this)."""
 
 
 class HostCache:
@@ -53,7 +58,9 @@ class HostCache:
         "_d2h_free_at",
         "_emit",
         "_events",
+        "_evict_log",
         "_h2d_free_at",
+        "_log_base",
         "_lru",
         "_pending",
         "_pins",
@@ -85,6 +92,9 @@ class HostCache:
         self.evicted = 0
         """Blocks evicted so far (monotone): while it stays the same, a run found ready stays
         ready (blocks leave only by eviction), so a caller may resume a walk where it ended."""
+        self._evict_log: list[int] = []
+        """Evicted hashes from number ``_log_base`` on, oldest first (:meth:`evicted_since`)."""
+        self._log_base = 0
         self.stored_blocks = 0
         self.loaded_blocks = 0
         self.store_failures = 0
@@ -108,10 +118,19 @@ class HostCache:
     def run(self, hashes: np.ndarray | Sequence[int], start: int, stop: int) -> int:
         """Smallest ``j`` in ``[start, stop]`` with ``hashes[j]`` not ready in the host
         (``stop`` if all are)."""
-        pins = self._pins
+        get = self._pins.get
         j = start
-        while j < stop and pins.get(int(hashes[j]), -1) >= 0:
-            j += 1
+        step = 32
+        while j < stop:  # chunks growing 4x, each looked up C-level; the first miss ends it
+            e = min(stop, j + step)
+            chunk = hashes[j:e]
+            keys = chunk.tolist() if isinstance(chunk, np.ndarray) else list(chunk)
+            pins = list(map(get, keys, repeat(-1, len(keys))))
+            if min(pins) >= 0:
+                j = e
+                step *= 4
+                continue
+            return j + next(k for k, p in enumerate(pins) if p < 0)
         return j
 
     # -- time ------------------------------------------------------------------------------------
@@ -153,9 +172,11 @@ class HostCache:
         earlier than ``start_at``; ``False`` (nothing stored, offer again later) when too few
         blocks can be evicted to make room."""
         pins = self._pins
-        new = [h for h in dict.fromkeys(hashes) if h not in pins]
+        new = list(filterfalse(pins.__contains__, hashes))  # C-level: offers are whole contexts
         if not new:
             return True
+        if len(set(new)) != len(new):  # a chain repeating a block (rare): store it once
+            new = list(dict.fromkeys(new))
         short = len(pins) + len(new) - self.link.blocks
         if short > 0:
             if short > len(self._lru):
@@ -174,12 +195,24 @@ class HostCache:
     def _evict(self, n: int) -> None:
         self.generation += 1
         self.evicted += n
-        lru, pins = self._lru, self._pins
+        lru, pins, log = self._lru, self._pins, self._evict_log
         for _ in range(n):
             h, _ = lru.popitem(last=False)
             del pins[h]
+            log.append(h)
             if self._emit:
                 self._events.append(BlockRemoved(block_hashes=[h], medium=CPU))
+        if len(log) > 2 * _LOG_KEEP:
+            drop = len(log) - _LOG_KEEP
+            del log[:drop]
+            self._log_base += drop
+
+    def evicted_since(self, mark: int) -> list[int] | None:
+        """Hashes evicted since :attr:`evicted` was ``mark``, oldest first; ``None`` when the log
+        no longer reaches back that far (it keeps the last ``_LOG_KEEP`` or more)."""
+        if mark < self._log_base:
+            return None
+        return self._evict_log[mark - self._log_base :]
 
     # -- loads -----------------------------------------------------------------------------------
 
@@ -210,9 +243,9 @@ class HostCache:
         """A request that used ``hashes`` (a prefix chain) finished: re-rank the evictable ones in
         reverse prefix order, so the head is the most recently used."""
         lru = self._lru
-        for h in reversed(hashes):
-            if h in lru:
-                lru.move_to_end(h)
+        # C-level iteration (a finished request re-ranks its whole prompt): the same as
+        # ``for h in reversed(hashes): if h in lru: lru.move_to_end(h)``
+        deque(map(lru.move_to_end, filter(lru.__contains__, reversed(hashes))), maxlen=0)
 
     def drain_events(self) -> list[KVEvent]:
         """Host-tier events since the last drain, oldest first."""

@@ -129,6 +129,19 @@ class TestEviction:
         assert not host.holds(1) and all(host.holds(h) for h in (2, 3, 4))
         host.check()
 
+    def test_eviction_log(self) -> None:
+        """evicted_since lists what left since a mark, oldest first (the simulator resumes its
+        host walks from it)."""
+        host = HostCache(HostLink(2, BS, 1, 1e12, 1e12))
+        host.offer([1, 2], 0.0)
+        host.complete(1.0)
+        mark = host.evicted
+        host.offer([3], 1.0)
+        host.complete(2.0)
+        host.offer([4], 2.0)
+        assert host.evicted_since(mark) == [1, 2]
+        assert host.evicted_since(host.evicted) == []
+
     def test_finish_reranks_tail_before_head(self) -> None:
         """A finished request's blocks are re-ranked in reverse prefix order: its tail goes
         first (lru:96-104)."""

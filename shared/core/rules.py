@@ -246,6 +246,6 @@ def release_worth(
     load_s_per_token: float = 0.0,
 ) -> bool:
     """Whether the room of a tool-running session is worth more than releasing it costs:
-    the tool's expected remaining seconds exceed :func:`release_cost_s` (always, when unknown)."""
-    cost = release_cost_s(tokens, slack, running, rules, host_tokens, load_s_per_token)
-    return remaining_s > cost
+    the release nets seconds (:func:`release_net_s` > 0; always, when the time is unknown)."""
+    net = release_net_s(remaining_s, tokens, slack, running, rules, host_tokens, load_s_per_token)
+    return net > 0

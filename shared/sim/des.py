@@ -473,23 +473,12 @@ class Simulator:
 
     def _host_blocks(self, agent: Agent, node: str, nblocks: int) -> int:
         """Leading blocks of the session's first ``nblocks`` ready in ``node``'s host tier; the
-        walk resumes from the last answer while the host evicted nothing since."""
+        walk resumes before the first of them the host evicted since the last answer (as
+        :meth:`_resident_blocks` does on the GPU)."""
         eng = self.engines[node]
         host = eng.host
         assert host is not None
-        known = agent.hosted.get(node)
-        start = 0
-        if known is not None:  # blocks before the first one evicted since are still ready
-            mark, start = known
-            if mark != host.evicted:
-                gone = host.evicted_since(mark) if host.evicted - mark < start else None
-                if gone is None:
-                    start = 0
-                else:
-                    index = agent.tokens.index
-                    common = index.keys() & gone
-                    if common:
-                        start = min(start, min(index[h] for h in common))
+        start = _still_known(agent, agent.hosted.get(node), host.evicted, host.evicted_since)
         hashes = agent.tokens.block_hashes(nblocks, self.profile.block_size)
         n = eng.host_resident_blocks(hashes, nblocks, min(start, nblocks))
         agent.hosted[node] = (host.evicted, n)
@@ -521,19 +510,7 @@ class Simulator:
         eng = self.engines[node]
         ev = eng.evicted_blocks
         hashes = agent.tokens.block_hashes(nblocks, self.profile.block_size)
-        known = agent.resident.get(node)
-        start = 0
-        if known is not None:
-            mark, start = known
-            if mark != ev:  # blocks before the first one evicted since are still resident
-                gone = eng.evicted_since(mark) if ev - mark < start else None
-                if gone is None:
-                    start = 0
-                else:
-                    index = agent.tokens.index
-                    common = index.keys() & gone
-                    if common:
-                        start = min(start, min(index[h] for h in common))
+        start = _still_known(agent, agent.resident.get(node), ev, eng.evicted_since)
         n = eng.resident_blocks(hashes, nblocks, start)
         agent.resident[node] = (ev, max(n, start))
         return n
@@ -548,3 +525,26 @@ class Simulator:
 
     def bump(self, name: str, n: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + n
+
+
+def _still_known(
+    agent: Agent,
+    known: tuple[int, int] | None,
+    evicted: int,
+    evicted_since: Callable[[int], list[int] | None],
+) -> int:
+    """Leading blocks of the agent's chain still resident in a tier whose earlier answer was
+    ``known`` = (its eviction count then, blocks resident then), the count now ``evicted``:
+    blocks leave only by eviction, so those before the first of the chain evicted since are
+    still there; 0 when that log is longer than the known run or no longer kept."""
+    if known is None:
+        return 0
+    mark, start = known
+    if mark == evicted:
+        return start
+    gone = evicted_since(mark) if evicted - mark < start else None
+    if gone is None:
+        return 0
+    index = agent.tokens.index
+    common = index.keys() & gone
+    return min(start, min(index[h] for h in common)) if common else start

@@ -558,13 +558,11 @@ class Engine:
                 running.append(r)
                 sched.append((r, n))
                 budget -= n
-        if loads:
+        end = self._clock + (self._step_cost(sched) if sched else 0.0)
+        if loads:  # each copy starts after this step's forward
             assert host is not None
-            at = self._clock
-            if sched:
-                at += self._step_cost(sched)
             for r, lo, hi in loads:
-                done = host.load(r.hashes[lo:hi].tolist(), at)
+                done = host.load(r.hashes[lo:hi].tolist(), end)
                 self._loading.append((done, r, lo, hi))
         if not sched:
             if preempted:
@@ -573,7 +571,6 @@ class Engine:
                 self._clock = max(self._clock, self._loading[0][0])
                 return
             raise RuntimeError("engine made no progress (scheduler invariant broken)")
-        end = self._clock + self._step_cost(sched, count=True)
         finished = False
         for r, n in sched:
             if host is not None:  # write-through: its full prompt blocks, from the next step
@@ -593,9 +590,9 @@ class Engine:
         self._clock = end
         self.steps += 1
 
-    def _step_cost(self, sched: list[tuple[ReqState, int]], count: bool = False) -> float:
-        """Seconds of the forward pass that runs ``sched`` (``count``: add its prefill tokens
-        to :attr:`prompt_tokens_total`)."""
+    def _step_cost(self, sched: list[tuple[ReqState, int]]) -> float:
+        """Seconds of the forward pass that runs ``sched``; its prefill tokens are added to
+        :attr:`prompt_tokens_total`."""
         chunks: list[tuple[int, int]] = []
         batch = 0
         context = 0
@@ -605,8 +602,7 @@ class Engine:
                 context += r.num_computed + 1
             else:
                 chunks.append((n, r.num_computed))
-                if count:
-                    self.prompt_tokens_total += n
+                self.prompt_tokens_total += n
         return step_time(self.profile, tuple(chunks), batch, context)
 
     def _offer_host(self, r: ReqState, ntokens: int, at: float) -> None:

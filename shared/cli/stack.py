@@ -101,6 +101,30 @@ def exit_reason(log: Path, name: str) -> str | None:
     return None
 
 
+def last_warning(log: Path) -> str | None:
+    """The newest warning or error a service logged (its event and error, one line), from the
+    end of its JSON ``log``; None if it logged none. A stack that does not come up names it
+    beside the log's path, so a run that failed once says why without its logs."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-500:]
+    except OSError:
+        return None
+    for line in reversed(lines):
+        text = line.strip()
+        if not text.startswith("{"):
+            continue
+        try:
+            rec = json.loads(text)
+        except ValueError:
+            continue
+        if not isinstance(rec, dict) or rec.get("level") not in ("warning", "error", "critical"):
+            continue
+        error = rec.get("error")
+        said = f": {error}" if error else ""
+        return f"{rec.get('event', '?')}{said} ({rec.get('timestamp', 'no time')})"
+    return None
+
+
 def reach(host: str) -> str:
     """The address this machine reaches a server listening on ``host`` at: loopback for a
     wildcard (``0.0.0.0``, ``::``, empty), bracketed for IPv6."""
@@ -378,12 +402,16 @@ class Stack:
         self._procs.append((name, proc, log))
 
     def _wait_http(self, name: str, url: str) -> None:
-        proc = next(p for n, p, _ in self._procs if n == name)
+        """Poll ``url`` until it answers 200. A child that exits meanwhile (any of them: a
+        planner that died leaves the gateway unready, not dead) ends the wait at once with its
+        reason; a timeout names what the gateway still waits for and each service's newest
+        warning."""
         deadline = time.monotonic() + _READY_TIMEOUT_S
         waiting = ""
         while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise StackError(self.exited(name, proc.returncode))
+            for child, proc, _ in self._procs:
+                if proc.poll() is not None:
+                    raise StackError(self.exited(child, proc.returncode))
             try:
                 with urllib.request.urlopen(url, timeout=1.0) as resp:
                     if resp.status == 200:
@@ -395,7 +423,13 @@ class Stack:
                 pass
             time.sleep(0.1)  # polling a child at start-up
         still = f"; still {waiting}" if waiting else ""
+        warned = [
+            f"{child}: {said}"
+            for child, _, _ in self._procs
+            if (said := last_warning(self.log_dir / f"{child}.log"))
+        ]
+        last = f"; newest warnings: {'; '.join(warned)}" if warned else ""
         raise StackError(
-            f"{name}: did not answer {url} within {_READY_TIMEOUT_S:g} s{still} "
+            f"{name}: did not answer {url} within {_READY_TIMEOUT_S:g} s{still}{last} "
             f"(log: {self.log_dir / (name + '.log')})"
         )

@@ -5,11 +5,15 @@ times no policy on a cold stack."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+
+import nats
+import redis.asyncio as aioredis
 
 DEADLINE_S = 240.0
 
@@ -33,6 +37,34 @@ def test_a_clean_run_leaves_no_log_folders(tmp_path: Path, nats_url: str, redis_
     [line] = [ln for ln in done.stderr.splitlines() if "warmed up" in ln]  # said, untimed
     assert line.startswith("tao demo: tao: warmed up: ") and "nodes sim0, sim1" in line
     assert "not timed" in line
+
+
+async def _left_on_servers(nats_url: str, redis_url: str) -> tuple[set[str], set[str]]:
+    """The demo runs' streams on the NATS server and their domains' keys in Redis."""
+    nc = await nats.connect(nats_url)
+    try:
+        streams = {s.config.name for s in await nc.jetstream().streams_info()}
+    finally:
+        await nc.close()
+    client = aioredis.from_url(redis_url)
+    try:
+        keys = {k.decode() async for k in client.scan_iter(match="tao:{demo-*")}
+    finally:
+        await client.aclose()
+    return {s for s in streams if s.startswith(("demo", "KV_demo"))}, keys
+
+
+def test_a_run_on_given_servers_leaves_nothing_on_them(
+    tmp_path: Path, nats_url: str, redis_url: str
+) -> None:
+    """On the operator's NATS and Redis (``TAO_NATS_URL`` / ``TAO_REDIS_URL``) each policy's run
+    deletes its namespace's streams and lease bucket and its domain's keys when it ends: they
+    used to pile up, seven streams and six keys a run, on the servers CI shares across runs."""
+    before = asyncio.run(_left_on_servers(nats_url, redis_url))
+    done = _demo(tmp_path, nats_url, redis_url, "--policies", "tao,cache-aware")
+    assert done.returncode == 0, done.stderr
+    assert "could not delete" not in done.stderr
+    assert asyncio.run(_left_on_servers(nats_url, redis_url)) == before
 
 
 def test_log_dir_keeps_each_policys_logs(tmp_path: Path, nats_url: str, redis_url: str) -> None:

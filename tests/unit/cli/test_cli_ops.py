@@ -11,7 +11,15 @@ import pytest
 from services.simnode.__main__ import parse_config
 from shared.cli.main import main
 from shared.cli.ops import key_lines, status_table, up_config
-from shared.cli.stack import Stack, exit_reason, reach, simnode_launch
+from shared.cli.stack import (
+    Stack,
+    StackConfig,
+    StackError,
+    exit_reason,
+    last_warning,
+    reach,
+    simnode_launch,
+)
 from shared.infra.settings import Settings
 
 
@@ -188,6 +196,36 @@ class TestExitReason:
 
     def test_missing_log(self, tmp_path: Path) -> None:
         assert exit_reason(tmp_path / "absent.log", "gateway") is None
+
+
+class TestStartupWait:
+    """Waiting for the stack to come up: a dead child ends the wait at once, and a timeout names
+    each service's newest warning (CI once saw only "no planner is ready" after 60 s)."""
+
+    def test_last_warning(self, tmp_path: Path) -> None:
+        log = tmp_path / "planner.log"
+        log.write_text(
+            '{"event":"lease_error","level":"warning","error":"timeout","timestamp":"t1"}\n'
+            '{"event":"planner_warm","level":"info"}\nnot json\n'
+        )
+        assert last_warning(log) == "lease_error: timeout (t1)"
+        log.write_text('{"event":"planner_warm","level":"info"}\n')
+        assert last_warning(log) is None
+        assert last_warning(tmp_path / "absent.log") is None
+
+    def test_a_child_that_dies_ends_the_wait_for_another(self, tmp_path: Path) -> None:
+        import sys
+
+        stack = Stack(StackConfig(log_dir=str(tmp_path)))
+        log = tmp_path / "planner.log"
+        log.write_text("planner: TAO_POLICY: must be one of tao, got 'x'\n")
+        stack._spawn("gateway", [sys.executable, "-c", "import time; time.sleep(60)"], {})
+        stack._spawn("planner", [sys.executable, "-c", "raise SystemExit(2)"], {})
+        try:  # the planner's exit, not the gateway's 60 s limit ("did not answer"), ends it
+            with pytest.raises(StackError, match=r"^planner: exited with code 2: TAO_POLICY"):
+                stack._wait_http("gateway", "http://127.0.0.1:1/readyz")
+        finally:
+            stack.stop()
 
 
 def build_up_args() -> argparse.Namespace:

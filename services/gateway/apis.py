@@ -4,19 +4,22 @@ Every model endpoint goes through the same relay (register, hold, forward, repor
 :class:`Api` says how to read its request, find its session, word its errors, ask for token
 ids and read its answers:
 
-=============  =========================  ==========  ==============================  =========
-api            path                       errors      session id                      token ids
-=============  =========================  ==========  ==============================  =========
-chat           ``/v1/chat/completions``   OpenAI      headers, then user, program_id  asked
-completions    ``/v1/completions``        OpenAI      headers, then user, program_id  asked
-messages       ``/v1/messages``           Anthropic   ``metadata.user_id``, then chat  no
-responses      ``/v1/responses``          OpenAI      headers, ``previous_response_id``,  no
+=============  =========================  ==========  ===============================  =========
+api            path                       errors      session id                       token ids
+=============  =========================  ==========  ===============================  =========
+chat           ``/v1/chat/completions``   OpenAI      headers, body ``session_id``,    asked
                                                       then user, program_id
-=============  =========================  ==========  ==============================  =========
+completions    ``/v1/completions``        OpenAI      as chat                          asked
+messages       ``/v1/messages``           Anthropic   ``metadata.user_id``, then chat  no
+responses      ``/v1/responses``          OpenAI      headers, body ``session_id``,    no
+                                                      ``previous_response_id``, then
+                                                      user, program_id
+=============  =========================  ==========  ===============================  =========
 
 The headers are ``X-Claude-Code-Session-Id``, ``X-Session-ID``, ``x-session-affinity``,
-``X-SMG-Routing-Key`` and Codex's ``session_id``, in that order (:mod:`.requests`, which also
-reads the parent session and the harness). With none of them, chat, messages and responses
+``X-SMG-Routing-Key`` and Codex's ``session-id`` / ``session_id``, in that order; the body's
+``session_id`` is OpenRouter's field (Cline's OpenRouter provider) (:mod:`.requests`, which
+also reads the parent session and the harness). With none of them, chat, messages and responses
 requests join the session their conversation continues (:meth:`Api.items`,
 :mod:`.continuation`).
 """
@@ -179,8 +182,8 @@ class Api(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class OpenAIApi(_SameHarness):
-    """Chat Completions or Completions: OpenAI's errors, the session from the headers, then
-    ``user`` or ``program_id``; the node may be asked for token ids."""
+    """Chat Completions or Completions: OpenAI's errors, the session from the headers, then the
+    body's ``session_id``, ``user`` or ``program_id``; the node may be asked for token ids."""
 
     name: Literal["chat", "completions"]
     path: str
@@ -276,9 +279,9 @@ class AnthropicApi(_SameHarness):
 @dataclass(frozen=True, slots=True)
 class ResponsesApi(_SameHarness):
     """Responses (:mod:`.openai_responses`): OpenAI's errors, the session from the headers,
-    then ``previous_response_id``, then ``user`` or ``program_id``; no token ids (vLLM's
-    Responses endpoint has no ``return_token_ids``), and streams carry usage unasked (in
-    ``response.completed``)."""
+    then the body's ``session_id``, ``previous_response_id``, ``user`` or ``program_id``; no
+    token ids (vLLM's Responses endpoint has no ``return_token_ids``), and streams carry usage
+    unasked (in ``response.completed``)."""
 
     name: Literal["responses"] = "responses"
     path: str = "/v1/responses"

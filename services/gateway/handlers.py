@@ -28,8 +28,9 @@ Request headers read by the model endpoints:
     X-Session-ID      the session id. First of: (/v1/messages) Claude Code's
                       ``metadata.user_id``, ``X-Claude-Code-Session-Id``, ``X-Session-ID``,
                       OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``, Codex's
-                      ``session_id``, (/v1/responses) ``previous_response_id``'s session, the
-                      body's ``user``, ``program_id``; none: the session the conversation
+                      ``session-id`` / ``session_id``, the body's ``session_id`` (OpenRouter's),
+                      (/v1/responses) ``previous_response_id``'s session, the body's
+                      ``user``, ``program_id``; none: the session the conversation
                       continues, else a new one (:mod:`.requests`, :mod:`.continuation`)
     x-parent-session-id  optional: the session that started this one as a sub-agent
                       (OpenCode), reported as SessionRequest.parent_session_id

@@ -14,18 +14,24 @@
      Responses request; 0.171.0 sends ``session-id`` and ``thread-id``, captured by
      tests/harness; earlier releases ``session_id``, codex-rs/codex-api/src/requests/headers.rs
      ``build_conversation_headers``);
-  7. ``previous_response_id`` (``/v1/responses``): the session of the response it names,
+  7. the body's ``session_id`` (OpenRouter's session field, the body form of its
+     ``x-session-id`` header; Cline's OpenRouter provider sends its session id there on every
+     request, docs/harnesses.md "Cline"); a string, else 400 (:data:`FIELD_TYPES`);
+  8. ``previous_response_id`` (``/v1/responses``): the session of the response it names,
      which the gateway remembers for every response it served (:class:`ResponseIds`);
-  8. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field);
-  9. the conversation itself: a request that extends a live session's last request and answer
-     joins that session (:mod:`.continuation`; the relay asks it, source ``continued``);
-  10. none: a new session under a generated id. One whose conversation can be continued
+  9. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field);
+  10. the conversation itself: a request that extends a live session's last request and answer
+      joins that session (:mod:`.continuation`; the relay asks it, source ``continued``);
+  11. none: a new session under a generated id. One whose conversation can be continued
       (chat, messages, responses) stays open for its continuation, and ends by TAO's idle
       timeout; one that cannot (``/v1/completions``) is one-turn, ended after its response.
 
   Claude Code's ids come first because its hook payloads report that same uuid, so requests
   and tool events meet in one session even when a client also sets ``X-Session-ID``. Explicit
-  ids (1-8) always win over content (9).
+  ids (1-9) always win over content (10). Where a new key goes: a header among the headers,
+  a body field after them, a per-conversation id before an end-user one (``user``). OpenAI's
+  ``prompt_cache_key`` is not read: it names a cached prefix, which OpenAI's docs advise
+  sharing across requests with a common prefix (docs/harnesses.md).
 * **Sub-agents** get sessions of their own, linked to their parent's, so a parent waiting in
   its sub-agent tool call stays in that call while the sub-agent's turns run:
 
@@ -44,7 +50,8 @@
   ``claude-code``, ``opencode/…`` → ``opencode``; :data:`AGENT_HARNESSES`).
 * **Upstream body**: vLLM's request models accept unknown fields (pydantic ``extra="allow"``)
   but log a warning for each, so the gateway removes the fields only it understands:
-  ``program_id`` and every ``tao_*`` field except ``tao_script``, which the sim node reads.
+  ``program_id``, ``session_id`` and every ``tao_*`` field except ``tao_script``, which the
+  sim node reads.
   Streaming requests ask the node for usage (``stream_options.include_usage``) so the gateway
   can report it; :attr:`RequestInfo.client_wants_usage` says whether the client asked itself.
   With ``token_ids`` the body asks for ``return_token_ids`` too (:mod:`.tokenids`).
@@ -85,6 +92,7 @@ __all__ = [
     "MAX_HARNESS_CHARS",
     "MAX_ID_CHARS",
     "PARENT_HEADER",
+    "SESSION_FIELD",
     "SESSION_HEADER",
     "SMG_HEADER",
     "BadRequest",
@@ -114,6 +122,8 @@ HARNESS_HEADER: Final = "X-TAO-Harness"
 SMG_HEADER: Final = "X-SMG-Routing-Key"
 CODEX_SESSION_HEADER: Final = "session-id"
 CODEX_LEGACY_SESSION_HEADER: Final = "session_id"
+SESSION_FIELD: Final = "session_id"
+"""The body field that names a session (OpenRouter's; sent by Cline's OpenRouter provider)."""
 MAX_HARNESS_CHARS: Final = 128
 MAX_ID_CHARS: Final = 512
 """Longest parent session id read (a subject token's limit, ``subjects.MAX_TOKEN_LEN``)."""
@@ -129,6 +139,8 @@ AGENT_HARNESSES: Final = (
 (tests/harness)."""
 CHARS_PER_TOKEN: Final = 4
 _KEEP_PRIVATE: Final = frozenset({"tao_script"})
+_GATEWAY_FIELDS: Final = frozenset({"program_id", SESSION_FIELD})
+"""Body fields the gateway reads and the node does not: removed upstream."""
 
 IdSource = Literal[
     "header",
@@ -139,6 +151,7 @@ IdSource = Literal[
     "affinity",
     "smg",
     "codex",
+    "session_field",
     "previous_response",
     "continued",
     "generated",
@@ -146,8 +159,8 @@ IdSource = Literal[
 """Where a session id came from; ``metadata`` / ``claude_header``: Claude Code's
 ``metadata.user_id`` / ``X-Claude-Code-Session-Id`` (:mod:`.anthropic`); ``affinity``:
 OpenCode's ``x-session-affinity``; ``smg``: ``X-SMG-Routing-Key``; ``codex``: Codex's
-``session_id`` header; ``previous_response``: a served response's session; ``continued``: the
-conversation's content (:mod:`.continuation`)."""
+``session_id`` header; ``session_field``: the body's ``session_id``; ``previous_response``: a
+served response's session; ``continued``: the conversation's content (:mod:`.continuation`)."""
 
 
 class BadRequest(ValueError):
@@ -197,6 +210,7 @@ FIELD_TYPES: Final[tuple[tuple[str, str, Callable[[object], bool]], ...]] = (
     ("max_tokens", f"an integer from 1 to {_INT64 - 1}", _positive_int),
     ("max_completion_tokens", f"an integer from 1 to {_INT64 - 1}", _positive_int),
     ("user", "a string", lambda v: type(v) is str),
+    (SESSION_FIELD, "a string", lambda v: type(v) is str),
     ("program_id", "a string or an integer", _session_name),
     ("metadata", "an object", lambda v: type(v) is dict),
     ("return_token_ids", "a boolean (true or false)", lambda v: type(v) is bool),
@@ -428,6 +442,9 @@ def _named_session(
         value = header(headers, name)
         if value:
             return value, source
+    named = body.get(SESSION_FIELD)
+    if isinstance(named, str) and named.strip():
+        return named.strip(), "session_field"
     chained = body.get("previous_response_id")
     if previous is not None and isinstance(chained, str) and chained.strip():
         found = previous(chained.strip())
@@ -516,7 +533,7 @@ def upstream_body(
     out = {
         k: v
         for k, v in body.items()
-        if k != "program_id" and (not k.startswith("tao_") or k in _KEEP_PRIVATE)
+        if k not in _GATEWAY_FIELDS and (not k.startswith("tao_") or k in _KEEP_PRIVATE)
     }
     if stream:
         options = out.get("stream_options")

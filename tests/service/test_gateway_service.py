@@ -424,7 +424,8 @@ class TestSessionIdentity:
     @pytest.mark.parametrize(
         ("header", "extra", "expected"),
         [
-            ("hdr", {"user": "u", "program_id": "p"}, "hdr"),
+            ("hdr", {"session_id": "sid", "user": "u", "program_id": "p"}, "hdr"),
+            (None, {"session_id": "sid", "user": "u", "program_id": "p"}, "sid"),
             (None, {"user": "u", "program_id": "p"}, "u"),
             (None, {"program_id": "p"}, "p"),
         ],
@@ -432,14 +433,15 @@ class TestSessionIdentity:
     async def test_session_id_sources(
         self, h: Harness, header: str | None, extra: dict[str, str], expected: str
     ) -> None:
-        """The session id comes from X-Session-ID, else user, else program_id."""
+        """The session id comes from X-Session-ID, else the body's session_id (OpenRouter's
+        field), else user, else program_id; the gateway's fields are not forwarded."""
         await h.place("admit", expected, 1)
         resp = await h.chat(header, tao_script={"k": 1}, tao_secret=1, **extra)
         assert resp.status == 200
         [req] = await h.rec.next(SessionRequest)
         assert req.session_id == expected
         sent = h.node.bodies[0]
-        assert "program_id" not in sent and "tao_secret" not in sent
+        assert "program_id" not in sent and "tao_secret" not in sent and "session_id" not in sent
         assert sent["tao_script"] == {"k": 1}
         assert h.node.headers[0]["X-Session-ID"] == expected
         assert h.rec.of(SessionEnd) == []
@@ -576,6 +578,19 @@ class TestEndpoints:
         """A session id too long for a subject token is refused before anything is published."""
         resp = await h.chat("x" * 600)
         assert resp.status == 400 and "session id" in (await resp.json())["error"]["message"]
+        assert h.bus.published == []
+
+    @pytest.mark.parametrize(
+        ("session_id", "needle"),
+        [("x" * 600, "bad session id"), (42, "'session_id' must be a string")],
+    )
+    async def test_unusable_body_session_id_is_400(
+        self, h: Harness, session_id: object, needle: str
+    ) -> None:
+        """The body's session_id is refused as a header id is: too long for a subject token, or
+        not a string; nothing is published."""
+        resp = await h.chat(None, session_id=session_id)
+        assert resp.status == 400 and needle in (await resp.json())["error"]["message"]
         assert h.bus.published == []
 
     async def test_bus_down_answers_503_at_once(self, h: Harness) -> None:

@@ -27,6 +27,9 @@ class TestSessionIdentity:
         [
             ({"X-Session-ID": "h"}, {"user": "u", "program_id": "p"}, ("h", "header")),
             ({"X-Session-ID": "  "}, {"user": "u"}, ("u", "user")),
+            ({}, {"session_id": " s ", "user": "u"}, ("s", "session_field")),
+            ({}, {"session_id": " ", "user": "u"}, ("u", "user")),
+            ({}, {"session_id": 7, "program_id": "p"}, ("p", "program_id")),
             ({}, {"user": "", "program_id": "p"}, ("p", "program_id")),
             ({}, {"program_id": 42}, ("42", "program_id")),
             ({}, {"user": True, "program_id": None}, ("generated", "generated")),
@@ -37,14 +40,22 @@ class TestSessionIdentity:
     def test_precedence(
         self, headers: dict[str, str], body: dict[str, Any], expected: tuple[str, str]
     ) -> None:
-        """Header beats user beats program_id; blank or non-scalar values are skipped."""
+        """Header beats the body's session_id beats user beats program_id; blank or non-scalar
+        values are skipped (a non-string session_id never gets here: parse_body refuses it)."""
         assert session_identity(headers, body, new_id) == expected
 
 
 class TestUpstreamBody:
     def test_strips_gateway_fields_keeps_tao_script(self) -> None:
-        """program_id and tao_* fields go, tao_script and OpenAI fields stay."""
-        body = {"model": "m", "user": "u", "program_id": "p", "tao_x": 1, "tao_script": [1]}
+        """program_id, session_id and tao_* fields go, tao_script and OpenAI fields stay."""
+        body = {
+            "model": "m",
+            "user": "u",
+            "program_id": "p",
+            "session_id": "s",
+            "tao_x": 1,
+            "tao_script": [1],
+        }
         assert upstream_body(body, stream=False) == {"model": "m", "user": "u", "tao_script": [1]}
 
     def test_stream_asks_for_usage_keeping_other_options(self) -> None:
@@ -109,6 +120,13 @@ class TestDescribe:
         """An unusable body raises BadRequest naming the field."""
         with pytest.raises(BadRequest, match=needle):
             describe_request(body, chat=chat)
+
+    @pytest.mark.parametrize("value", [7, True, ["s"], {"id": "s"}])
+    def test_session_id_must_be_a_string(self, value: object) -> None:
+        """The body's session_id (a session key) is a string or absent, as user is."""
+        with pytest.raises(BadRequest, match="'session_id' must be a string"):
+            parse_body({"session_id": value})
+        assert parse_body({"session_id": None}) == {"session_id": None}
 
     def test_body_must_be_object(self) -> None:
         """A JSON array body is refused."""

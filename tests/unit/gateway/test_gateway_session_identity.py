@@ -224,12 +224,45 @@ class TestPrecedence:
             (CHAT, {"X-Session-ID": "tao", "x-claude-code-agent-id": "a1"}, {}, ("tao", "header")),
             # previous_response_id (Responses API, not served) names nothing
             (CHAT, {}, {"previous_response_id": "resp_1"}, ("generated", "generated")),
+            # the body's session_id (OpenRouter's field; Cline 3.0.65 sends its session id there
+            # through its OpenRouter provider): below every header, above user and program_id
+            (
+                CHAT,
+                {},
+                {"session_id": "cline-task", "user": "u", "program_id": "p"},
+                ("cline-task", "session_field"),
+            ),
+            (COMPLETIONS, {}, {"session_id": "s", "user": "u"}, ("s", "session_field")),
+            (MESSAGES, {}, {"session_id": "s"}, ("s", "session_field")),
+            (MESSAGES, {}, {**META, "session_id": "s"}, ("meta", "metadata")),
+            (CHAT, {"session-id": "codex"}, {"session_id": "s"}, ("codex", "codex")),
+            (CHAT, {"X-SMG-Routing-Key": "smg"}, {"session_id": "s"}, ("smg", "smg")),
+            (CHAT, {"X-Session-ID": "tao"}, {"session_id": "s"}, ("tao", "header")),
+            (CHAT, {}, {"session_id": "\t", "user": "u"}, ("u", "user")),
+            # prompt_cache_key is a caching key clients may share across sessions: not read
+            (CHAT, {}, {"prompt_cache_key": "k"}, ("generated", "generated")),
         ],
     )
     def test_first_present_wins(
         self, api: Api, headers: dict[str, str], body: dict[str, Any], expected: tuple[str, str]
     ) -> None:
         assert api.identity(headers, body, new_id) == expected
+
+    def test_body_session_id_beats_previous_response_id(self) -> None:
+        """Both name the session on /v1/responses; the client's own id is read first."""
+
+        def previous(rid: str) -> str | None:
+            return "chained" if rid == "resp_1" else None
+
+        body = {"previous_response_id": "resp_1", "user": "u"}
+        assert session_identity({}, body, new_id, previous=previous) == (
+            "chained",
+            "previous_response",
+        )
+        assert session_identity({}, {**body, "session_id": "s"}, new_id, previous=previous) == (
+            "s",
+            "session_field",
+        )
 
     def test_session_identity_takes_the_metadata_id_first(self) -> None:
         headers = {"X-Claude-Code-Session-Id": "cc"}

@@ -412,6 +412,29 @@ class TestAging:
         assert interrupted == ["t"]  # the hold rule does not apply when clearing
         assert admitted == []  # 4 of 8 quanta: the node is held for "old", "other" waits
 
+    @pytest.mark.parametrize(
+        ("policy", "waited_s", "released", "placed"),
+        [
+            ("tao", 250.0, [], [("small", "n0")]),  # no aging: the room goes to what fits
+            ("tao-aging", 250.0, [], [("small", "n0")]),  # 300 s, never clears
+            ("tao-aging", 350.0, [], [("small", "n0")]),  # first, but fits nowhere: skipped
+            ("tao-fair", 150.0, [], [("small", "n0")]),  # not yet starving
+            ("tao-fair", 250.0, ["t"], [("big", "n0")]),  # cleared for, then placed first
+        ],
+    )  # fmt: skip
+    def test_the_tail_rule_by_policy(
+        self, policy: str, waited_s: float, released: list[str], placed: list[tuple[str, str]]
+    ) -> None:
+        """``tao-fair`` (docs/evaluation.md, "The tail"): a request that has waited 200 s and
+        fits nowhere gets a node's tool-running sessions released until it fits, and goes
+        first; the default places the room with what fits, and ``tao-aging`` never clears."""
+        now = 1000.0
+        big = cand("big", weight=6 * Q, waiting_since=now - waited_s, eligible=("n0",))
+        small = cand("small", weight=2 * Q, waiting_since=now - 10.0, eligible=("n0",))
+        t = tool("t", weight=4 * Q, remaining_s=0.0)  # about to return: no demand release
+        s = snap({"n0": 2 * Q}, [big, small], [t], now=now)
+        assert run(s, policy_rules(get_policy(policy))) == (released, placed)
+
 
 class TestStay:
     """Among nodes of equal value, a session goes back to the node it last ran on."""

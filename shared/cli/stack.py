@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import IO, Any
@@ -72,25 +72,31 @@ SIM_MODEL = "tao-sim"
 _READY_TIMEOUT_S = 60.0
 
 
+def _lines_newest_first(log: Path, keep: int) -> Iterator[tuple[str, dict[str, Any] | None]]:
+    """The last ``keep`` lines of ``log``, newest first, each stripped and with its JSON record
+    (None for a line that is not a JSON object); nothing when the log cannot be read."""
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-keep:]
+    except OSError:
+        return
+    for line in reversed(lines):
+        text = line.strip()
+        rec = None
+        if text.startswith("{"):
+            with contextlib.suppress(ValueError):
+                doc = json.loads(text)
+                rec = doc if isinstance(doc, dict) else None
+        yield text, rec
+
+
 def exit_reason(log: Path, name: str) -> str | None:
     """The one-line reason a child gave for exiting, from the end of its ``log``: the line it
     printed for bad settings (``<name>: ...``, exit 2), or the exception of a JSON
     ``service_crashed`` record (``OSError: ... address already in use``); None if neither."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()[-200:]
-    except OSError:
-        return None
-    for line in reversed(lines):
-        text = line.strip()
+    for text, rec in _lines_newest_first(log, 200):
         if text.startswith(f"{name}: "):
             return text[len(name) + 2 :]
-        if not text.startswith("{"):
-            continue
-        try:
-            rec = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or rec.get("event") != "service_crashed":
+        if rec is None or rec.get("event") != "service_crashed":
             continue
         exc = rec.get("exception")
         if isinstance(exc, list) and exc and isinstance(exc[-1], dict):
@@ -105,19 +111,8 @@ def last_warning(log: Path) -> str | None:
     """The newest warning or error a service logged (its event and error, one line), from the
     end of its JSON ``log``; None if it logged none. A stack that does not come up names it
     beside the log's path, so a run that failed once says why without its logs."""
-    try:
-        lines = log.read_text(errors="replace").splitlines()[-500:]
-    except OSError:
-        return None
-    for line in reversed(lines):
-        text = line.strip()
-        if not text.startswith("{"):
-            continue
-        try:
-            rec = json.loads(text)
-        except ValueError:
-            continue
-        if not isinstance(rec, dict) or rec.get("level") not in ("warning", "error", "critical"):
+    for _, rec in _lines_newest_first(log, 500):
+        if rec is None or rec.get("level") not in ("warning", "error", "critical"):
             continue
         error = rec.get("error")
         said = f": {error}" if error else ""

@@ -59,10 +59,10 @@ import math
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from shared.core.engine import PROFILES
-from shared.core.engine.profiles import Profile
+from shared.core.engine.profiles import Profile, scaled
 from shared.sim import des
 from shared.sim.des import SimConfig
 from shared.sim.metrics import compute_metrics
@@ -126,17 +126,12 @@ KV_STEP = 1024 * 16
 
 def candidate(kv_tokens: int, prefill_scale: float, decode_scale: float) -> Profile:
     """The stand-in's profile with its KV capacity replaced and its step terms scaled."""
-    base = PROFILES[BASE_PROFILE]
-    return replace(
-        base,
+    return scaled(
+        PROFILES[BASE_PROFILE],
+        prefill_scale,
+        decode_scale,
         name="paper-deepseek-candidate",
         kv_tokens=kv_tokens,
-        prefill_a=base.prefill_a * prefill_scale,
-        prefill_b=base.prefill_b * prefill_scale,
-        prefill_f=base.prefill_f * prefill_scale,
-        decode_c=base.decode_c * decode_scale,
-        decode_d=base.decode_d * decode_scale,
-        decode_e=base.decode_e * decode_scale,
         source="fit candidate",
     )
 

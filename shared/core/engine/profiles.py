@@ -34,9 +34,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
-from typing import Final
+from typing import Any, Final
 
 from shared.core.tiers import HostLink
 
@@ -48,6 +48,7 @@ __all__ = [
     "Profile",
     "decode_step_time",
     "prefill_time",
+    "scaled",
     "step_time",
 ]
 
@@ -137,6 +138,21 @@ class Profile:
             h2d_bytes_s=self.h2d_bytes_s,
             d2h_bytes_s=self.d2h_bytes_s,
         )
+
+
+def scaled(base: Profile, prefill: float, decode: float, **changes: Any) -> Profile:
+    """``base`` with its prefill terms (``a``, ``b``, ``f``) times ``prefill``, its decode terms
+    (``c``, ``d``, ``e``) times ``decode``, and ``changes`` (name, capacity, source, ...)."""
+    return replace(
+        base,
+        prefill_a=base.prefill_a * prefill,
+        prefill_b=base.prefill_b * prefill,
+        prefill_f=base.prefill_f * prefill,
+        decode_c=base.decode_c * decode,
+        decode_d=base.decode_d * decode,
+        decode_e=base.decode_e * decode,
+        **changes,
+    )
 
 
 def prefill_time(p: Profile, new_tokens: int, cached_tokens: int) -> float:
@@ -268,15 +284,12 @@ _DEEPSEEK_4XH100 = Profile(
 # (docs/evaluation.md, "Reproducing the paper").
 _PAPER_PREFILL = 1.41
 _PAPER_DECODE = 0.354
-_PAPER_DEEPSEEK = Profile(
+_PAPER_DEEPSEEK = scaled(
+    _DEEPSEEK_4XH100,
+    _PAPER_PREFILL,
+    _PAPER_DECODE,
     name="paper-deepseek",
     kv_tokens=36_864 * 16,
-    prefill_a=_DEEPSEEK_4XH100.prefill_a * _PAPER_PREFILL,
-    prefill_b=_DEEPSEEK_4XH100.prefill_b * _PAPER_PREFILL,
-    prefill_f=_DEEPSEEK_4XH100.prefill_f * _PAPER_PREFILL,
-    decode_c=_DEEPSEEK_4XH100.decode_c * _PAPER_DECODE,
-    decode_d=_DEEPSEEK_4XH100.decode_d * _PAPER_DECODE,
-    decode_e=_DEEPSEEK_4XH100.decode_e * _PAPER_DECODE,
     # The host tier's bytes per token are implied by the fitted capacity: 4x the stand-in's
     # tokens in the same KV memory per GPU, so a quarter of its 67.5 KiB latent per token.
     kv_bytes_per_gpu_token=_DEEPSEEK_4XH100.kv_bytes_per_gpu_token

@@ -2,6 +2,8 @@
 
     taskset -c 1 .venv/bin/python -m benchmarks.sim_speed            # 300 tasks, 64 workers
     taskset -c 1 .venv/bin/python -m benchmarks.sim_speed --tasks 60  # quick look
+    taskset -c 1 .venv/bin/python -m benchmarks.sim_speed --host-kv 4 \
+        --policies tao,thunderagent,thunderagent-ideal,kv-aware-tiered,cache-aware  # the tier
 
 Times are ``time.process_time`` (CPU seconds of this process, so other load on the machine does
 not inflate them) and wall seconds; the target (issue 5) is < 60 s for the five default
@@ -26,11 +28,13 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=64)
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--policies", default=",".join(DEFAULT_POLICIES))
+    ap.add_argument("--host-kv", type=float, default=0.0, help="host tier, x the GPU KV")
     args = ap.parse_args()
     warm_up()  # numba compile outside the timings
     tasks = generate_tasks(load_workload("swe-lite"), args.tasks, 0)
-    cfg = SimConfig(nodes=args.nodes, workers=args.workers)
-    print(f"swe-lite, {args.tasks} tasks, {args.workers} workers, {args.nodes} nodes\n")
+    cfg = SimConfig(nodes=args.nodes, workers=args.workers, host_kv=args.host_kv)
+    tier = f", host tier {args.host_kv:g} x the GPU KV" if args.host_kv else ""
+    print(f"swe-lite, {args.tasks} tasks, {args.workers} workers, {args.nodes} nodes{tier}\n")
     print("| policy | CPU s | wall s | requests | virtual s | requests / CPU s |")
     print("|---|---|---|---|---|---|")
     total_cpu = total_wall = 0.0

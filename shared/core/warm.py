@@ -6,7 +6,8 @@ milliseconds instead of compiling it again (seconds). :func:`warm_all` runs each
 inputs of the types the services use: the planner's (:func:`shared.core.planner.warm_up`, on
 one small snapshot: the exact search, the beam fallback and the bounds) and the block pool's
 (:mod:`shared.core.engine.poolkernels`, through a small engine serving turns of two sessions,
-so that allocation, the prefix-cache hits, eviction and release all run). Run it once where
+so that allocation, the prefix-cache hits, eviction and release all run) and its host tier's
+(:mod:`shared.core.engine.hostkernels`, the same engine with a host tier). Run it once where
 the cache will be read, as the user the services run as: ``tao warm`` (:mod:`shared.cli.warm`;
 scripts/setup.sh runs it, and so can the image build after the install). It returns how
 many signatures each kernel holds; :func:`cache_misses` says which were compiled rather than
@@ -24,21 +25,29 @@ from typing import Any
 import numpy as np
 
 from shared.core import kernels
-from shared.core.engine import DEFAULT_PROFILE, PROFILES, Engine, EngineRequest, poolkernels
+from shared.core.engine import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    Engine,
+    EngineRequest,
+    hostkernels,
+    poolkernels,
+)
 from shared.core.planner import warm_up
 
 __all__ = ["KERNEL_MODULES", "cache_misses", "compiled", "warm_all", "warm_engine"]
 
-KERNEL_MODULES: tuple[ModuleType, ...] = (kernels, poolkernels)
+KERNEL_MODULES: tuple[ModuleType, ...] = (kernels, poolkernels, hostkernels)
 """The modules whose ``@njit`` functions :func:`warm_all` compiles."""
 
 
 def warm_engine() -> None:
     """Serve turns of two sessions on an engine whose pool holds about one prompt, so that
     the block pool's kernels all run: allocation, caching, prefix hits, eviction, release,
-    touch and the cache reset."""
+    touch and the cache reset; and, with a host tier of the pool's size, the host tier's
+    (stores, completions, evictions, a load of an evicted prefix, unpins, re-ranks)."""
     profile = replace(PROFILES[DEFAULT_PROFILE], kv_tokens=64 * 16, max_batched_tokens=256)
-    engine = Engine("warm", profile, emit_kv_events=True)
+    engine = Engine("warm", profile, emit_kv_events=True, host=profile.host_link(1.0))
     prompt = [i % 97 for i in range(600)]
     turns = [
         EngineRequest("r1", "a", prompt, 8),

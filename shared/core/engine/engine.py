@@ -37,7 +37,6 @@ import numpy as np
 from shared.contracts.kv import KVEvent
 from shared.core.engine.cache import ROOT_HASH, BlockPool, chain_hash
 from shared.core.engine.host import HostCache
-from shared.core.engine.poolkernels import k_find_first as find_first
 from shared.core.engine.profiles import Profile, step_time
 from shared.core.engine.requests import (
     OUTPUT_VOCAB,
@@ -211,7 +210,7 @@ class Engine:
             load = next(x for x in self._loading if x[1] is r)
             self._loading.remove(load)
             assert self._host is not None
-            self._host.unpin(r.hashes[load[2] : load[3]].tolist())
+            self._host.unpin(r.hashes[load[2] : load[3]])
         self._pool.release_arr(r.blocks, r.nblocks)
         r.nblocks = 0
 
@@ -464,7 +463,7 @@ class Engine:
         self._pool.release_arr(r.blocks, r.nblocks)
         r.nblocks = 0
         if self._host is not None:  # its prompt blocks are re-ranked, head most recent
-            self._host.touch(r.hashes[: min(r.nhashes, r.prompt_len // self.block_size)].tolist())
+            self._host.touch(r.hashes[: min(r.nhashes, r.prompt_len // self.block_size)])
         del self._by_id[r.id]
         self._remember(r)
         first = r.first_token_at if r.first_token_at is not None else t
@@ -562,7 +561,7 @@ class Engine:
         if loads:  # each copy starts after this step's forward
             assert host is not None
             for r, lo, hi in loads:
-                done = host.load(r.hashes[lo:hi].tolist(), end)
+                done = host.load(r.hashes[lo:hi], end)
                 self._loading.append((done, r, lo, hi))
         if not sched:
             if preempted:
@@ -613,7 +612,7 @@ class Engine:
             return
         assert self._host is not None
         self._hash_upto(r, nfull)
-        if self._host.offer(r.hashes[r.host_next : nfull].tolist(), at):
+        if self._host.offer(r.hashes[r.host_next : nfull], at):
             r.host_next = nfull
 
     def _promote_loads(self) -> None:
@@ -626,7 +625,7 @@ class Engine:
         i = 0
         while i < len(loading) and loading[i][0] <= self._clock:
             _, r, lo, hi = loading[i]
-            host.unpin(r.hashes[lo:hi].tolist())
+            host.unpin(r.hashes[lo:hi])
             r.num_computed = hi * self.block_size
             self._cache_upto(r, r.num_computed)
             r.host_next = max(r.host_next, hi)
@@ -682,13 +681,15 @@ class Engine:
             s = bs * j - 1 - r.num_computed  # the step after which block j-1 is full
             if s >= n:
                 continue
-            last = (r.num_computed + n) // bs
-            self._hash_upto(r, last)
-            # blocks j-1, j, ... become full after steps s, s + bs, ... (< n): the first equal
+            # blocks j-1, j, ... become full after steps s, s + bs, ... (< n). A chain hash
+            # names its position (each block's hash covers its parent's), so only block `hit`
+            # can equal the head's missing one: other requests are not even hashed.
             count = (n - s + bs - 1) // bs
-            at = int(find_first(r.hashes, j - 1, j - 1 + count, missing))
-            if at >= 0:
-                n = s + (at - (j - 1)) * bs
+            if not j - 1 <= hit < j - 1 + count:
+                continue
+            self._hash_upto(r, hit + 1)
+            if r.hashes[hit] == missing:
+                n = s + (hit - (j - 1)) * bs
         return n
 
     def _horizon(self) -> float:

@@ -34,14 +34,15 @@ vLLM's default placeholder payload (one hash, no tokens, ``block_size = 0``,
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Sequence
-from itertools import filterfalse, repeat
 from typing import Final
 
 import numpy as np
 
 from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
+from shared.core.engine import hostkernels as k
+from shared.core.engine.cache import HashChain, _u64
 from shared.core.tiers import CPU, HostLink
 
 __all__ = ["HostCache"]
@@ -50,20 +51,34 @@ _LOG_KEEP: Final = 1 << 16
 """Evicted hashes kept for :meth:`HostCache.evicted_since` (trimmed past twice this)."""
 
 
+def _hashes(hashes: np.ndarray | Sequence[int]) -> np.ndarray:
+    """``hashes`` as a uint64 array (a :class:`HashChain`'s own copy, without converting)."""
+    if isinstance(hashes, HashChain):
+        return hashes.array[: len(hashes)]
+    return _u64(hashes)
+
+
 class HostCache:
-    """One engine's host tier: ready/pending/pinned blocks by hash, the LRU of evictable ones
-    and the two transfer queues. Pure: every call takes the engine's virtual time."""
+    """One engine's host tier: its slots of ready/pending/pinned blocks, the hash → slot table,
+    the LRU of evictable ones and the two transfer queues, on arrays walked by numba kernels
+    (:mod:`.hostkernels`). Pure: every call takes the engine's virtual time."""
 
     __slots__ = (
         "_d2h_free_at",
         "_emit",
         "_events",
         "_evict_log",
+        "_free",
         "_h2d_free_at",
+        "_hk",
         "_log_base",
-        "_lru",
+        "_nxt",
         "_pending",
-        "_pins",
+        "_pin",
+        "_prv",
+        "_st",
+        "_tk",
+        "_tv",
         "block_size",
         "evicted",
         "generation",
@@ -76,13 +91,25 @@ class HostCache:
     def __init__(self, link: HostLink, *, emit_kv_events: bool = False) -> None:
         self.link = link
         self.block_size = link.block_size
-        self._pins: dict[int, int] = {}
-        """hash → pin count of every block the host holds: -1 while its store is in flight,
-        0 ready and evictable (then also in ``_lru``), > 0 ready and being loaded."""
-        self._lru: OrderedDict[int, None] = OrderedDict()
-        """Ready, unpinned blocks, least recently used first."""
-        self._pending: deque[tuple[float, list[int]]] = deque()
-        """Store jobs in flight: (completion time, hashes), in completion order (one FIFO)."""
+        c = link.blocks
+        self._hk = np.zeros(c, dtype=np.uint64)
+        self._pin = np.full(c, k.FREE, dtype=np.int64)
+        """Per slot: ``FREE``, ``PENDING`` (store in flight), 0 ready and evictable (then in
+        the LRU), > 0 ready and being loaded (pin count)."""
+        self._nxt = np.full(c + 1, c, dtype=np.int64)
+        self._prv = np.full(c + 1, c, dtype=np.int64)
+        """The LRU of ready, unpinned slots, least recently used first (sentinel ``c``)."""
+        self._free = np.arange(c - 1, -1, -1, dtype=np.int64)
+        """Empty slots, a stack (slot 0 on top)."""
+        self._st = np.array([c, 0], dtype=np.int64)
+        """[empty slots, LRU length]."""
+        size = 8
+        while size < 4 * c:
+            size *= 2
+        self._tk = np.zeros(size, dtype=np.uint64)
+        self._tv = np.full(size, -1, dtype=np.int64)
+        self._pending: deque[tuple[float, np.ndarray]] = deque()
+        """Store jobs in flight: (completion time, slots), in completion order (one FIFO)."""
         self._d2h_free_at = 0.0
         self._h2d_free_at = 0.0
         self._emit = emit_kv_events
@@ -109,29 +136,20 @@ class HostCache:
     @property
     def num_blocks(self) -> int:
         """Blocks held (ready or being stored)."""
-        return len(self._pins)
+        return self.link.blocks - int(self._st[0])
 
     def holds(self, block_hash: int) -> bool:
         """Whether ``block_hash`` is ready in the host (its store completed)."""
-        return self._pins.get(block_hash, -1) >= 0
+        s = k.t_find(self._tk, self._tv, np.uint64(block_hash))
+        return s >= 0 and self._pin[s] >= 0
 
     def run(self, hashes: np.ndarray | Sequence[int], start: int, stop: int) -> int:
         """Smallest ``j`` in ``[start, stop]`` with ``hashes[j]`` not ready in the host
         (``stop`` if all are)."""
-        get = self._pins.get
-        j = start
-        step = 32
-        while j < stop:  # chunks growing 4x, each looked up C-level; the first miss ends it
-            e = min(stop, j + step)
-            chunk = hashes[j:e]
-            keys = chunk.tolist() if isinstance(chunk, np.ndarray) else list(chunk)
-            pins = list(map(get, keys, repeat(-1, len(keys))))
-            if min(pins) >= 0:
-                j = e
-                step *= 4
-                continue
-            return j + next(k for k, p in enumerate(pins) if p < 0)
-        return j
+        if start >= stop:
+            return start
+        arr = _hashes(hashes)
+        return int(k.h_run(self._tk, self._tv, self._pin, arr, start, min(stop, len(arr))))
 
     # -- time ------------------------------------------------------------------------------------
 
@@ -142,24 +160,22 @@ class HostCache:
         if not pending or pending[0][0] > now:
             return
         self.generation += 1
-        pins, lru = self._pins, self._lru
         while pending and pending[0][0] <= now:
-            _, hashes = pending.popleft()
-            for h in hashes:
-                if pins.get(h) == -1:
-                    pins[h] = 0
-                    lru[h] = None
-                    if self._emit:
-                        self._events.append(
-                            BlockStored(
-                                block_hashes=[h],
-                                parent_block_hash=None,
-                                token_ids=[],
-                                block_size=0,
-                                lora_id=None,
-                                medium=CPU,
-                            )
-                        )
+            _, slots = pending.popleft()
+            out = np.empty(len(slots), dtype=np.uint64)
+            n = k.h_complete(self._hk, self._pin, self._nxt, self._prv, self._st, slots, out)
+            if self._emit:
+                self._events.extend(
+                    BlockStored(
+                        block_hashes=[h],
+                        parent_block_hash=None,
+                        token_ids=[],
+                        block_size=0,
+                        lora_id=None,
+                        medium=CPU,
+                    )
+                    for h in out[:n].tolist()
+                )
 
     def next_completion(self) -> float | None:
         """When the oldest store in flight completes, or ``None``."""
@@ -167,41 +183,43 @@ class HostCache:
 
     # -- stores ----------------------------------------------------------------------------------
 
-    def offer(self, hashes: Sequence[int], start_at: float) -> bool:
+    def offer(self, hashes: np.ndarray | Sequence[int], start_at: float) -> bool:
         """Queue a store of the blocks of ``hashes`` the host does not hold, its copy starting no
         earlier than ``start_at``; ``False`` (nothing stored, offer again later) when too few
         blocks can be evicted to make room."""
-        pins = self._pins
-        new = list(filterfalse(pins.__contains__, hashes))  # C-level: offers are whole contexts
-        if not new:
+        arr = _hashes(hashes)
+        new = np.empty(len(arr), dtype=np.uint64)
+        n = int(k.h_new(self._tk, self._tv, arr, self.link.blocks, new))
+        if not n:
             return True
-        if len(set(new)) != len(new):  # a chain repeating a block (rare): store it once
-            new = list(dict.fromkeys(new))
-        short = len(pins) + len(new) - self.link.blocks
+        short = n - int(self._st[0])  # held + new - capacity
         if short > 0:
-            if short > len(self._lru):
+            if short > int(self._st[1]):
                 self.store_failures += 1
                 return False
             self._evict(short)
-        for h in new:
-            pins[h] = -1
+        slots = np.empty(n, dtype=np.int64)
+        k.h_store(self._hk, self._pin, self._free, self._st, self._tk, self._tv, new, n, slots)
         t0 = max(start_at, self._d2h_free_at)
-        done = t0 + self.link.store_s(len(new) * self.block_size)
+        done = t0 + self.link.store_s(n * self.block_size)
         self._d2h_free_at = done
-        self._pending.append((done, new))
-        self.stored_blocks += len(new)
+        self._pending.append((done, slots))
+        self.stored_blocks += n
         return True
 
     def _evict(self, n: int) -> None:
         self.generation += 1
         self.evicted += n
-        lru, pins, log = self._lru, self._pins, self._evict_log
-        for _ in range(n):
-            h, _ = lru.popitem(last=False)
-            del pins[h]
-            log.append(h)
-            if self._emit:
-                self._events.append(BlockRemoved(block_hashes=[h], medium=CPU))
+        gone = np.empty(n, dtype=np.uint64)
+        k.h_evict(
+            self._hk, self._pin, self._nxt, self._prv, self._free, self._st, self._tk, self._tv,
+            n, gone,
+        )  # fmt: skip
+        hashes: list[int] = gone.tolist()
+        log = self._evict_log
+        log.extend(hashes)
+        if self._emit:
+            self._events.extend(BlockRemoved(block_hashes=[h], medium=CPU) for h in hashes)
         if len(log) > 2 * _LOG_KEEP:
             drop = len(log) - _LOG_KEEP
             del log[:drop]
@@ -216,36 +234,27 @@ class HostCache:
 
     # -- loads -----------------------------------------------------------------------------------
 
-    def load(self, hashes: Sequence[int], start_at: float) -> float:
+    def load(self, hashes: np.ndarray | Sequence[int], start_at: float) -> float:
         """Pin the ready ``hashes`` and queue their host→device copy after ``start_at`` and the
         loads before it; the time the copy ends."""
-        pins, lru = self._pins, self._lru
-        for h in hashes:
-            if pins[h] == 0:
-                del lru[h]
-            pins[h] += 1
+        arr = _hashes(hashes)
+        k.h_load(self._pin, self._nxt, self._prv, self._st, self._tk, self._tv, arr)
         t0 = max(start_at, self._h2d_free_at)
-        done = t0 + self.link.load_s(len(hashes) * self.block_size)
+        done = t0 + self.link.load_s(len(arr) * self.block_size)
         self._h2d_free_at = done
-        self.loaded_blocks += len(hashes)
+        self.loaded_blocks += len(arr)
         return done
 
-    def unpin(self, hashes: Sequence[int]) -> None:
+    def unpin(self, hashes: np.ndarray | Sequence[int]) -> None:
         """A load of ``hashes`` ended (or was dropped): unpin them; an unpinned block is most
         recently used."""
-        pins, lru = self._pins, self._lru
-        for h in hashes:
-            pins[h] -= 1
-            if pins[h] == 0:
-                lru[h] = None
+        arr = _hashes(hashes)
+        k.h_unpin(self._pin, self._nxt, self._prv, self._st, self._tk, self._tv, arr)
 
-    def touch(self, hashes: Sequence[int]) -> None:
+    def touch(self, hashes: np.ndarray | Sequence[int]) -> None:
         """A request that used ``hashes`` (a prefix chain) finished: re-rank the evictable ones in
         reverse prefix order, so the head is the most recently used."""
-        lru = self._lru
-        # C-level iteration (a finished request re-ranks its whole prompt): the same as
-        # ``for h in reversed(hashes): if h in lru: lru.move_to_end(h)``
-        deque(map(lru.move_to_end, filter(lru.__contains__, reversed(hashes))), maxlen=0)
+        k.h_touch(self._pin, self._nxt, self._prv, self._tk, self._tv, _hashes(hashes))
 
     def drain_events(self) -> list[KVEvent]:
         """Host-tier events since the last drain, oldest first."""
@@ -254,10 +263,25 @@ class HostCache:
 
     def check(self) -> None:
         """Raise ``AssertionError`` if an invariant is broken (tests)."""
-        if len(self._pins) > self.link.blocks:
-            raise AssertionError(f"{len(self._pins)} blocks held, capacity {self.link.blocks}")
-        for h, p in self._pins.items():
-            if (p == 0) != (h in self._lru):
-                raise AssertionError(f"block {h}: pins {p}, in LRU {h in self._lru}")
-        if len(self._lru) > len(self._pins):
-            raise AssertionError("LRU holds blocks the host does not")
+        c = self.link.blocks
+        pin = self._pin
+        held = np.flatnonzero(pin != k.FREE)
+        if len(held) + int(self._st[0]) != c:
+            raise AssertionError(f"{len(held)} slots held, {int(self._st[0])} empty, capacity {c}")
+        lru: list[int] = []
+        s = int(self._nxt[c])
+        while s != c:
+            lru.append(s)
+            if len(lru) > c:
+                raise AssertionError("the LRU list has a cycle")
+            s = int(self._nxt[s])
+        if len(lru) != int(self._st[1]):
+            raise AssertionError(f"LRU length {len(lru)}, counted {int(self._st[1])}")
+        in_lru = set(lru)
+        for s in held.tolist():
+            if (pin[s] == 0) != (s in in_lru):
+                raise AssertionError(f"slot {s}: pins {int(pin[s])}, in LRU {s in in_lru}")
+            if k.t_find(self._tk, self._tv, self._hk[s]) != s:
+                raise AssertionError(f"slot {s}: its hash does not map to it")
+        if not in_lru <= set(held.tolist()):
+            raise AssertionError("LRU holds slots the host does not")

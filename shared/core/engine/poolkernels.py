@@ -227,12 +227,3 @@ def k_free_order(nxt: np.ndarray, out: np.ndarray) -> int:
         k += 1
         b = nxt[b]
     return k
-
-
-@njit(cache=True, nogil=True)
-def k_find_first(hashes: np.ndarray, lo: int, hi: int, key: np.uint64) -> int:
-    """The first ``j`` in ``[lo, hi)`` with ``hashes[j] == key``, else -1."""
-    for j in range(lo, hi):
-        if hashes[j] == key:
-            return j
-    return -1

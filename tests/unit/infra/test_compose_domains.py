@@ -134,7 +134,8 @@ def test_one_build_for_every_tao_container() -> None:
 
 def test_the_gateway_is_ready_after_the_planners_and_needs_its_key() -> None:
     gateway = _services()["gateway"]
-    assert "/readyz" in " ".join(gateway["healthcheck"]["test"])
+    check = " ".join(gateway["healthcheck"]["test"])
+    assert "/readyz" in check and "/healthz" not in check  # no liveness fallback: ready is ready
     assert {p for p in gateway["depends_on"] if p.startswith("planner-")} == set(_tao("planner"))
     assert gateway["environment"]["TAO_GATEWAY_KEY_FILE"] == "/keys/gateway-key"
     assert gateway["volumes"] == ["tao-keys-gateway:/keys:ro"]

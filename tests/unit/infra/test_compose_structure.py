@@ -469,6 +469,8 @@ class TestGateway:
         and the gateway starts after the planner."""
         url = urlsplit(_http_check_url(_service("gateway")))
         assert (url.port, url.path) == (8000, "/readyz")
+        # /readyz alone: no fallback to /healthz (liveness), so healthy means ready
+        assert "/healthz" not in " ".join(_service("gateway")["healthcheck"]["test"])
         assert _service("gateway")["depends_on"]["planner"] == {"condition": "service_started"}
 
     def test_only_the_gateway_is_published(self) -> None:

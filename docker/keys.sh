@@ -26,7 +26,8 @@ set -eu
 umask 077
 all=/keys/all
 namespace=${TAO_NAMESPACE:-}
-only=${1:-}  # "gateway": the gateway's key alone (deploy/compose.domains.yaml)
+only=${1:-}  # "gateway": the gateway's key alone, to the gateway and to ops when TAO_UID_OPS is
+            # set (deploy/compose.domains.yaml)
 
 gateway_key() {
     if [ -n "${TAO_GATEWAY_KEY:-}" ]; then
@@ -54,7 +55,10 @@ give() {  # give NAME UID FILE:TARGET...: a 0500 folder of 0400 files owned by U
 gateway_key
 if [ "$only" = gateway ]; then
     give gateway "$TAO_UID_GATEWAY" gateway-key:gateway-key
-    echo "keys: the gateway's key is in its own volume" >&2
+    if [ -n "${TAO_UID_OPS:-}" ]; then
+        give ops "$TAO_UID_OPS" gateway-key:gateway-key
+    fi
+    echo "keys: the gateway's key is in its own volume (and ops', for the demo)" >&2
     exit 0
 fi
 

@@ -63,7 +63,7 @@ def test_every_tao_service_parses_and_sees_only_its_domains_nodes(nodes_file: Pa
     names every NATS server and keeps 3 copies of the streams."""
     domains: set[str] = set()
     for name, svc in _services().items():
-        if svc.get("image") != "tao-scheduler:local" or name == "keys":  # keys: one-shot
+        if svc.get("image") != "tao-scheduler:local" or name in ("keys", "demo"):  # clients
             continue
         s = _settings(name, nodes_file)
         assert s.replicas == 3 and s.nats_url is not None and s.nats_url.count("nats://") == 3
@@ -111,6 +111,8 @@ def test_the_store_is_a_redis_cluster_of_three_masters_with_a_replica_each(
     for name, svc in _services().items():
         if svc.get("image") != "tao-scheduler:local" or svc["command"][1:2] in ([], ["simnode"]):
             continue
+        if name == "demo":  # a client of the gateway: no Redis (below)
+            continue
         url = _settings(name, nodes_file).redis_url
         assert url == "redis+cluster://" + ",".join(f"{n}:6379" for n in servers), name
         assert svc["depends_on"]["redis-init"] == {"condition": "service_completed_successfully"}
@@ -139,3 +141,17 @@ def test_the_gateway_is_ready_after_the_planners_and_needs_its_key() -> None:
     assert {p for p in gateway["depends_on"] if p.startswith("planner-")} == set(_tao("planner"))
     assert gateway["environment"]["TAO_GATEWAY_KEY_FILE"] == "/keys/gateway-key"
     assert gateway["volumes"] == ["tao-keys-gateway:/keys:ro"]
+
+
+def test_the_demo_profile_drives_the_gateway_with_its_key_alone() -> None:
+    """`--profile demo`: `tao demo --against` the gateway, with the gateway's key from the ops
+    volume (docker/keys.sh gives it when TAO_UID_OPS is set) and no NATS or Redis URL."""
+    demo = _services()["demo"]
+    assert demo["profiles"] == ["demo"] and demo["restart"] == "no"
+    assert demo["command"] == ["demo", "--against", "http://gateway:8000"]
+    assert demo["environment"]["TAO_GATEWAY_KEY_FILE"] == "/keys/gateway-key"
+    assert not {"TAO_NATS_URL", "TAO_REDIS_URL"} & set(demo["environment"])
+    assert demo["volumes"] == ["tao-keys-ops:/keys:ro"]
+    assert demo["depends_on"]["gateway"] == {"condition": "service_healthy"}
+    keys = _services()["keys"]
+    assert "tao-keys-ops:/keys/ops" in keys["volumes"] and keys["environment"]["TAO_UID_OPS"]

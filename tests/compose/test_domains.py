@@ -1,10 +1,11 @@
 """deploy/compose.domains.yaml, run for real: two domains on a 3-server NATS cluster and a Redis
 Cluster, one gateway. In file order on one stack: the first request after ``up --wait`` is
 answered at once (ready means ready), sessions and streaming through the gateway, the demo
-profile driving it to the end, one leader per domain, clean logs (no violation, error, traceback
-or restart), a killed tools and valuation container coming back with requests still answered,
-and a planner failover: the leader of a domain is killed, its lease moves to the standby within
-the lease's bound, and requests are still answered.
+profile driving it to the end, each container holding only its role's secrets (NATS and Redis
+users per role, as in compose.yaml), one leader per domain, clean logs (no violation, error,
+traceback or restart), a killed tools and valuation container coming back with requests still
+answered, and a planner failover: the leader of a domain is killed, its lease moves to the
+standby within the lease's bound, and requests are still answered.
 
 The domains part is a separate job (README, "The compose tier"): `.ci/run` runs test_compose.py
 alone; run this with ``pytest -m compose tests/compose/test_domains.py``."""
@@ -21,6 +22,21 @@ import pytest
 from tests.compose.stack import FIRST_REQUEST_S, ComposeStack, wait_for
 
 pytestmark = pytest.mark.compose
+
+ROLES = {
+    "telemetry": ("10011", "nats-url", "redis-url"),
+    "tools": ("10012", "nats-url", "redis-url"),
+    "valuation": ("10013", "nats-url", "redis-url"),
+    "planner": ("10014", "nats-url", "placement-key.toml", "redis-url"),
+    "gateway": ("10015", "gateway-key", "nats-url", "placement-keys.toml", "redis-url"),
+}
+"""Each role's uid and what its containers find in /keys (docker/keys.sh)."""
+MASTER = (
+    "/keys/all/access/access.toml",
+    "/keys/all/placement-key.toml",
+    "/keys/all/route-password",
+)
+"""The provisioner's copies: in no running container."""
 
 PLANNERS = {"pool-a": ("planner-a1", "planner-a2"), "pool-b": ("planner-b1", "planner-b2")}
 
@@ -118,6 +134,19 @@ class TestDomains:
             profiles=["demo"], timeout=600, check=False,
         )  # fmt: skip
         assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+
+    def test_each_container_holds_its_roles_secrets_alone(self, domains: ComposeStack) -> None:
+        """Every control-plane container runs as its role's uid and finds its role's files in
+        /keys, no other, and none of the provisioner's copies."""
+        for service in domains.containers(all_=False):
+            role = service.split("-")[0]
+            if role not in ROLES:
+                continue
+            uid, *files = ROLES[role]
+            done = domains.exec(service, "sh", "-c", "id -u; ls /keys", check=True)
+            assert done.stdout.split() == [uid, *files], (service, done.stdout)
+            for path in MASTER:
+                assert domains.exec(service, "cat", path).returncode != 0, (service, path)
 
     def test_each_domain_has_one_leader(self, domains: ComposeStack) -> None:
         for domain in PLANNERS:

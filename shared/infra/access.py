@@ -75,6 +75,7 @@ from shared.contracts import subjects
 from shared.contracts.subjects import Stream
 
 from .errors import ConfigFileError
+from .redisconn import is_cluster_url
 
 __all__ = [
     "ACCESS_FILE",
@@ -298,6 +299,7 @@ def redis_acl(passwords: Mapping[str, str]) -> str:
             if grant.writes:
                 rule += ["+@write"]
             rule += ["-@dangerous", "+info", "+script|load", "+script|exists"]
+            rule += ["+cluster|slots", "+cluster|shards"]  # a Redis Cluster's slot map (@slow)
             rule += ["+client|setname", "+ping"]
         lines.append(" ".join(rule))
     return "\n".join(lines) + "\n"
@@ -316,7 +318,16 @@ def redact(url: str) -> str:
 
 
 def role_url(url: str, role: str, password: str) -> str:
-    """``url`` (no credentials) with ``role`` and ``password`` as its user information."""
+    """``url`` (no credentials) with ``role`` and ``password`` as its user information: on each
+    server of a comma-separated list (NATS: ``nats://a:4222,nats://b:4222``), once on a Redis
+    Cluster URL (``redis+cluster://a:6379,b:6379``: one user information for all its hosts)."""
+    if is_cluster_url(url):
+        parts = urlsplit(url)
+        hosts = parts.netloc.rpartition("@")[2]
+        netloc = f"{quote(role, safe='')}:{quote(password, safe='')}@{hosts}"
+        return urlunsplit(parts._replace(netloc=netloc))
+    if "," in url:
+        return ",".join(role_url(u.strip(), role, password) for u in url.split(",") if u.strip())
     parts = urlsplit(url)
     host = parts.hostname or "127.0.0.1"
     if ":" in host:
@@ -377,7 +388,10 @@ class Access:
         url = role_url(self.nats_url, role, self.passwords[role])
         if "nats" not in self.tls:
             return url
-        return urlunsplit(urlsplit(url)._replace(scheme="tls", query=f"ca={quote(self.ca)}"))
+        query = f"ca={quote(self.ca)}"
+        return ",".join(
+            urlunsplit(urlsplit(u)._replace(scheme="tls", query=query)) for u in url.split(",")
+        )
 
     def redis(self, role: str) -> str:
         """The Redis URL ``role`` connects with."""

@@ -13,8 +13,23 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 UP_TIMEOUT_S = 600
+FIRST_REQUEST_S = 3.0
+"""The bound on the first request after ``up --wait``. A warm stack answers it in about 0.3 s;
+a gateway that reported healthy before its planner was warm held it about 8 s (issue 31: the
+planner's numba warm-up, ``planner_warm`` 8.2 s). 3 s is ten times the first and well below the
+second, so a slow CI machine passes and a cold planner behind a ready gateway does not."""
 VIOLATION = re.compile(r"permissions? violation|publish violation|subscription violation", re.I)
 ERROR_LINE = re.compile(r'"level":\s*"(error|critical)"')
+"""A TAO service's JSON log line at level error or critical (``"error": null`` is a field of
+healthy lines, so the word alone is no sign)."""
+NATS_ERROR = re.compile(r"\[(ERR|FTL)\]")
+"""nats-server's error and fatal lines."""
+TRACEBACK = re.compile(r"Traceback \(most recent call last\)")
+"""A Python traceback, printed raw or inside a JSON line's ``exception`` field."""
+FORMING = re.compile(r"\[ERR\] Error trying to connect to route \(attempt \d+\)")
+"""The one error line a healthy NATS cluster logs: while the servers of
+deploy/compose.domains.yaml start together, each dials routes to peers not listening yet and
+retries (the cluster's health checks, JetStream included, still have to pass)."""
 
 
 def run(
@@ -93,6 +108,19 @@ class ComposeStack:
     def restarts(self) -> dict[str, int]:
         return {s: int(self.inspect(c, "{{.RestartCount}}")) for s, c in self.containers().items()}
 
+    def trouble(self) -> dict[str, list[str]]:
+        """service → what is wrong in its container: the :func:`trouble` lines of its log and a
+        restart (RestartCount > 0); only services with something to show."""
+        found: dict[str, list[str]] = {}
+        for service, container in self.containers().items():
+            lines = trouble(self.logs(service))
+            count = int(self.inspect(container, "{{.RestartCount}}"))
+            if count:
+                lines.insert(0, f"container restarted {count} time(s)")
+            if lines:
+                found[service] = lines[:5]
+        return found
+
     def logs(self, service: str) -> str:
         return self.compose("logs", "--no-color", "--no-log-prefix", service).stdout
 
@@ -112,5 +140,13 @@ class ComposeStack:
 
 
 def trouble(text: str) -> list[str]:
-    """The lines of a log that tell of a refused permission or an error."""
-    return [ln for ln in text.splitlines() if VIOLATION.search(ln) or ERROR_LINE.search(ln)]
+    """The lines of a log that tell of a refused permission, an error (a TAO service's, or
+    nats-server's other than :data:`FORMING`) or a Python traceback."""
+    return [
+        ln
+        for ln in text.splitlines()
+        if VIOLATION.search(ln)
+        or ERROR_LINE.search(ln)
+        or TRACEBACK.search(ln)
+        or (NATS_ERROR.search(ln) and not FORMING.search(ln))
+    ]

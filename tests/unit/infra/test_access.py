@@ -34,6 +34,7 @@ from shared.infra.access import (
     write_access_dir,
 )
 from shared.infra.errors import SettingsError
+from shared.infra.redisconn import startup_nodes
 from shared.infra.settings import Settings
 from tests.grant_uses import (
     HELPERS,
@@ -351,3 +352,22 @@ class TestCommand:
         assert main(["keys", "access", "--dir", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "pass --rotate or --if-missing" in err[0]
+
+
+class TestClusterUrls:
+    """A NATS cluster's server list and a Redis Cluster URL (deploy/compose.domains.yaml)."""
+
+    def test_each_nats_server_gets_the_credentials(self) -> None:
+        url = role_url("nats://a:4222,nats://b:4222", "tools", "pw")
+        assert url == "nats://tools:pw@a:4222,nats://tools:pw@b:4222"
+
+    def test_a_redis_cluster_url_gets_them_once(self) -> None:
+        url = role_url("redis+cluster://r1:6379,r2:6379", "tools", "pw")
+        assert url == "redis+cluster://tools:pw@r1:6379,r2:6379"
+        assert startup_nodes(url) == [("r1", 6379), ("r2", 6379)]
+
+    def test_readers_may_read_the_slot_map(self) -> None:
+        lines = {ln.split()[1]: ln for ln in redis_acl(Access.new().passwords).splitlines()}
+        for role in ("telemetry", "tools", "valuation", "planner", "gateway", "ops"):
+            assert "+cluster|slots" in lines[role] and "+cluster|shards" in lines[role], role
+        assert "cluster" not in lines["hook"] and "cluster" not in lines["default"]

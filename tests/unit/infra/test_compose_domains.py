@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from shared.cli.main import main
 from shared.infra.settings import Settings
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -34,28 +35,63 @@ def _tao(kind: str) -> list[str]:
     )
 
 
+def _role(name: str) -> str | None:
+    """The role whose credentials the service mounts at /keys (its volume tao-keys-<role>)."""
+    for volume in _services()[name].get("volumes", []):
+        source, _, target = str(volume).partition(":")
+        if target.startswith("/keys") and source.startswith("tao-keys-"):
+            return source.removeprefix("tao-keys-")
+    return None
+
+
+_ACCESS: dict[str, Path] = {}
+
+
+def _access_dir(tmp: Path) -> Path:
+    """`tao keys access` as docker/keys.sh runs it with the keys service's environment."""
+    if "dir" not in _ACCESS:
+        env = _services()["keys"]["environment"]
+        argv = ["keys", "access", "--dir", str(tmp), "--nats-url", env["TAO_KEYS_NATS_URL"],
+                "--redis-url", env["TAO_KEYS_REDIS_URL"]]  # fmt: skip
+        for ns in str(env["TAO_KEYS_NAMESPACES"]).split():
+            argv += ["--namespace", ns]
+        assert main(argv) == 0
+        _ACCESS["dir"] = tmp
+    return _ACCESS["dir"]
+
+
 def _settings(name: str, nodes_file: Path) -> Settings:
+    """The service's Settings, its URL files those of its role as docker/keys.sh writes them."""
     env = {k: _INTERPOLATION.sub(lambda m: m.group(2) or "", str(v))
            for k, v in _services()[name]["environment"].items()}  # fmt: skip
     env["TAO_NODES_FILE"] = str(nodes_file)
+    role = _role(name)
+    if role is not None and "TAO_NATS_URL_FILE" in env:
+        folder = _access_dir(nodes_file.parent / "access")
+        env["TAO_NATS_URL_FILE"] = str(folder / f"{role}.nats-url")
+        env["TAO_REDIS_URL_FILE"] = str(folder / f"{role}.redis-url")
     return Settings.from_env(env)
 
 
 @pytest.fixture
 def nodes_file(tmp_path: Path) -> Path:
+    _ACCESS.clear()
     path = tmp_path / "nodes.toml"
     path.write_text(_compose()["configs"]["nodes"]["content"])
     return path
 
 
 def test_three_nats_servers_route_to_each_other_with_jetstream() -> None:
+    """Each server loads the users and the cluster block docker/keys.sh writes (routes to the
+    three, TAO_NATS_ROUTES, as the route user)."""
     servers = [n for n in _services() if n.startswith("nats-")]
     assert len(servers) == 3
     for name in servers:
         cmd = _services()[name]["command"]
         assert "-js" in cmd and cmd[cmd.index("--name") + 1] == name
-        routes = cmd[cmd.index("--routes") + 1].split(",")
-        assert sorted(routes) == sorted(f"nats://{s}:6222" for s in servers)
+        assert cmd[cmd.index("-c") + 1] == "/keys/nats.conf"
+        assert "tao-keys-nats:/keys:ro" in _services()[name]["volumes"]
+    assert _services()["keys"]["environment"]["TAO_NATS_ROUTES"].split() == servers
 
 
 def test_every_tao_service_parses_and_sees_only_its_domains_nodes(nodes_file: Path) -> None:
@@ -63,7 +99,10 @@ def test_every_tao_service_parses_and_sees_only_its_domains_nodes(nodes_file: Pa
     names every NATS server and keeps 3 copies of the streams."""
     domains: set[str] = set()
     for name, svc in _services().items():
-        if svc.get("image") != "tao-scheduler:local" or name == "keys":  # keys: one-shot
+        if svc.get("image") != "tao-scheduler:local" or name in ("keys", "demo"):  # clients
+            continue
+        if svc["command"][1:2] == ["simnode"]:  # no NATS or Redis: no credentials
+            assert _role(name) is None, name
             continue
         s = _settings(name, nodes_file)
         assert s.replicas == 3 and s.nats_url is not None and s.nats_url.count("nats://") == 3
@@ -107,12 +146,23 @@ def test_the_store_is_a_redis_cluster_of_three_masters_with_a_replica_each(
         assert cmd[cmd.index("--cluster-enabled") + 1] == "yes"
     init = " ".join(_services()["redis-init"]["command"])
     assert "--cluster create --cluster-replicas 1" in init and "for n in 1 2 3 4 5 6" in init
+    assert "--user admin" in init and _services()["redis-init"]["volumes"] == [
+        "tao-keys-admin:/keys:ro"
+    ]
+    for name in servers:  # the ACL users, and the replica user for the link to the master
+        cmd = _services()[name]["command"]
+        assert cmd[1] == "/keys/replication.conf" and "--aclfile" in cmd
+        assert "tao-keys-redis:/keys:ro" in _services()[name]["volumes"]
+    assert _services()["keys"]["environment"]["TAO_REDIS_REPLICATION"] == "1"
     assert set(_services()["redis-init"]["depends_on"]) == set(servers)
     for name, svc in _services().items():
         if svc.get("image") != "tao-scheduler:local" or svc["command"][1:2] in ([], ["simnode"]):
             continue
+        if name == "demo":  # a client of the gateway: no Redis (below)
+            continue
         url = _settings(name, nodes_file).redis_url
-        assert url == "redis+cluster://" + ",".join(f"{n}:6379" for n in servers), name
+        hosts = ",".join(f"{n}:6379" for n in servers)
+        assert url is not None and url.startswith("redis+cluster://") and url.endswith(hosts), name
         assert svc["depends_on"]["redis-init"] == {"condition": "service_completed_successfully"}
 
 
@@ -134,7 +184,61 @@ def test_one_build_for_every_tao_container() -> None:
 
 def test_the_gateway_is_ready_after_the_planners_and_needs_its_key() -> None:
     gateway = _services()["gateway"]
-    assert "/readyz" in " ".join(gateway["healthcheck"]["test"])
+    check = " ".join(gateway["healthcheck"]["test"])
+    assert "/readyz" in check and "/healthz" not in check  # no liveness fallback: ready is ready
     assert {p for p in gateway["depends_on"] if p.startswith("planner-")} == set(_tao("planner"))
     assert gateway["environment"]["TAO_GATEWAY_KEY_FILE"] == "/keys/gateway-key"
     assert gateway["volumes"] == ["tao-keys-gateway:/keys:ro"]
+
+
+def test_the_demo_profile_drives_the_gateway_with_its_key_alone() -> None:
+    """`--profile demo`: `tao demo --against` the gateway, with the gateway's key from the ops
+    volume (docker/keys.sh) and no NATS or Redis URL (a session's domain is the gateway's)."""
+    demo = _services()["demo"]
+    assert demo["profiles"] == ["demo"] and demo["restart"] == "no"
+    assert demo["command"] == ["demo", "--against", "http://gateway:8000"]
+    assert demo["environment"]["TAO_GATEWAY_KEY_FILE"] == "/keys/gateway-key"
+    assert not {"TAO_NATS_URL", "TAO_REDIS_URL"} & set(demo["environment"])
+    assert demo["volumes"] == ["tao-keys-ops:/keys:ro"]
+    assert demo["depends_on"]["gateway"] == {"condition": "service_healthy"}
+    keys = _services()["keys"]
+    assert "tao-keys-ops:/keys/ops" in keys["volumes"] and keys["environment"]["TAO_UID_OPS"]
+
+
+UIDS = {"telemetry": "10011", "tools": "10012", "valuation": "10013", "planner": "10014",
+        "gateway": "10015", "ops": "10016"}  # fmt: skip
+
+
+def test_each_service_connects_as_its_role_with_its_own_uid(nodes_file: Path) -> None:
+    """As in compose.yaml: a control-plane container mounts its role's volume alone, runs as
+    the role's uid (keys.sh owns the files by TAO_UID_<ROLE>) and connects as that role, with
+    grants covering both domains' namespaces."""
+    keys = _services()["keys"]
+    for name, svc in _services().items():
+        if svc.get("image") != "tao-scheduler:local" or name == "keys":
+            continue
+        if svc["command"][1:2] == ["simnode"]:
+            continue
+        role = _role(name)
+        assert role is not None and svc["volumes"] == [f"tao-keys-{role}:/keys:ro"], name
+        assert (
+            str(svc["user"]).split(":")[0]
+            == UIDS[role]
+            == keys["environment"][f"TAO_UID_{role.upper()}"]
+        ), name
+        assert f"tao-keys-{role}:/keys/{role}" in keys["volumes"]
+        if name == "demo":
+            continue
+        assert svc["command"][1] == role or name.startswith(role), name
+        s = _settings(name, nodes_file)
+        assert s.nats_url is not None and s.nats_url.count(f"nats://{role}:") == 3, name
+    assert str(keys["environment"]["TAO_KEYS_NAMESPACES"]).split() == ["pool-a", "pool-b"]
+    conf = (_access_dir(nodes_file.parent / "access") / "nats.conf").read_text()
+    assert "pool-a.tao.v1" in conf and "pool-b.tao.v1" in conf
+
+
+def test_the_planners_sign_and_the_gateway_verifies() -> None:
+    for name in _tao("planner"):
+        assert _services()[name]["environment"]["TAO_PLACEMENT_KEY"] == "/keys/placement-key.toml"
+    gateway = _services()["gateway"]["environment"]
+    assert gateway["TAO_PLACEMENT_KEYS"] == "/keys/placement-keys.toml"

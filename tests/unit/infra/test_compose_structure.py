@@ -100,8 +100,12 @@ def _nodes() -> tuple[NodeSpec, ...]:
 
 
 def _keys_command(action: str) -> list[str]:
-    """docker/keys.sh's `tao keys ACTION ...` line (continuations joined), without `tao`."""
+    """docker/keys.sh's `tao keys ACTION ...` line (continuations joined), without `tao`, as
+    compose.yaml runs it: no TAO_KEYS_* variable is set (TestAccess), so each
+    ``${TAO_KEYS_...:-default}`` is its default and ``"$@"`` is ``--namespace "$namespace"``."""
     text = KEYS_SCRIPT.read_text(encoding="utf-8").replace("\\\n", " ")
+    text = re.sub(r'"\$\{TAO_KEYS_[A-Z_]+:-([^}]*)\}"', r"\1", text)
+    text = text.replace('"$@"', '--namespace "$namespace"')
     line = next(ln for ln in text.splitlines() if ln.strip().startswith(f"tao keys {action} "))
     words = shlex.split(line.replace('"$', "$").replace('" ', " "))
     return [w.strip('"').replace("$all/", "/keys/all/") for w in words[1:]]
@@ -286,6 +290,7 @@ class TestAccess:
             "$namespace"
         )
         assert str(_service("keys")["environment"]["TAO_NAMESPACE"]) == "${TAO_NAMESPACE:-}"
+        assert not [v for v in _service("keys")["environment"] if v.startswith("TAO_KEYS_")]
         assert str(_service("telemetry")["environment"]["TAO_NAMESPACE"]) == "${TAO_NAMESPACE:-}"
 
     @pytest.mark.parametrize(
@@ -469,6 +474,8 @@ class TestGateway:
         and the gateway starts after the planner."""
         url = urlsplit(_http_check_url(_service("gateway")))
         assert (url.port, url.path) == (8000, "/readyz")
+        # /readyz alone: no fallback to /healthz (liveness), so healthy means ready
+        assert "/healthz" not in " ".join(_service("gateway")["healthcheck"]["test"])
         assert _service("gateway")["depends_on"]["planner"] == {"condition": "service_started"}
 
     def test_only_the_gateway_is_published(self) -> None:

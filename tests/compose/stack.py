@@ -138,6 +138,22 @@ class ComposeStack:
         exits and its restart policy brings it back (``docker kill`` would count as a stop)."""
         self.exec(service, "sh", "-c", "kill -KILL -1", check=False)
 
+    def crash_and_restart(self, service: str) -> int:
+        """:meth:`kill_main_process`, then wait until its restart policy has it running again;
+        the restart count it had before."""
+        container = self.containers()[service]
+        before = int(self.inspect(container, "{{.RestartCount}}"))
+        self.kill_main_process(service)
+        wait_for(
+            f"{service} restarted",
+            lambda: (
+                int(self.inspect(container, "{{.RestartCount}}")) > before
+                and self.inspect(container, "{{.State.Running}}") == "true"
+            ),
+            timeout=60,
+        )
+        return before
+
 
 def trouble(text: str) -> list[str]:
     """The lines of a log that tell of a refused permission, an error (a TAO service's, or

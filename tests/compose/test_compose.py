@@ -211,17 +211,7 @@ class TestRecovery:
 
     @pytest.mark.parametrize("service", ["planner", "tools"])
     def test_a_killed_service_comes_back(self, stack: ComposeStack, service: str) -> None:
-        container = stack.containers()[service]
-        before = int(stack.inspect(container, "{{.RestartCount}}"))
-        stack.kill_main_process(service)
-        wait_for(
-            f"{service} restarted",
-            lambda: (
-                int(stack.inspect(container, "{{.RestartCount}}")) > before
-                and stack.inspect(container, "{{.State.Running}}") == "true"
-            ),
-            timeout=60,
-        )
+        stack.crash_and_restart(service)
         client = _client(stack)
 
         def answered() -> bool:

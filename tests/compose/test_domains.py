@@ -161,17 +161,7 @@ class TestDomains:
     def test_a_killed_service_comes_back(self, domains: ComposeStack, service: str) -> None:
         """SIGKILL inside the container (a crash): its restart policy brings it back, the new
         process starts (a second ``service_started``), and sessions are answered."""
-        container = domains.containers()[service]
-        before = int(domains.inspect(container, "{{.RestartCount}}"))
-        domains.kill_main_process(service)
-        wait_for(
-            f"{service} restarted",
-            lambda: (
-                int(domains.inspect(container, "{{.RestartCount}}")) > before
-                and domains.inspect(container, "{{.State.Running}}") == "true"
-            ),
-            timeout=60,
-        )
+        before = domains.crash_and_restart(service)
         wait_for(
             f"{service} started again",
             lambda: domains.logs(service).count('"service_started"') >= before + 2,

@@ -277,3 +277,123 @@ class TestEventDriven:
             pytest.fail("next_event_time made no progress")
         reference, _, _ = _workload_runs(True, prompts, [0.0] * len(prompts))
         assert sorted(c.request_id for c in done) == sorted(c.request_id for c in reference)
+
+
+class _DictHost:
+    """The host tier as plain dicts, block by block (the tier's first implementation): the
+    reference the array tier must match operation by operation."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.pins: dict[int, int] = {}
+        self.lru: dict[int, None] = {}  # insertion order = LRU order
+        self.pending: list[list[int]] = []
+        self.evicted: list[int] = []
+        self.failures = 0
+
+    def run(self, hashes: list[int], start: int, stop: int) -> int:
+        j = start
+        while j < stop and self.pins.get(hashes[j], -1) >= 0:
+            j += 1
+        return j
+
+    def complete(self) -> list[int]:
+        done = []
+        for job in self.pending:
+            for h in job:
+                if self.pins.get(h) == -1:
+                    self.pins[h] = 0
+                    self.lru[h] = None
+                    done.append(h)
+        self.pending = []
+        return done
+
+    def offer(self, hashes: list[int]) -> bool:
+        new = list(dict.fromkeys(h for h in hashes if h not in self.pins))
+        if not new:
+            return True
+        short = len(self.pins) + len(new) - self.capacity
+        if short > 0:
+            if short > len(self.lru):
+                self.failures += 1
+                return False
+            for _ in range(short):
+                h = next(iter(self.lru))
+                del self.lru[h]
+                del self.pins[h]
+                self.evicted.append(h)
+        for h in new:
+            self.pins[h] = -1
+        self.pending.append(new)
+        return True
+
+    def load(self, hashes: list[int]) -> None:
+        for h in hashes:
+            if self.pins[h] == 0:
+                del self.lru[h]
+            self.pins[h] += 1
+
+    def unpin(self, hashes: list[int]) -> None:
+        for h in hashes:
+            self.pins[h] -= 1
+            if self.pins[h] == 0:
+                self.lru[h] = None
+
+    def touch(self, hashes: list[int]) -> None:
+        for h in reversed(hashes):
+            if h in self.lru:
+                del self.lru[h]
+                self.lru[h] = None
+
+
+class TestAgainstReference:
+    """The array tier (hostkernels) against :class:`_DictHost`, on random operation sequences:
+    the same hits, store failures, evictions in the same order, the same announced stores and
+    the same LRU order (through what later evictions pick)."""
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.integers(1, 24), st.lists(st.tuples(st.integers(0, 5), st.integers(0, 9),
+           st.integers(1, 12)), min_size=1, max_size=80))  # fmt: skip
+    def test_same_as_the_dict_tier(self, capacity: int, ops: list[tuple[int, int, int]]) -> None:
+        host = HostCache(HostLink(capacity, BS, 1, 1e12, 1e12), emit_kv_events=True)
+        ref = _DictHost(capacity)
+        loads: list[list[int]] = []
+        now = 0.0
+        for op, chain, length in ops:
+            # chains share heads (hash = chain * 1000 + position, positions from a chain's
+            # first block) and a few hashes above 2**63, as chain hashes are
+            hashes = [
+                (chain % 4) * 1000 + j + (1 << 63 if chain >= 8 else 0) for j in range(length)
+            ]
+            now += 1.0
+            if op == 0:
+                assert host.offer(hashes, now) == ref.offer(hashes)
+            elif op == 1:
+                host.complete(now + 1.0)
+                stored = [
+                    e.block_hashes[0] for e in host.drain_events() if isinstance(e, BlockStored)
+                ]
+                assert stored == ref.complete()
+            elif op == 2:
+                assert host.run(hashes, 0, length) == ref.run(hashes, 0, length)
+            elif op == 3:
+                ready = hashes[: ref.run(hashes, 0, length)]
+                if ready:
+                    host.load(ready, now)
+                    ref.load(ready)
+                    loads.append(ready)
+            elif op == 4 and loads:
+                done = loads.pop(0)
+                host.unpin(done)
+                ref.unpin(done)
+            else:
+                host.touch(hashes)
+                ref.touch(hashes)
+            removed = [
+                e.block_hashes[0] for e in host.drain_events() if isinstance(e, BlockRemoved)
+            ]
+            assert host.evicted_since(0) == ref.evicted
+            assert removed == ref.evicted[len(ref.evicted) - len(removed) :]
+            assert host.store_failures == ref.failures
+            assert host.num_blocks == len(ref.pins)
+            host.check()

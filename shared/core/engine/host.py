@@ -192,7 +192,7 @@ class HostCache:
         n = int(k.h_new(self._tk, self._tv, arr, self.link.blocks, new))
         if not n:
             return True
-        short = n - int(self._st[0])  # held + new - capacity
+        short = n - int(self._st[0])  # held + new - capacity (n > capacity: always short)
         if short > 0:
             if short > int(self._st[1]):
                 self.store_failures += 1

@@ -76,8 +76,11 @@ def h_run(
 @njit(cache=True, nogil=True)
 def h_new(tk: np.ndarray, tv: np.ndarray, hashes: np.ndarray, mark: int, out: np.ndarray) -> int:
     """The hashes of ``hashes`` the host does not hold (in any state), first occurrences only,
-    in order, into ``out``; returns how many. A repeat within ``hashes`` is found by entering
-    each new hash in the table under ``mark`` (no slot) while walking; they leave it after."""
+    in order, into ``out``; returns how many, or ``mark`` + 1 as soon as there are more than
+    ``mark`` (the capacity: such a store cannot fit whatever is evicted). A repeat within
+    ``hashes`` is found by entering each new hash in the table under ``mark`` (no slot) while
+    walking; they leave it after. At most capacity + 1 of them with at most capacity held keep
+    the table (four times the capacity) under half full: its probes always end."""
     n = 0
     for i in range(hashes.shape[0]):
         h = hashes[i]
@@ -85,6 +88,8 @@ def h_new(tk: np.ndarray, tv: np.ndarray, hashes: np.ndarray, mark: int, out: np
             _t_insert(tk, tv, h, mark)
             out[n] = h
             n += 1
+            if n > mark:
+                break
     for i in range(n):
         _t_delete(tk, tv, out[i])
     return n

@@ -152,6 +152,16 @@ class TestEviction:
         host.offer([9], 1.0)
         assert not host.holds(3) and host.holds(1) and host.holds(2)
 
+    def test_a_store_longer_than_the_host_fails(self) -> None:
+        """More new blocks than the host holds cannot be stored whatever it evicts (the walk
+        that finds them stops there: it once filled the hash table and never ended)."""
+        host = HostCache(HostLink(1, BS, 1, 1e12, 1e12))
+        host.offer([1], 0.0)
+        host.complete(1.0)
+        assert not host.offer(list(range(100, 140)), 1.0)
+        assert host.store_failures == 1 and host.holds(1) and host.num_blocks == 1
+        host.check()
+
     def test_pinned_blocks_are_not_evicted_and_a_store_without_room_fails(self) -> None:
         """Only ref_cnt == 0 blocks are evictable; with too few the store is skipped
         (cpumgr:315-317; osched:1732-1740)."""

@@ -89,8 +89,11 @@ def _i64(blocks: Iterable[int]) -> np.ndarray:
 
 
 def _u64(hashes: Sequence[int] | np.ndarray) -> np.ndarray:
+    """``hashes`` as a uint64 array (a :class:`HashChain`'s own copy, without converting)."""
     if isinstance(hashes, np.ndarray) and hashes.dtype == np.uint64:
         return hashes
+    if isinstance(hashes, HashChain):
+        return hashes.array[: len(hashes)]
     if not isinstance(hashes, (list, tuple, np.ndarray)):
         hashes = list(hashes)
     return np.asarray(hashes, dtype=np.uint64)

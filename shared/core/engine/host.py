@@ -42,20 +42,13 @@ import numpy as np
 
 from shared.contracts.kv import BlockRemoved, BlockStored, KVEvent
 from shared.core.engine import hostkernels as k
-from shared.core.engine.cache import HashChain, _u64
+from shared.core.engine.cache import _u64 as _hashes
 from shared.core.tiers import CPU, HostLink
 
 __all__ = ["HostCache"]
 
 _LOG_KEEP: Final = 1 << 16
 """Evicted hashes kept for :meth:`HostCache.evicted_since` (trimmed past twice this)."""
-
-
-def _hashes(hashes: np.ndarray | Sequence[int]) -> np.ndarray:
-    """``hashes`` as a uint64 array (a :class:`HashChain`'s own copy, without converting)."""
-    if isinstance(hashes, HashChain):
-        return hashes.array[: len(hashes)]
-    return _u64(hashes)
 
 
 class HostCache:

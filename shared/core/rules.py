@@ -17,6 +17,7 @@ __all__ = [
     "TaoRules",
     "expected_remaining",
     "growth_reserve",
+    "move_cost_s",
     "readmit_horizon_s",
     "recompute_s",
     "release_cost_s",
@@ -97,6 +98,16 @@ class TaoRules:
     prefix the host holds costs its load, not its recompute (:func:`release_cost_s`,
     :func:`readmit_horizon_s`). Off (``tao-no-tier``): every tier but the GPU is ignored.
     Acts only on nodes with a host tier (``NodeView.host_load_s_per_token > 0``)."""
+    home: bool = True
+    """A pooled session whose last node (its *home*) holds more of its prefix than any other
+    node (its credit there, over both tiers) and lacks the room for it there (docs/internals.md,
+    "Staying home"): first the demand step releases, on that node, the tool-running sessions
+    whose release is worth it anyway (:func:`releasable`), cheapest first, where they cover the
+    shortfall; where they do not, the session is placed on another node only once it has
+    waited there as long as the move costs (:func:`move_cost_s`: the recompute of the credit it
+    leaves behind, times the requests it delays), the ski-rental rule: never more than twice
+    the better of waiting and moving. Off (``tao-no-home``): the plan moves it as soon as
+    another node has the room."""
 
 
 DEFAULT_RULES: Final = TaoRules()
@@ -105,7 +116,7 @@ room, for the pool's demand (``demand`` with ``evict``: only where the room is w
 release) and for a full node's pay-back on contexts (most seconds gained first), and when a
 released session is taken back (readiness with a per-session horizon); no aging."""
 
-HOLD: Final = TaoRules(cost=False, evict=False, demand=False, growth_z=0.0)
+HOLD: Final = TaoRules(cost=False, evict=False, demand=False, growth_z=0.0, home=False)
 """``tao-hold``: the rules before the cost model (the default until 2026-12-06): pay-back on
 contexts in ``(k, r, t)`` order, no release for the pool's demand, the paper's 1 s horizon, the
 mean growth reserved (z = 0)."""
@@ -121,6 +132,7 @@ PAPER: Final = TaoRules(
     stay=False,
     demand=True,
     payback_context=False,
+    home=False,
 )
 """``tao-paper``: the paper's round (DESIGN 3.2–3.3) with the over-commit pay-back of commit
 32161fe, which protects ``r = 1`` sessions."""
@@ -145,6 +157,7 @@ ABLATIONS: Final[dict[str, TaoRules]] = {
     "tao-readmit": replace(HOLD, readmit=True),
     "tao-payback-usable": replace(HOLD, payback_capacity=False),
     "tao-no-tier": replace(DEFAULT_RULES, tier=False),
+    "tao-no-home": replace(DEFAULT_RULES, home=False),
     "tao-fair": replace(DEFAULT_RULES, aging=True, starve_clear=True, starve_s=200.0),
 }
 """Ablation policy name → its rules (each differs from ``tao`` in one rule or signal, but
@@ -219,6 +232,17 @@ def release_cost_s(
     kept = max(0, tokens) - min(max(0, tokens), max(0, tokens - max(0, slack)))
     rec, load = _refill(tokens, kept, host_tokens, load_s_per_token, rules)
     return (1 + max(0, running)) * rec + load + rules.evict_requeue_s
+
+
+def move_cost_s(home_credit: int, there_credit: int, running: int, rules: TaoRules) -> float:
+    """Expected seconds a session loses by running on a node that holds ``there_credit``
+    tokens of credit for it instead of its home, which holds ``home_credit`` (the ``home``
+    rule): the recompute of the difference after what the node keeps, times the ``1 + running``
+    requests that prefill delays there. Credit is in tokens of recompute saved (a GPU token
+    counts whole, a host token by the fraction its load saves: :mod:`shared.core.tiers`), so
+    the difference is what the move recomputes that staying would not."""
+    gone = max(0, home_credit - there_credit)
+    return (1 + max(0, running)) * recompute_s(gone, max(0, there_credit), rules)
 
 
 def readmit_horizon_s(

@@ -36,6 +36,7 @@ from shared.core.rules import (
     TaoRules,
     expected_remaining,
     growth_reserve,
+    move_cost_s,
     readmit_horizon_s,
     release_net_s,
     release_worth,
@@ -522,8 +523,13 @@ def decide(
        use the GPU now count as demand and only they are placed; with ``hold`` a session is
        released only when its tool is expected to run at least :func:`hold_threshold` longer;
        with ``evict`` instead only when its room is worth the release (:func:`releasable`).
+       With ``home`` the demand of a session whose last node holds the most of its prefix is
+       met there first, by the releasable sessions of that node (:meth:`_Round.release_home`).
     4. The policy places the pool on the free room; with ``stay`` an admitted session goes to
-       its last node instead of a node of equal value when the room there allows.
+       its last node instead of a node of equal value when the room there allows; with
+       ``home`` a session whose last node holds the most of its prefix but lacks the room may
+       go elsewhere only once it has waited as long as the move costs
+       (:func:`shared.core.rules.move_cost_s`).
     """
     rules = policy_rules(policy) if rules is None else rules
     snapshot = _ablated(snapshot, rules)
@@ -544,6 +550,8 @@ def decide(
         pool = [c for c in pool if c.id not in placed]
     demand = sum(c.weight for c in pool)
     total_free = sum(rnd.free.values())
+    if pool and rules.demand and rules.home:
+        rnd.release_home(pool)
     if pool and rules.demand:
         rnd.release_for(demand)
     free = rnd.free
@@ -701,6 +709,66 @@ class _Round:
         for node, tokens in second.freed_per_node.items():
             self.freed(node, tokens)
 
+    def release_home(self, pool: Sequence[TickCandidate]) -> None:
+        """3a. (``home``) Each pooled session whose home (last node) holds more of its prefix
+        than any other node and lacks the room there, most home credit first: the releasable
+        tool-running sessions on its home (:func:`releasable`, in the demand step's order)
+        are released for it where together they cover its shortfall, so that it runs where
+        its prefix is; where they do not, none is released for it."""
+        snapshot, rules, chosen = self.snapshot, self.rules, self.chosen
+        room = dict(self.free)
+        homed = sorted(
+            (c for c in pool if _home_edge(c) > 0 and c.home not in self.blocked),
+            key=lambda c: (-c.credit.get(c.home or "", 0), c.id),
+        )
+        key = self.net_key() if rules.cost else interrupt_key
+        for c in homed:
+            home = c.home or ""
+            short = c.weight - room.get(home, 0)
+            if short > 0:
+                there = sorted(
+                    (
+                        ic
+                        for ic in snapshot.interrupts
+                        if ic.node == home
+                        and ic.id not in chosen
+                        and not ic.ready
+                        and releasable(ic, snapshot, rules)
+                    ),
+                    key=key,
+                )
+                take: list[str] = []
+                for ic in there:
+                    if short <= 0:
+                        break
+                    take.append(ic.id)
+                    short -= ic.weight
+                if short > 0:
+                    continue
+                self.take(take, "home")
+                for sid in take:
+                    w = self.by_id[sid].weight
+                    self.freed(home, w)
+                    room[home] = room.get(home, 0) + w
+            room[home] = room.get(home, 0) - c.weight
+
+    def moves_allowed(self, c: TickCandidate, fits: frozenset[str]) -> frozenset[str]:
+        """(``home``) The nodes of ``fits`` that ``c`` may go to: all of them, unless its home
+        holds more of its prefix than any other node and is not among them; then only those
+        where its wait so far covers what the move costs (:func:`move_cost_s`)."""
+        home = c.home
+        if not self.rules.home or home is None or home in fits or _home_edge(c) <= 0:
+            return fits
+        snapshot = self.snapshot
+        waited = 0.0 if c.waiting_since is None else snapshot.now - c.waiting_since
+        at_home = c.credit.get(home, 0)
+        return frozenset(
+            b
+            for b in fits
+            if waited
+            >= move_cost_s(at_home, c.credit.get(b, 0), snapshot.running.get(b, 0), self.rules)
+        )
+
     def problem(self, pool: Sequence[TickCandidate]) -> Problem:
         """4. The placement problem of ``pool`` on the room left."""
         free = self.free
@@ -708,6 +776,7 @@ class _Round:
         planned: list[Candidate] = []
         for c in pool:
             fits = frozenset(b for b in c.eligible if c.weight <= free.get(b, 0))
+            fits = self.moves_allowed(c, fits)
             planned.append(
                 Candidate(
                     id=c.id,
@@ -720,6 +789,16 @@ class _Round:
                 )
             )
         return Problem(quantum=self.snapshot.quantum, nodes=nodes, candidates=tuple(planned))
+
+
+def _home_edge(c: TickCandidate) -> int:
+    """How much more credit ``c``'s home (its last node, eligible) holds for it than any
+    other node: 0 when it has no home or another node holds as much."""
+    home = c.home
+    if home is None or home not in c.eligible:
+        return 0
+    best_else = max((k for b, k in c.credit.items() if b != home), default=0)
+    return max(0, c.credit.get(home, 0) - best_else)
 
 
 def _clear_for(

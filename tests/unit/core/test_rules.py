@@ -20,6 +20,8 @@ from shared.core.rules import (
     TaoRules,
     expected_remaining,
     growth_reserve,
+    move_cost_s,
+    recompute_s,
     release_cost_s,
     release_worth,
 )
@@ -448,6 +450,78 @@ class TestStay:
     def test_credit_beats_home(self) -> None:
         s = snap({"n0": 8 * Q, "n1": 8 * Q}, [cand("a", home="n1", credit={"n0": 2 * Q})])
         assert run(s, DEFAULT_RULES)[1] == [("a", "n0")]
+
+
+class TestHome:
+    """``home``: a session whose last node holds the most of its prefix runs there when that
+    node's releasable sessions can make the room, and otherwise moves only once it has waited
+    as long as the move costs (``tao-no-home``: it moves as soon as another node has room)."""
+
+    NO_HOME = ABLATIONS["tao-no-home"]
+
+    def test_releases_at_home_rather_than_moving(self) -> None:
+        a = cand("a", home="n1", credit={"n1": 8 * Q}, waiting_since=99.0)
+        far = tool("far", node="n0", remaining_s=6000.0)  # nets the most: the demand order's first
+        near = tool("near", node="n1", remaining_s=600.0)
+        s = snap({"n0": 0, "n1": 0}, [a], [far, near])
+        assert run(s, DEFAULT_RULES) == (["near"], [("a", "n1")])
+        assert run(s, self.NO_HOME) == (["far"], [("a", "n0")])
+        d = decide(s, get_policy("tao"), rules=DEFAULT_RULES)
+        assert d.released_by == (("home", 1),)
+
+    def test_home_releases_only_what_covers_the_shortfall(self) -> None:
+        # two quanta at home cannot hold four: nothing released there, the demand step decides
+        a = cand("a", home="n1", credit={"n1": 8 * Q}, waiting_since=0.0)
+        small = tool("small", node="n1", weight=2 * Q, remaining_s=600.0)
+        s = snap({"n0": 0, "n1": 0}, [a], [small, tool("t", node="n0", remaining_s=600.0)])
+        d = decide(s, get_policy("tao"), rules=DEFAULT_RULES)
+        assert dict(d.released_by) == {"demand": 2}  # the demand step's releases, none "home"
+        assert [(m.session, m.node) for m in d.admits] == [("a", "n0")]  # waited 100 s: moves
+
+    @pytest.mark.parametrize(
+        ("waited_s", "running", "placed"),
+        [
+            (0.1, 0, []),  # 0.1 s waited < 0.22 s of recompute: wait for home
+            (1.0, 0, [("a", "n0")]),  # waited longer than the move costs: move
+            (1.0, 10, []),  # the move would delay 10 running requests too: 2.5 s
+            (3.0, 10, [("a", "n0")]),
+        ],
+    )
+    def test_moves_once_the_wait_covers_the_move(
+        self, waited_s: float, running: int, placed: list[tuple[str, str]]
+    ) -> None:
+        now = 100.0
+        a = cand("a", home="n1", credit={"n1": 8 * Q}, waiting_since=now - waited_s)
+        busy = tool("busy", node="n1", ready=1, remaining_s=600.0)  # ready: protected
+        s = snap({"n0": 8 * Q, "n1": 0}, [a], [busy], now=now)
+        s = replace(s, running={"n0": running} if running else {})
+        assert run(s, DEFAULT_RULES) == ([], placed)
+        assert run(s, self.NO_HOME) == ([], [("a", "n0")])
+
+    @pytest.mark.parametrize(
+        "a",
+        [
+            cand("a", home="n1", waiting_since=99.9),  # nothing at home
+            cand("a", home="n1", credit={"n0": 8 * Q, "n1": 8 * Q}, waiting_since=99.9),  # equal
+            cand("a", home="n1", credit={"n1": 8 * Q}, waiting_since=99.9, eligible=("n0",)),
+        ],
+    )
+    def test_no_edge_at_home_moves_at_once(self, a: TickCandidate) -> None:
+        s = snap({"n0": 8 * Q, "n1": 0}, [a])
+        assert run(s, DEFAULT_RULES) == ([], [("a", "n0")])
+
+    def test_move_cost(self) -> None:
+        assert move_cost_s(8 * Q, 0, 0, DEFAULT_RULES) == pytest.approx(
+            recompute_s(8 * Q, 0, DEFAULT_RULES)
+        )
+        # what the other node holds is kept there; the rest attends to it; 3 requests delayed
+        assert move_cost_s(8 * Q, 2 * Q, 2, DEFAULT_RULES) == pytest.approx(
+            3 * 6 * Q * (50e-6 + 2.3e-9 * (2 * Q + 3 * Q))
+        )
+        assert move_cost_s(2 * Q, 8 * Q, 5, DEFAULT_RULES) == 0.0
+
+    def test_older_rule_sets_are_unchanged(self) -> None:
+        assert not ABLATIONS["tao-hold"].home and not PAPER.home and DEFAULT_RULES.home
 
 
 class TestReadmit:

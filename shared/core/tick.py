@@ -715,38 +715,27 @@ class _Round:
         tool-running sessions on its home (:func:`releasable`, in the demand step's order)
         are released for it where together they cover its shortfall, so that it runs where
         its prefix is; where they do not, none is released for it."""
-        snapshot, rules, chosen = self.snapshot, self.rules, self.chosen
+        snapshot, rules = self.snapshot, self.rules
         room = dict(self.free)
         homed = sorted(
             (c for c in pool if _home_edge(c) > 0 and c.home not in self.blocked),
             key=lambda c: (-c.credit.get(c.home or "", 0), c.id),
         )
+        releasable_on: dict[str, list[InterruptCandidate]] = {}
+        if homed:
+            for ic in snapshot.interrupts:
+                if ic.id not in self.chosen and releasable(ic, snapshot, rules):
+                    releasable_on.setdefault(ic.node, []).append(ic)
         key = self.net_key() if rules.cost else interrupt_key
         for c in homed:
             home = c.home or ""
-            short = c.weight - room.get(home, 0)
-            if short > 0:
-                there = sorted(
-                    (
-                        ic
-                        for ic in snapshot.interrupts
-                        if ic.node == home
-                        and ic.id not in chosen
-                        and not ic.ready
-                        and releasable(ic, snapshot, rules)
-                    ),
-                    key=key,
-                )
-                take: list[str] = []
-                for ic in there:
-                    if short <= 0:
-                        break
-                    take.append(ic.id)
-                    short -= ic.weight
-                if short > 0:
+            if c.weight > room.get(home, 0):
+                there = [ic for ic in releasable_on.get(home, ()) if ic.id not in self.chosen]
+                pick = select_interrupts(there, c.weight, room.get(home, 0), key=key)
+                if not pick.satisfied:
                     continue
-                self.take(take, "home")
-                for sid in take:
+                self.take(pick.interrupt, "home")
+                for sid in pick.interrupt:
                     w = self.by_id[sid].weight
                     self.freed(home, w)
                     room[home] = room.get(home, 0) + w

@@ -313,10 +313,17 @@ class BodyReader:
                         _decode, raw, self.limits.max_items, describe, limiter=self.threads
                     )
             except BadRequest as exc:
-                done = exc
+                done = exc.with_traceback(None)  # its frames held the raw bytes
             finally:
                 raw = b""  # the decoded tree is what a held request keeps, not its bytes
             request[_DECODED] = done
         if isinstance(done, BadRequest):
             raise done
         return done  # type: ignore[return-value]
+
+    async def run(self, request: web.BaseRequest, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``: in a worker thread when ``request``'s body was large enough to be
+        decoded in one (work over the whole conversation, as its hash chain), else here."""
+        if request.get(BODY_BYTES, 0) < OFF_LOOP_BYTES:
+            return work(*args)
+        return await anyio.to_thread.run_sync(work, *args, limiter=self.threads)

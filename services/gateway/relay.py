@@ -406,9 +406,9 @@ class Relay:
         chain_end: bytes | None = None
         fresh = False
         if source == "generated" and self.continuations is not None:
-            items = api.items(body)
+            items = await self.bodies.run(request, api.items, body)
             if items:
-                hashes = chain(root(tenant), items)
+                hashes = await self.bodies.run(request, chain, root(tenant), items)
                 chain_end = hashes[-1]
                 found = self.continuations.claim(tenant, hashes, self.clock())
                 if found is not None:

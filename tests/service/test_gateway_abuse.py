@@ -22,6 +22,7 @@ import orjson
 import pytest
 
 from services.gateway import bodies
+from services.gateway import relay as relay_module
 from services.gateway import requests as gw_requests
 from shared.contracts import SessionRequest
 from shared.infra import Settings, SettingsError
@@ -228,6 +229,28 @@ class TestBodyShape:
             assert (await h.client.post(CHAT, data=big, headers=SESSION)).status == 200
             assert (await h.client.post(CHAT, data=chat_body("x"), headers=SESSION)).status == 200
         assert threads == [False, True]
+
+    async def test_a_large_bodys_hash_chain_is_made_off_the_event_loop(self, h: Harness) -> None:
+        """A request that names no session is matched by its conversation's hash chain:
+        for a large body the chain is made in a worker thread too."""
+        threads: list[bool] = []
+        real = relay_module.chain
+
+        def spy(*args: Any) -> Any:
+            threads.append(threading.current_thread() is threading.main_thread())
+            return real(*args)
+
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(relay_module, "chain", spy)
+            big = asyncio.create_task(
+                h.client.post(CHAT, data=chat_body("x" * bodies.OFF_LOOP_BYTES))
+            )
+            await h.rec.next(SessionRequest)
+            small = asyncio.create_task(h.client.post(CHAT, data=chat_body("y")))
+            await h.rec.next(SessionRequest, 2)
+        assert threads == [False, True]
+        big.cancel()
+        small.cancel()
 
 
 class TestHeldRequests:

@@ -37,11 +37,12 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, Any
 
 import orjson
 from aiohttp import ClientError, ClientSession, ClientTimeout, web
@@ -256,17 +257,34 @@ def attacks() -> dict[str, Attack | None]:
 # --- the driver -----------------------------------------------------------------------------
 
 
-def child(args: list[str]) -> subprocess.Popen[bytes]:
+def child(args: list[str]) -> tuple[subprocess.Popen[bytes], IO[bytes]]:
+    """A server child process, once it has printed ``ready``; its output (both streams) goes
+    to a temporary file, read at the end (a pipe left unread would fill and stop the child)."""
+    log = tempfile.TemporaryFile()  # noqa: SIM115 - closed by stopped()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.gateway_abuse", *args],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
+        [sys.executable, "-m", "benchmarks.gateway_abuse", *args], stdout=log, stderr=log
     )
-    assert proc.stdout is not None
-    if proc.stdout.readline().strip() != b"ready":
+    for _ in range(600):  # up to 60 s
+        log.seek(0)
+        if b"ready\n" in log.read() or proc.poll() is not None:
+            break
+        time.sleep(0.1)
+    log.seek(0)
+    if b"ready\n" not in log.read():
         proc.kill()
-        raise SystemExit(f"{args[0]} did not start: {proc.communicate()[1].decode()[-2000:]}")
-    return proc
+        log.seek(0)
+        raise SystemExit(f"{args[0]} did not start: {log.read().decode()[-2000:]}")
+    return proc, log
+
+
+def stopped(proc: subprocess.Popen[bytes], log: IO[bytes]) -> str:
+    """Stop a child; its log."""
+    proc.terminate()
+    proc.wait(timeout=30)
+    log.seek(0)
+    text = log.read().decode(errors="replace")
+    log.close()
+    return text
 
 
 def free_port() -> int:
@@ -279,7 +297,7 @@ async def scenario(
     attack: Attack | None, node: str, agents: int, seconds: float
 ) -> tuple[Run, str]:
     port = free_port()
-    gw = child(["gateway", str(port), node])
+    gw, gw_log = child(["gateway", str(port), node])
     run = Run()
     try:
         url = f"http://{HOST}:{port}/v1/chat/completions"
@@ -299,9 +317,8 @@ async def scenario(
         stop.set()
         await asyncio.gather(*running)
     finally:
-        gw.terminate()
-        _, err = gw.communicate(timeout=30)
-    return run, err.decode(errors="replace")
+        err = stopped(gw, gw_log)
+    return run, err
 
 
 def pct(values: list[float], q: int) -> float:
@@ -315,7 +332,7 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default="", help="run the scenarios whose name contains this")
     args = parser.parse_args(argv)
     node_port = free_port()
-    node = child(["node", str(node_port)])
+    node, node_log = child(["node", str(node_port)])
     try:
         rows = []
         base_p99 = None
@@ -345,8 +362,7 @@ async def main(argv: list[str] | None = None) -> None:
         print("|---|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(rows))
     finally:
-        node.terminate()
-        node.communicate(timeout=30)
+        stopped(node, node_log)
 
 
 if __name__ == "__main__":

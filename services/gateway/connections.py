@@ -205,7 +205,11 @@ class GuardedSite(web.BaseSite):
         def protocol() -> GuardedHandler:
             return GuardedHandler(server, guard=self.guard, loop=loop, **self.handler_args)
 
-        self._server = await loop.create_server(protocol, self.host, self.port)
+        # a listen backlog as deep as the cap (the kernel clamps it to net.core.somaxconn):
+        # with asyncio's 100, a burst of 300 connects overflowed it and a /healthz SYN was
+        # dropped and sent again a second later (benchmarks/gateway_abuse.py)
+        backlog = max(128, self.guard.cap)
+        self._server = await loop.create_server(protocol, self.host, self.port, backlog=backlog)
         sockets = getattr(self._server, "sockets", None)
         if sockets:
             self.port = sockets[0].getsockname()[1]

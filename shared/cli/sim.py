@@ -21,15 +21,18 @@ import orjson
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.core.policies import DEFAULT_BUDGET
 from shared.core.problem import ProblemError
+from shared.sim.capacity import DEFAULT_SLO, parse_slo
 from shared.sim.des import SimConfig
 from shared.sim.describe import describe
-from shared.sim.runner import SIM_POLICIES, Run, run_grid, simulate
+from shared.sim.runner import LOWER_BOUND, SIM_POLICIES, Run, run_grid, simulate
 from shared.sim.snapshots import SnapshotStudy, compare_snapshots
 from shared.sim.workloads import BUILTIN, Task, generate_tasks, load_workload
 
 __all__ = ["DEFAULT_POLICIES", "add_sim_parser", "cmd_sim", "int_at_least", "positive_number"]
 
 DEFAULT_POLICIES = ("tao", "rr", "cache-aware", "kv-aware", "thunderagent", "thunderagent-ideal")
+CAPACITY_POLICIES = ("tao", "thunderagent", "thunderagent-ideal", "thunderagent-decay")
+"""``tao sim --capacity``'s default: TAO against every ThunderAgent variant."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -155,8 +158,9 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--tasks", type=_positive_int, metavar="N", help="tasks per run (default 300; trace: all)"
     )
     p.add_argument(
-        "--policies", type=_policies, default=list(DEFAULT_POLICIES), metavar="a,b,...",
-        help=f"policies (default {','.join(DEFAULT_POLICIES)}); any of: {', '.join(SIM_POLICIES)}",
+        "--policies", type=_policies, metavar="a,b,...",
+        help=f"policies (default {','.join(DEFAULT_POLICIES)}; with --capacity "
+        f"{','.join(CAPACITY_POLICIES)}); any of: {', '.join(SIM_POLICIES)}",
     )  # fmt: skip
     p.add_argument("--seeds", type=_positive_int, default=1, metavar="N", help="seeds 0..N-1")
     p.add_argument(
@@ -182,6 +186,35 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    p.add_argument(
+        "--capacity", action="store_true",
+        help="per policy, the most agents per node that meet --slo (doubling, then bisection "
+        "over the worker count; one search per seed; docs/evaluation.md)",
+    )  # fmt: skip
+    p.add_argument("--slo", default=DEFAULT_SLO, metavar="M=V[,M=V]",
+                   help=f"with --capacity: ttft_pXX / latency_pXX / *_mean at most V s, "
+                   f"decode_pXX at least V tok/s (default {DEFAULT_SLO})")  # fmt: skip
+    p.add_argument(
+        "--start-workers",
+        type=_positive_int,
+        default=4,
+        metavar="W",
+        help="with --capacity: the first worker count tried (default 4)",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=_positive_int,
+        default=512,
+        metavar="W",
+        help="with --capacity: the most workers tried (default 512)",
+    )
+    p.add_argument("--resolution", type=_host_kv, default=0.1, metavar="R",
+                   help="with --capacity: bisect until within R of the lower bound (default "
+                   "0.1; one worker at least)")  # fmt: skip
+    p.add_argument(
+        "--ta-decay-half-life", type=positive_number, metavar="S",
+        help="thunderagent-decay's half-life, s (default the code's 1 s)",
+    )  # fmt: skip
     p.add_argument(
         "--describe-workload", action="store_true",
         help="print the workload's tool-time and token fit (--tasks tasks, seed 0) beside the "
@@ -277,7 +310,22 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
         budget=args.budget,
         domains=args.domains,
         host_kv=args.host_kv,
+        ta_decay_half_life_s=args.ta_decay_half_life,
     )
+    if args.capacity:
+        from shared.cli.capacity import cmd_capacity
+
+        if args.workers is not None or timed:
+            raise ProblemError("--capacity", "searches the worker count: drop --workers/open loop")
+        try:
+            parse_slo(args.slo)
+        except ValueError as exc:
+            raise ProblemError("--slo", str(exc).removeprefix("slo: ")) from None
+        policies = args.policies or list(CAPACITY_POLICIES)
+        if LOWER_BOUND in policies:
+            raise ProblemError("--policies", f"{LOWER_BOUND} has no capacity to search")
+        return cmd_capacity(args, make, desc, config, policies, out)
+    args.policies = args.policies or list(DEFAULT_POLICIES)
     seeds = list(range(args.seeds))
     progress = _Progress(len(seeds) * len(workers) * len(args.policies), sys.stderr, args.quiet)
     runs = run_grid(make, config, args.policies, seeds, workers, progress)

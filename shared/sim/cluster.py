@@ -14,9 +14,9 @@ Three families, all calling the real core code (never a re-implementation):
   have their whole capacity free (so it always fits: the engine queues internally, as vLLM
   does); ``load`` is the node's in-flight prompt tokens, credit the prefix resident there.
 * **ThunderAgent** — ``thunderagent``, ``thunderagent-ideal``, ``thunderagent-decay``: the
-  state machine of :mod:`shared.core.thunder` (the one the live planner drives) in the request path, with its
-  periodic check every ``ta_interval_s`` and a timer per blocked request for the 1800 s forced
-  resume (:class:`ThunderAgentScheduler`).
+  state machine of :mod:`shared.core.thunder` (the one the live planner drives) in the request
+  path, with its periodic check every ``ta_interval_s`` and a timer per blocked request for
+  the 1800 s forced resume (:class:`ThunderAgentScheduler`).
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from shared.cli.main import build_parser
-from shared.sim.capacity import Slo, SloTerm, interval, parse_slo, search_capacity
+from shared.sim.capacity import SloTerm, interval, parse_slo, search_capacity
 
 
 class TestSlo:

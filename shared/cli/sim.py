@@ -168,6 +168,11 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         help="add one per-session delay drawn from U(LO, HI) s to every tool call",
     )  # fmt: skip
     p.add_argument(
+        "--fold-tools", action="store_true",
+        help="report long and short calls under one tool name (claude-code's Bash:test as "
+        "Bash, swe-agent's shell programs as bash): the same calls, unlabelled",
+    )  # fmt: skip
+    p.add_argument(
         "--snapshots", type=int, default=0, metavar="K",
         help="capture up to K contended snapshots from the first tao run and compare DP with "
         "short-first on them (written with --out)",
@@ -268,15 +273,20 @@ def _tasks_maker(args: argparse.Namespace) -> tuple[Callable[[int], list[Task]],
     rate = args.arrival_rate
 
     def make(seed: int) -> list[Task]:
-        return generate_tasks(spec, n, seed, extra_tool_delay=delay, arrival_rate=rate)
+        return generate_tasks(
+            spec, n, seed, extra_tool_delay=delay, arrival_rate=rate, fold_tools=args.fold_tools
+        )
 
-    return make, f"workload {spec.name} ({n} tasks)", rate is not None
+    folded = ", tool names folded" if args.fold_tools else ""
+    return make, f"workload {spec.name} ({n} tasks{folded})", rate is not None
 
 
 def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``tao sim``; returns the exit code."""
     if args.trace is not None and args.workload is not None:
         raise ProblemError("--trace", "cannot be combined with --workload")
+    if args.trace is not None and args.fold_tools:
+        raise ProblemError("--fold-tools", "applies to generated workloads, not --trace")
     if args.trace is not None and args.extra_tool_delay is not None:
         raise ProblemError("--extra-tool-delay", "applies to generated workloads, not --trace")
     if args.arrival_rate is not None and args.workers is not None:

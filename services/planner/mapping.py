@@ -6,7 +6,7 @@ before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
                                                ↔ WireNodeView(id, free, load, capacity, healthy,
-                                                  overflow, running, pressure)
+                                                  overflow, running, pressure, used)
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
                   waiting_since, home)
                                                ↔ WireCandidate(..., signature=WireSignature(id,
@@ -72,6 +72,7 @@ def to_wire(
                 overflow=snapshot.overflow.get(nd.id, 0),
                 running=snapshot.running.get(nd.id, 0),
                 pressure=snapshot.pressure.get(nd.id, 0),
+                used=v.used if v is not None else 0,
             )
         )
     cands = [

@@ -40,6 +40,8 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     that the ``tao-evict`` release rule weighs. ``pressure`` is how far the admitted sessions'
     contexts, each plus the rule's headroom, exceed capacity × target (0 when they fit, and
     always 0 unless the policy's ``payback_context`` rule is on): what that rule pays back.
+    ``used`` is the engine's KV in use, tokens (telemetry's ``vllm:kv_cache_usage_perc`` ×
+    capacity): ``thunderagent-ideal``'s shared tokens are the programs' tokens beyond it.
     """
 
     id: str
@@ -50,6 +52,7 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     overflow: int = 0
     running: int = 0
     pressure: int = 0
+    used: int = 0
 
 
 class WireSignature(Record, frozen=True, kw_only=True):

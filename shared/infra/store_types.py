@@ -163,6 +163,7 @@ class NodeRecord:
             running=self.running,
             contexts=self.contexts,
             held=self.held,
+            used=self.used_tokens,
         )
 
 

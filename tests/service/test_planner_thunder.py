@@ -151,6 +151,14 @@ async def request(store: FakeStore, sid: str, at: float) -> None:
     await store.update_session(sid, lambda _o: again)
 
 
+async def bump_version(store: FakeStore, sid: str) -> None:
+    """The session's record changed (another writer) since a snapshot was taken."""
+    s = await store.get_session(sid)
+    assert s is not None
+    moved = msgspec.structs.replace(s, version=s.version + 1)
+    await store.update_session(sid, lambda _o: moved)
+
+
 async def end(store: FakeStore, sid: str, at: float) -> None:
     s = await store.get_session(sid)
     assert s is not None
@@ -466,10 +474,7 @@ class TestForcedResume:
         await r.tick(T0)
         r.clock.t = T0 + 1800.0
         snap = await r.snapshot()
-        s = await r.store.get_session("w")
-        assert s is not None
-        moved = msgspec.structs.replace(s, version=s.version + 1)
-        await r.store.update_session("w", lambda _o: moved)
+        await bump_version(r.store, "w")
         await r.planner.plan_once(snap)
         w = await r.store.get_session("w")
         assert w is not None and w.node is None

@@ -5,14 +5,13 @@ shared tokens from the engine's KV usage (``thunderagent-ideal``) and the acting
 
 from __future__ import annotations
 
-import msgspec
 import pytest
 
 from services.planner.thunder import Held, ThunderState
 from shared.core.problem import Node
 from shared.core.thunder import BUFFER_PER_PROGRAM
 from shared.core.tick import TickSnapshot
-from tests.service.test_planner_thunder import T0, held, rig, waiting
+from tests.service.test_planner_thunder import T0, bump_version, held, rig, waiting
 
 
 class TestOwnAccounting:
@@ -37,10 +36,7 @@ class TestOwnAccounting:
         r = await rig(10_000)
         await waiting(r.store, "w", 1_000, T0)
         snap = await r.snapshot()
-        s = await r.store.get_session("w")
-        assert s is not None
-        moved = msgspec.structs.replace(s, version=s.version + 1)
-        await r.store.update_session("w", lambda _o: moved)
+        await bump_version(r.store, "w")
         await r.planner.plan_once(snap)
         w = await r.store.get_session("w")
         assert w is not None and w.node is None

@@ -143,8 +143,10 @@ def plot_capacity(
     path: str,
     title: str = "",
 ) -> str:
-    """TTFT p90 and mean task latency against agents per node, a line per policy (the mean
-    over the seeds run at each worker count), each SLO term on its panel as a dashed line."""
+    """TTFT p90 and mean task latency against agents per node, a line per policy through the
+    worker counts every seed ran (the mean over seeds), the counts only some seeds' searches
+    ran as faint points, each SLO term on its panel as a dashed line."""
+    seeds = {k[1] for k in points}
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     panels = (("ttft_p90", "TTFT p90 (s)", "ttft"), ("latency_mean", "mean task latency (s)",
                                                     "latency"))  # fmt: skip
@@ -155,9 +157,12 @@ def plot_capacity(
                 v = pt.get(metric)
                 if p == pol and v is not None:
                     by_w.setdefault(w, []).append(v)
-            ws = sorted(by_w)
-            ax.plot([w / nodes for w in ws], [float(np.mean(by_w[w])) for w in ws], "o-",
-                    ms=3, label=pol)  # fmt: skip
+            full = sorted(w for w in by_w if len(by_w[w]) == len(seeds))
+            (line,) = ax.plot([w / nodes for w in full], [float(np.mean(by_w[w])) for w in full],
+                              "o-", ms=3, label=pol)  # fmt: skip
+            part = sorted(w for w in by_w if len(by_w[w]) < len(seeds))
+            ax.plot([w / nodes for w in part], [float(np.mean(by_w[w])) for w in part], "o",
+                    ms=3, alpha=0.35, color=line.get_color())  # fmt: skip
         for term in slo.terms:
             if term.metric.startswith(kind):
                 ax.axhline(term.limit, color="red", ls="--", lw=1, label=f"SLO {term.metric}")

@@ -246,9 +246,9 @@ class Planner:
             else:
                 decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
             elapsed_ms = (time.perf_counter() - t0) * 1000.0
-        shown = decision
+        shown = replace(decision, admits=direct) if direct else decision
         if forced is not None and forced.admitted:
-            shown = replace(decision, admits=forced.admitted + decision.admits)
+            shown = replace(shown, admits=forced.admitted + shown.admits)
         r = decision.result
         tao_family = self.policy.name.startswith("tao")  # only the DP has a fallback
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements

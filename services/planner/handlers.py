@@ -47,7 +47,7 @@ from shared.infra.lease import Leadership
 from shared.infra.signing import PlacementSigner
 from shared.infra.store_types import StateStore
 
-__all__ = ["Planner", "Snapshot", "decode_snapshot", "plan_msg"]
+__all__ = ["Planner", "Snapshot", "decode_snapshot", "measured_used", "plan_msg"]
 
 _tracer = tracing.tracer("services.planner")
 
@@ -61,7 +61,8 @@ class Snapshot(NamedTuple):
     capacity: Mapping[str, int]
     held: tuple[Held, ...] | None = None
     healthy: Mapping[str, bool] | None = None
-    used: Mapping[str, int] | None = None
+    used: Mapping[str, int | None] | None = None
+    """Each node's KV in use where it measures shared tokens (:func:`measured_used`)."""
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
@@ -72,8 +73,18 @@ def decode_snapshot(data: bytes) -> Snapshot:
         {nd.id: nd.capacity for nd in msg.nodes},
         held_from_wire(msg),
         {nd.id: nd.healthy for nd in msg.nodes},
-        {nd.id: nd.used for nd in msg.nodes},
+        {nd.id: measured_used(nd.used, nd.running, nd.waiting) for nd in msg.nodes},
     )
+
+
+def measured_used(used: int, running: int, waiting: int) -> int | None:
+    """A node's KV in use as ``thunderagent-ideal``'s shared-token measure, or None (no
+    measure: shared 0, vllm_metrics.py:305–306) while the engine queues requests (then some
+    forwarded requests hold no KV, and the planner cannot tell which) or reports 0 while it
+    runs requests (no usage metric)."""
+    if waiting > 0 or (used == 0 and running > 0):
+        return None
+    return used
 
 
 def plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:

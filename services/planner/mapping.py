@@ -6,7 +6,8 @@ before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
                                                ↔ WireNodeView(id, free, load, capacity, healthy,
-                                                  overflow, running, pressure, used)
+                                                  overflow, running, pressure, used,
+                                                  waiting)
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
                   waiting_since, home)
                                                ↔ WireCandidate(..., signature=WireSignature(id,
@@ -73,6 +74,7 @@ def to_wire(
                 running=snapshot.running.get(nd.id, 0),
                 pressure=snapshot.pressure.get(nd.id, 0),
                 used=v.used if v is not None else 0,
+                waiting=v.waiting if v is not None else 0,
             )
         )
     cands = [

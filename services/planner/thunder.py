@@ -148,14 +148,15 @@ class ThunderState:
         capacity: Mapping[str, int],
         held: Sequence[Held] | None,
         healthy: Mapping[str, bool] | None = None,
-        used: Mapping[str, int] | None = None,
+        used: Mapping[str, int | None] | None = None,
     ) -> TAStep:
         """Sync the machine from ``snap``, run the check when due, collect the moves.
 
         ``held`` ``None`` (a valuation not running a ThunderAgent policy) counts as no admitted
         session outside a tool. ``used``: each node's KV in use (telemetry's
-        ``kv_cache_usage_perc`` × capacity), the check's fresh metrics (shared tokens under
-        ``thunderagent-ideal``)."""
+        ``kv_cache_usage_perc`` × capacity; None: not measurable now), the check's fresh
+        metrics for ``thunderagent-ideal``'s shared tokens, over the programs whose requests
+        the engine runs (the held sessions ``running`` there)."""
         now = snap.now
         if self.ta is None:
             self.ta = ThunderAgent(capacity=dict(capacity), variant=self.variant)
@@ -172,10 +173,11 @@ class ThunderState:
         self.last_seen = now
         if checked:
             self.last_check = now
-            # a node reporting no KV in use while its engine runs requests has no usage metric:
-            # no fresh measure, as ThunderAgent without metrics (vllm_metrics.py:305-306)
-            fresh = {n: u for n, u in (used or {}).items() if u > 0 or not snap.running.get(n)}
-            check = ta.check(now, fresh)
+            holding: dict[str, set[str]] = {}
+            for h in held or ():
+                if h.activity == "running":
+                    holding.setdefault(h.node, set()).add(h.id)
+            check = ta.check(now, used, holding)
             self._moves(check.resumed, seen, admits)
             self._pauses(check.paused, seen, pauses)
             marked = list(check.marked)

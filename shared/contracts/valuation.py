@@ -41,7 +41,8 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     contexts, each plus the rule's headroom, exceed capacity × target (0 when they fit, and
     always 0 unless the policy's ``payback_context`` rule is on): what that rule pays back.
     ``used`` is the engine's KV in use, tokens (telemetry's ``vllm:kv_cache_usage_perc`` ×
-    capacity): ``thunderagent-ideal``'s shared tokens are the programs' tokens beyond it.
+    capacity) and ``waiting`` the requests queued in the engine
+    (``vllm:num_requests_waiting``): ``thunderagent-ideal``'s shared tokens.
     """
 
     id: str
@@ -53,6 +54,7 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     running: int = 0
     pressure: int = 0
     used: int = 0
+    waiting: int = 0
 
 
 class WireSignature(Record, frozen=True, kw_only=True):

@@ -5,7 +5,7 @@ The full account: docs/internals.md, section ``shared/core/thunder.py``.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
@@ -166,14 +166,30 @@ class ThunderAgent:
         held = int(eff) - self.shared.get(backend, 0) + BUFFER_PER_PROGRAM * len(progs)
         return self.capacity[backend] - held
 
-    def observe_used(self, used: Mapping[str, int]) -> None:
+    def observe_used(
+        self,
+        used: Mapping[str, int | None],
+        holding: Mapping[str, Collection[str]] | None = None,
+    ) -> None:
         """The engines' KV in use (``kv_cache_usage_perc × capacity``, tokens) per backend:
         ``shared_tokens = max(0, REASONING tokens − used)`` (state.py:126–133,
-        vllm_metrics.py:294–311). A no-op unless the variant has ``shared_tokens``."""
+        vllm_metrics.py:294–311); ``None``: no measure, 0 (vllm_metrics.py:305–306). With
+        ``holding`` (backend → the programs whose requests hold KV there) only those programs'
+        tokens are summed: a request queued in the engine holds no block, and counting its
+        program's tokens as shared over-admits (docs/evaluation.md, "Agents within an SLO").
+        A no-op unless the variant has ``shared_tokens``."""
         if not self.variant.shared_tokens:
             return
         for b, u in used.items():
-            reasoning = sum(p.tokens for p in self._on(b) if p.status == "reasoning")
+            if u is None:
+                self.shared[b] = 0
+                continue
+            held = None if holding is None else holding.get(b, ())
+            reasoning = sum(
+                p.tokens
+                for p in self._on(b)
+                if p.status == "reasoning" and (held is None or p.id in held)
+            )
             self.shared[b] = max(0, reasoning - int(u))
 
     def _healthy(self, backend: str) -> bool:
@@ -258,13 +274,19 @@ class ThunderAgent:
 
     # -- the periodic check ----------------------------------------------------------------
 
-    def check(self, now: float = 0.0, used: Mapping[str, int] | None = None) -> Check:
+    def check(
+        self,
+        now: float = 0.0,
+        used: Mapping[str, int | None] | None = None,
+        holding: Mapping[str, Collection[str]] | None = None,
+    ) -> Check:
         """``_scheduled_check`` (router.py:671–683) at ``now``: fresh metrics (``used``, the
         engines' KV in use, sets ``shared_tokens`` under ``shared_tokens``, as the commits
         that called ``update_shared_tokens`` did after their fetch, d37e825b router.py:
-        656–659), then resume, then pause every over-full backend."""
+        656–659; ``holding``: :meth:`observe_used`), then resume, then pause every over-full
+        backend."""
         if used is not None:
-            self.observe_used(used)
+            self.observe_used(used, holding)
         resumed = self.resume(now)
         paused: list[str] = []
         marked: list[str] = []

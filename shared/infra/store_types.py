@@ -164,6 +164,7 @@ class NodeRecord:
             contexts=self.contexts,
             held=self.held,
             used=self.used_tokens,
+            waiting=self.waiting,
         )
 
 

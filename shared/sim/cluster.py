@@ -384,8 +384,9 @@ class ThunderAgentScheduler(_Base):
     request's 1800 s forced resume. The session records mirror its placement (admitted on
     the program's backend with ``tokens + 100`` reserved) so the same samples and metrics
     apply; TAO's interrupt rule and valuation play no part. Each check sees each engine's KV
-    in use (``kv_usage × kv_tokens``, vLLM's ``kv_cache_usage_perc``), which a variant with
-    ``shared_tokens`` turns into its shared tokens."""
+    in use (``kv_usage × kv_tokens``, vLLM's ``kv_cache_usage_perc``) and the sessions whose
+    requests hold it (the engine's running set: the requests the proxy has seen start), which
+    a variant with ``shared_tokens`` turns into its shared tokens."""
 
     def __init__(self, sim: Simulator, policy_name: str) -> None:
         super().__init__(sim, policy_name)
@@ -406,8 +407,11 @@ class ThunderAgentScheduler(_Base):
             if not sim.finished:
                 sim.timer(t + self.variant.interval_s, "check")
             cap = sim.profile.kv_tokens
-            used = {n: int(sim.engines[n].kv_usage * cap) for n in self.node_ids}
-            self._apply(self.ta.check(t, used), t)
+            used: dict[str, int | None] = {
+                n: int(sim.engines[n].kv_usage * cap) for n in self.node_ids
+            }
+            holding = {n: sim.engines[n].running_sessions for n in self.node_ids}
+            self._apply(self.ta.check(t, used, holding), t)
         elif name.startswith("force "):
             _, sid, since = name.split(" ")
             if self.blocked_since.get(sid) == float(since):

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.planner.handlers import measured_used
 from services.planner.thunder import Held, ThunderState
 from shared.core.problem import Node
 from shared.core.thunder import BUFFER_PER_PROGRAM
@@ -81,16 +82,30 @@ class TestSharedTokensLive:
         await r.tick(T0 + 1.0)
         assert (("admit", "w") in r.placements()) is admitted
 
-    @pytest.mark.parametrize(("used", "running", "shared"), [(0, 1, 0), (0, 0, 4_000),
-                                                              (1_000, 1, 3_000)])  # fmt: skip
-    def test_usage_metric(self, used: int, running: int, shared: int) -> None:
-        """0 KV in use while the engine runs requests is a missing metric: no fresh measure
-        (ThunderAgent without metrics keeps 0, vllm_metrics.py:305-306); 0 with nothing
-        running is the engine's own answer."""
+    @pytest.mark.parametrize(
+        ("used", "running", "waiting", "measured"),
+        [(1_000, 1, 0, 1_000), (0, 0, 0, 0), (0, 1, 0, None), (1_000, 1, 2, None)],
+    )
+    def test_measured_used(
+        self, used: int, running: int, waiting: int, measured: int | None
+    ) -> None:
+        """0 KV in use while the engine runs requests is a missing metric, and while it queues
+        requests the planner cannot tell which hold KV: no measure (shared 0, as ThunderAgent
+        without metrics, vllm_metrics.py:305-306)."""
+        assert measured_used(used, running, waiting) == measured
+
+    @pytest.mark.parametrize(
+        ("used", "shared"), [(1_000, 3_000), (None, 0), (0, 4_000), (5_000, 0)]
+    )
+    def test_shared_over_running_sessions(self, used: int | None, shared: int) -> None:
+        """Only the held sessions running on the node count (an idle one holds no request)."""
         st = ThunderState.for_policy("thunderagent-ideal")
-        hold = (Held("a", "n1", 4_000, 4_000, "running", 1),)
-        snap = TickSnapshot(1, T0, 512, (Node("n1", 6_000, 4_000),), (), running={"n1": running})
-        st.step(snap, {"n1": 10_000}, hold, {"n1": True}, {"n1": used})
+        hold = (
+            Held("a", "n1", 4_000, 4_000, "running", 1),
+            Held("b", "n1", 9_000, 9_000, "idle", 1),
+        )
+        snap = TickSnapshot(1, T0, 512, (Node("n1", 6_000, 4_000),), ())
+        st.step(snap, {"n1": 20_000}, hold, {"n1": True}, {"n1": used})
         assert st.ta is not None and st.ta.shared.get("n1", 0) == shared
 
 

@@ -66,6 +66,28 @@ class TestCapacityWithSharedTokens:
         ta.check(0.0, {"n0": used})
         assert ta.remaining("n0") == expected, cite
 
+    @pytest.mark.parametrize(
+        ("holding", "used", "shared"),
+        [({"a", "b", "c"}, 12_000, 12_000), ({"a", "b"}, 10_000, 6_000), (set(), 0, 0)],
+    )
+    def test_only_programs_holding_kv_count(
+        self, holding: set[str], used: int, shared: int
+    ) -> None:
+        """A request queued in the engine holds no block (kv_cache_usage_perc counts only
+        scheduled requests' blocks): its program is left out of the sum, else its whole
+        context would read as shared."""
+        ta = loaded(IDEAL, [("a", 8_000, False, 0), ("b", 8_000, False, 0), ("c", 8_000, False, 0)])
+        ta.check(0.0, {"n0": used}, {"n0": holding})
+        assert ta.shared["n0"] == shared
+
+    def test_no_measure_is_zero(self) -> None:
+        """vllm_metrics.py:305-306: no metrics, no shared tokens."""
+        ta = loaded(IDEAL, [("a", 8_000, False, 0), ("b", 8_000, False, 0)])
+        ta.check(0.0, {"n0": 10_000})
+        assert ta.shared["n0"] == 6_000
+        ta.check(1.0, {"n0": None})
+        assert ta.shared["n0"] == 0
+
     def test_shared_tokens_admit_a_program_the_released_code_queues(self) -> None:
         """router.py:275: a new program needs remaining >= estimate + 100."""
         for variant, admitted in ((IDEAL, True), (FAITHFUL, False)):

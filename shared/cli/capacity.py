@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TextIO
@@ -79,6 +80,18 @@ class Evaluator:
     def meets(self, policy: str, seed: int, workers: int) -> bool:
         return self.point(policy, seed, workers)["ok"] == 1.0
 
+    def meets_for(self, policy: str, seed: int) -> Callable[[int], bool]:
+        """``workers → met`` for one (policy, seed): the search's evaluator."""
+        return lambda workers: self.meets(policy, seed, workers)
+
+
+def _silent(_: str) -> None:
+    pass
+
+
+def _stderr(line: str) -> None:
+    print(line, file=sys.stderr)
+
 
 def _f(v: float | int | None) -> float | None:
     return None if v is None else float(v)
@@ -115,14 +128,13 @@ def cmd_capacity(args: argparse.Namespace, make: Callable[[int], list[Task]], de
                  config: SimConfig, policies: Sequence[str], out: TextIO) -> int:  # fmt: skip
     """Search every policy on every seed; print (or ``--json``) the table; plots with --out."""
     slo = parse_slo(args.slo)
-    log = (lambda _: None) if args.quiet else (lambda s: print(s, file=__import__("sys").stderr))
-    ev = Evaluator(make, config, slo, log)
+    ev = Evaluator(make, config, slo, _silent if args.quiet else _stderr)
     seeds = list(range(args.seeds))
     searches: dict[tuple[str, int], Search] = {}
     for seed in seeds:
         for p in policies:
             searches[(p, seed)] = search_capacity(
-                lambda w, p=p, seed=seed: ev.meets(p, seed, w),
+                ev.meets_for(p, seed),
                 start=args.start_workers,
                 max_workers=args.max_workers,
                 resolution=args.resolution,
@@ -196,8 +208,8 @@ def _table(rows: list[CapacityRow], edge: dict[str, dict[str, object]], best: st
         body2 = []
         for p, d in edge.items():
             cells = [f"{p} vs {best}"]
-            for m in ("latency_mean", "makespan", "ttft_p90"):
-                v = d.get(m)
+            for metric in ("latency_mean", "makespan", "ttft_p90"):
+                v = d.get(metric)
                 if isinstance(v, tuple):
                     lo = v[1]
                     cells.append(signed(v[0]) + ("" if lo is None else f" ± {v[0] - lo:.1f}"))

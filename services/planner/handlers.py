@@ -36,6 +36,7 @@ from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from shared.contracts.valuation import ValuationSnapshot
 from shared.contracts.wake import WAKE_REPLAN, wake_for
+from shared.core.explain import round_fields
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
 from shared.core.session import Session, admit
@@ -276,6 +277,8 @@ class Planner:
         if self.thunder is not None and not applied.discarded:
             self.thunder.applied(applied.sessions)
         _trace_plan(core.tick, self.policy.name, decision, applied, t_started, elapsed_ms)
+        if decision.record is not None and decision.record.entries:
+            self.log.info("plan_round", **round_fields(decision.record, applied))
         self.log.info(
             "plan_tick",
             tick=core.tick,

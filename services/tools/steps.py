@@ -29,7 +29,7 @@ import msgspec
 
 from shared.contracts.session import SessionCancel, SessionRequest, SessionResponse
 from shared.contracts.tool import ToolEnd, ToolProgress, ToolStart
-from shared.core.rules import TaoRules
+from shared.core.rules import RuleSet
 from shared.core.session import (
     Session,
     ToolCall,
@@ -113,7 +113,7 @@ def response_step(
     ev: SessionResponse,
     out: Outcome,
     reserve: int | None = None,
-    rules: TaoRules | None = None,
+    rules: RuleSet | None = None,
     shared: int | None = None,
 ) -> SessionFn:
     """A request completed: tokens from usage, tool calls start an inferred tool; with

@@ -177,6 +177,12 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help=f"DP state budget per solve (default {DEFAULT_BUDGET})")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="write report.md, CSVs and PNG plots here")
     p.add_argument(
+        "--record", metavar="FILE",
+        help="write every applied round's record (each admit, release, hold and wait with its "
+        "rule and price, one JSON line per round, tagged with policy, seed and workers) to FILE, "
+        "for `tao explain`",
+    )  # fmt: skip
+    p.add_argument(
         "--json", action="store_true",
         help="print {runs: [...], paired: [...]} as JSON (paired: each tao-family policy vs "
         "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
@@ -271,16 +277,24 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
             raise ProblemError("--out", f"cannot create {args.out!r}: {exc.strerror}") from None
     if args.domains > args.nodes:
         raise ProblemError("--domains", f"at most --nodes ({args.nodes}), got {args.domains}")
+    record = _record_file(args.record)
     config = SimConfig(
         nodes=args.nodes,
         profile=args.profile,
         budget=args.budget,
         domains=args.domains,
         host_kv=args.host_kv,
+        record_rounds=record is not None,
     )
     seeds = list(range(args.seeds))
     progress = _Progress(len(seeds) * len(workers) * len(args.policies), sys.stderr, args.quiet)
     runs = run_grid(make, config, args.policies, seeds, workers, progress)
+    if record is not None:
+        with record:
+            for r in runs:
+                for rnd in [] if r.result is None else r.result.rounds:
+                    tag = {"policy": r.policy, "seed": r.seed, "workers": r.workers}
+                    record.write(orjson.dumps({**tag, **rnd}).decode() + "\n")
     study = None
     if args.snapshots > 0:
         study = _snapshot_study(make, config, workers, args.snapshots)
@@ -309,6 +323,16 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.out is not None:
         _write_outputs(args, runs, desc, study)
     return 0
+
+
+def _record_file(path: str | None) -> TextIO | None:
+    """``--record``'s file, opened for writing (a usage error naming it when it cannot be)."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise ProblemError("--record", f"cannot write {path!r}: {exc.strerror}") from None
 
 
 def _snapshot_study(

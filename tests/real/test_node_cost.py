@@ -41,7 +41,8 @@ class TestNodeCost:
         engine's prefill seconds over the profile's prediction for exactly those requests."""
         node = rig.nodes[1]
         rng = random.Random(7)
-        before = await metrics(http, node.metrics)
+        url = f"{rig.root(node.id)}/metrics"
+        before = await metrics(http, url)
         assert before.prefill is not None, "vLLM 0.32's prefill counters are on /metrics"
         computed = requests = 0
         for words in (200, 600, 1200):
@@ -52,7 +53,7 @@ class TestNodeCost:
             computed += answer["usage"]["prompt_tokens"] - cached(answer)
             requests += 1
         after = await wait_for(
-            lambda: _finished(http, node.metrics, before, requests), "the requests counted"
+            lambda: _finished(http, url, before, requests), "the requests counted"
         )
         assert after.prefill is not None
         prior = node.prior_cost()

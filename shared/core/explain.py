@@ -16,7 +16,16 @@ from dataclasses import dataclass
 
 from shared.core.round import RoundRecord
 
-__all__ = ["ExplainError", "Said", "explain", "round_fields", "rounds_from_lines"]
+__all__ = [
+    "ExplainError",
+    "ReleaseAudit",
+    "Said",
+    "TurnSeen",
+    "audit_releases",
+    "explain",
+    "round_fields",
+    "rounds_from_lines",
+]
 
 _MAX_LOGGED = 500
 """Entries one ``plan_round`` log line carries at most (the rest are counted)."""
@@ -155,3 +164,60 @@ def explain(
         )
     said.sort(key=lambda s: (s.now, s.tick))
     return [s.words(session) for s in said]
+
+
+@dataclass(frozen=True, slots=True)
+class TurnSeen:
+    """A model request as its client saw it: when it was sent (epoch s), its prompt tokens
+    and how many of them the engine served from its cache."""
+
+    session: str
+    sent: float
+    prompt: int
+    cached: int
+
+
+@dataclass(frozen=True, slots=True)
+class ReleaseAudit:
+    """Releases that took effect, and how many recomputed more seconds than holding the room
+    until the session came back would have cost (``costly``)."""
+
+    applied: int
+    costly: int
+    followed: int
+    """Releases whose session sent another request afterwards (the others cannot be judged)."""
+
+
+def audit_releases(
+    rounds: Iterable[Mapping[str, object]], turns: Iterable[TurnSeen]
+) -> ReleaseAudit:
+    """Judge each applied release (a ``release`` entry of a round not discarded) by the
+    session's next request: the release recomputed ``(prompt − cached) × prefill_s`` seconds
+    (the node's price in the round's ``prices``; the engine's own cached count), and holding
+    the room instead would have cost the seconds until that request was sent. A release is
+    costly when the first exceeds the second."""
+    by_session: dict[str, list[TurnSeen]] = {}
+    for t in turns:
+        by_session.setdefault(t.session, []).append(t)
+    for seen in by_session.values():
+        seen.sort(key=lambda t: t.sent)
+    applied = costly = followed = 0
+    for r in rounds:
+        if r.get("discarded"):
+            continue
+        now = _num(r.get("now", 0.0))
+        prices = r.get("prices", {})
+        entries = r.get("entries", [])
+        assert isinstance(entries, list) and isinstance(prices, dict)
+        for e in entries:
+            if not isinstance(e, dict) or e.get("kind") != "release":
+                continue
+            applied += 1
+            nxt = next((t for t in by_session.get(str(e.get("session")), ()) if t.sent > now), None)
+            if nxt is None:
+                continue
+            followed += 1
+            price = _num(prices.get(str(e.get("node")), 0.0))
+            if max(0, nxt.prompt - nxt.cached) * price > nxt.sent - now:
+                costly += 1
+    return ReleaseAudit(applied, costly, followed)

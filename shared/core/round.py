@@ -96,6 +96,8 @@ class RoundRecord:
     now: float
     rules: str
     entries: tuple[Entry, ...] = ()
+    prices: Mapping[str, float] = field(default_factory=dict)
+    """Each node's prefill seconds per token that priced the round (its ``NodeCost``)."""
 
     def about(self, session: str) -> tuple[Entry, ...]:
         """The entries that name ``session`` (as subject or as the one room was made for)."""
@@ -107,6 +109,7 @@ class RoundRecord:
             "tick": self.tick,
             "now": self.now,
             "rules": self.rules,
+            "prices": dict(self.prices),
             "entries": [_entry_dict(e) for e in self.entries],
         }
 
@@ -624,5 +627,11 @@ def decide(
         demand=want,
         free=total_free,
         released_by=tuple(sorted(arb.released.items())),
-        record=RoundRecord(snapshot.tick, snapshot.now, rules.name, tuple(arb.entries)),
+        record=RoundRecord(
+            snapshot.tick,
+            snapshot.now,
+            rules.name,
+            tuple(arb.entries),
+            {b: c.prefill_s for b, c in snapshot.costs.items()},
+        ),
     )

@@ -115,7 +115,7 @@ if TYPE_CHECKING:
     from shared.infra.settings import NodeSpec
     from shared.sim.workloads import Task
 
-__all__ = ["DemoResult", "add_demo_parser", "demo_table"]
+__all__ = ["DemoResult", "add_demo_parser", "demo_table", "filler_text"]
 
 _NODE_HEADER = "X-TAO-Node"  # the gateway names the serving node (services.gateway.proxy)
 _SESSION_HEADER = "X-TAO-Session-Id"  # ... and the session it served the turn in
@@ -282,7 +282,8 @@ def family_tool(tools: Sequence[ToolSpec], scale: float, rng: random.Random) -> 
     return spec.name, max(0.0, draw) / scale
 
 
-def _text(rng: random.Random, tokens: int) -> str:
+def filler_text(rng: random.Random, tokens: int) -> str:
+    """``tokens`` words of filler (one token each for the tiny model and the simnodes)."""
     return " ".join(rng.choice(_WORDS) for _ in range(tokens))
 
 
@@ -324,9 +325,9 @@ class _RandomScript:
         return [
             {
                 "role": "system",
-                "content": f"You are coding agent {self.index}. " + _text(rng, 1500),
+                "content": f"You are coding agent {self.index}. " + filler_text(rng, 1500),
             },
-            {"role": "user", "content": "Fix the failing test. " + _text(rng, 300)},
+            {"role": "user", "content": "Fix the failing test. " + filler_text(rng, 300)},
         ]
 
     def output_tokens(self, turn: int, rng: random.Random) -> int:
@@ -338,7 +339,7 @@ class _RandomScript:
         return "bash", tool_duration(rng)
 
     def observation(self, turn: int, rng: random.Random) -> str:
-        return _text(rng, rng.randint(200, 1500))
+        return filler_text(rng, rng.randint(200, 1500))
 
 
 @dataclass(frozen=True)
@@ -356,9 +357,9 @@ class _TraceScript:
     def opening(self, rng: random.Random) -> list[dict[str, Any]]:
         msgs: list[dict[str, Any]] = []
         if self.task.shared_prefix:  # the same text for every session of the family
-            prefix = _text(random.Random(self.task.family), self.task.shared_prefix)
+            prefix = filler_text(random.Random(self.task.family), self.task.shared_prefix)
             msgs.append({"role": "system", "content": prefix})
-        msgs.append({"role": "user", "content": _text(rng, self.task.turns[0].added)})
+        msgs.append({"role": "user", "content": filler_text(rng, self.task.turns[0].added)})
         return msgs
 
     def output_tokens(self, turn: int, rng: random.Random) -> int:
@@ -369,7 +370,7 @@ class _TraceScript:
         return None if t.tool is None else (t.tool, t.duration / self.time_scale)
 
     def observation(self, turn: int, rng: random.Random) -> str:
-        return _text(rng, self.task.turns[turn + 1].added)
+        return filler_text(rng, self.task.turns[turn + 1].added)
 
 
 def _script(index: int, args: argparse.Namespace) -> _Script:

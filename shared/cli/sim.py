@@ -12,7 +12,7 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
@@ -189,6 +189,12 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
     p.add_argument(
+        "--write-trace", metavar="FILE",
+        help="write the generated tasks (seed 0, --tasks of --workload) as session-trace JSONL "
+        "and run nothing: `tao demo --trace FILE` runs on real engines what `tao sim --trace "
+        "FILE` simulates",
+    )  # fmt: skip
+    p.add_argument(
         "--describe-workload", action="store_true",
         help="print the workload's tool-time and token fit (--tasks tasks, seed 0) beside the "
         "published figures it cites, and run nothing",
@@ -257,6 +263,8 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.snapshots < 0:
         raise ProblemError("--snapshots", f"must be >= 0, got {args.snapshots}")
     make, desc, timed = _tasks_maker(args)
+    if args.write_trace is not None:
+        return _write_trace(args.write_trace, make(0), out)
     if args.describe_workload:
         family = args.workload or ("trace" if args.trace is not None else "swe-lite")
         out.write(describe(family, make(0)) + "\n")
@@ -322,6 +330,19 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     out.flush()
     if args.out is not None:
         _write_outputs(args, runs, desc, study)
+    return 0
+
+
+def _write_trace(path: str, tasks: Sequence[Task], out: TextIO) -> int:
+    from shared.sim.trace import trace_line
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for task in tasks:
+                f.write(orjson.dumps(trace_line(task)).decode() + "\n")
+    except OSError as exc:
+        raise ProblemError("--write-trace", f"cannot write {path!r}: {exc.strerror}") from None
+    out.write(f"tao sim: wrote {len(tasks)} sessions to {path}\n")
     return 0
 
 

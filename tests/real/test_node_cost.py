@@ -102,3 +102,22 @@ async def _finished(
     m = await metrics(http, url)
     assert m.prefill is not None and before.prefill is not None
     return m if m.prefill.requests - before.prefill.requests >= requests else None
+
+
+class TestCalibrate:
+    """`tao engines calibrate` reads its samples from the engines' own per-request clocks."""
+
+    async def test_quick_probe_samples_what_it_sent(self, rig: Rig) -> None:
+        from shared.cli.calibrate import run_calibrate
+
+        roots = [rig.root(n.id) for n in rig.nodes]
+        doc = await run_calibrate(roots, quick=True, reps=1)
+        pre = doc["prefill_samples"]
+        cold = [s for s in pre if s[1] == 0]
+        warm = [s for s in pre if s[1] > 0]
+        assert len(cold) == 3 * len(roots) and len(warm) == 2 * len(roots)
+        assert all(new > 0 and t > 0 for new, _, t in pre)
+        assert all(ctx >= 1024 - 32 for _, ctx, _ in warm)  # the prefix, in whole blocks
+        assert sorted(new for new, _, _ in cold[:3]) == [new for new, _, _ in cold[:3]]
+        assert doc["decode_samples"] and all(b >= 1 and t > 0 for b, _, t in doc["decode_samples"])
+        assert doc["prefill"]["terms"]["prefill_b"] >= 0.0

@@ -145,3 +145,18 @@ class TestTrace:
         f.write_text('{"session": "a", "turns": [{"prompt_tokens_added": 5}]}\n')
         with pytest.raises(WorkloadError, match=r"t\.jsonl:1\.turns\[0\]\.output_tokens"):
             load_trace(str(f))
+
+
+class TestWriteTrace:
+    """A generated workload written as a trace reads back as the same tasks, so the live demo
+    and the simulator run one workload (`tao sim --write-trace`)."""
+
+    def test_round_trip(self, tmp_path: Path) -> None:
+        from shared.cli.main import main
+
+        root = Path(__file__).resolve().parents[3]
+        workload = str(root / "benchmarks" / "workloads" / "live-cpu.toml")
+        path = tmp_path / "live.jsonl"
+        assert main(["sim", "--workload", workload, "--tasks", "24",
+                     "--write-trace", str(path)]) == 0  # fmt: skip
+        assert load_trace(str(path)) == generate_tasks(load_workload(workload), 24, 0)

@@ -13,9 +13,9 @@ prompt, computed and generated tokens together):
 2. *warm prefill*: a prefix sent once, then the prefix plus ``m`` fresh tokens:
    ``(new = computed, ctx = cached, T)``;
 3. *decode*: ``B`` requests of ``L`` prompt tokens at once, ``G`` output tokens each (only
-   where they fit the engine's KV at once); the batch's ``request_decode_time_seconds`` over
-   its ``B·(G − 1)`` later tokens is the time of one decode step of ``B`` sequences with
-   about ``B·(L + G/2)`` context tokens.
+   where they fit the engine's KV at once); the ``B`` requests decode together, so their
+   summed ``request_decode_time_seconds`` over their ``B·(G − 1)`` later tokens is the time of
+   one decode step of ``B`` sequences with about ``B·(L + G/2)`` context tokens.
 
 Each sample is the median of three runs of its configuration (one, ``--quick``): anything else
 running on the machine slows single runs.
@@ -217,7 +217,7 @@ async def _probe(
                 if steps <= 0:
                     continue
                 context = batch * ((c1.prompt - c0.prompt) / batch + gen / 2)
-                steps_s.append(batch * (c1.decode_s - c0.decode_s) / steps)
+                steps_s.append((c1.decode_s - c0.decode_s) / steps)  # all B decode at once
             if steps_s:
                 dec.append((batch, context, _median(steps_s)))
     return pre, dec

@@ -63,6 +63,8 @@ DEFAULT_DIR = ROOT / ".cache" / "engines"
 DEFAULT_MODEL_DIR = ROOT / ".cache" / "tinymodel"
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL_NAME = "tiny"
+CPU_PROFILE = "vllm-cpu-tiny"
+"""The engine profile fitted to these engines (``shared.core.engine.profiles``)."""
 STATE = "engines.json"
 _STOP_S = 15.0
 
@@ -85,7 +87,8 @@ class EngineConfig:
 
 
 def node_specs(cfg: EngineConfig) -> list[NodeSpec]:
-    """The nodes file entries of the engines ``cfg`` starts."""
+    """The nodes file entries of the engines ``cfg`` starts (their price starts from the
+    ``vllm-cpu-tiny`` profile, ``tao engines calibrate``'s fit for them)."""
     return [
         NodeSpec(
             f"vllm-{i}",
@@ -93,6 +96,7 @@ def node_specs(cfg: EngineConfig) -> list[NodeSpec]:
             kv_events=f"tcp://127.0.0.1:{cfg.kv_base_port + 2 * i}",
             kv_replay=f"tcp://127.0.0.1:{cfg.kv_base_port + 2 * i + 1}",
             model=MODEL_NAME,
+            profile=CPU_PROFILE,
         )
         for i in range(cfg.count)
     ]

@@ -8,7 +8,6 @@ import pytest
 
 from services.gateway.continuation import (
     Continuations,
-    ResponseIds,
     answer_items,
     anthropic_items,
     chain,
@@ -16,6 +15,7 @@ from services.gateway.continuation import (
     responses_items,
     root,
 )
+from services.gateway.response_ids import ResponseIds
 
 R = root(None)
 
@@ -173,7 +173,7 @@ class TestContinuations:
 
 class TestResponseIds:
     def test_served_ids_map_per_tenant_with_ttl(self) -> None:
-        ids = ResponseIds(ttl_s=10, max_ids=2)
+        ids = ResponseIds(ttl_s=10, per_tenant=2)
         ids.served("t", "r1", "s1", 0)
         assert ids.session("t", "r1", 5) == "s1"
         assert ids.session("u", "r1", 5) is None

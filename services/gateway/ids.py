@@ -79,8 +79,8 @@ def check_ids(
     if parent:
         check_id(parent, f"header {PARENT_HEADER}", limit=None)
     for name in ID_BODY_FIELDS:
-        value = body.get(name)
-        if isinstance(value, str | int) and not isinstance(value, bool):
-            text = str(value).strip()
+        raw = body.get(name)
+        if isinstance(raw, str | int) and not isinstance(raw, bool):
+            text = str(raw).strip()
             if text:
                 check_id(text, f"'{name}'")

@@ -497,7 +497,11 @@ class Relay:
             model=info.model,
             arrived_at=self.clock(),
             gateway_id=self.settings.gateway_id,
-            prompt_tokens_estimate=self.calibration.scale(info.model, info.prompt_tokens_estimate),
+            prompt_tokens_estimate=self.calibration.scale(
+                info.model,
+                info.prompt_tokens_estimate,
+                caller.tenant.name if caller.tenant else None,
+            ),
             messages_count=info.messages_count,
             stream=info.stream,
             max_tokens=info.max_tokens,
@@ -686,7 +690,10 @@ class Relay:
         report_now()
         if done.error is None:
             self.calibration.observe(
-                info.model, info.prompt_tokens_estimate, done.stats.usage.prompt_tokens
+                info.model,
+                info.prompt_tokens_estimate,
+                done.stats.usage.prompt_tokens,
+                turn.tenant,
             )
         await asyncio.shield(reported[0])
         return Answered(response)

@@ -29,8 +29,10 @@ Request headers read by the model endpoints:
 
     X-Session-ID      the session id. First of: (/v1/messages) Claude Code's
                       ``metadata.user_id``, ``X-Claude-Code-Session-Id``, ``X-Session-ID``,
-                      OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``, Codex's
-                      ``session-id`` / ``session_id``, the body's ``session_id`` (OpenRouter's),
+                      OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``,
+                      ``X-Dynamo-Session-ID``, Codex's ``session-id`` / ``session_id``,
+                      AIPerf's ``X-Correlation-ID``, the body's ``session_id`` (OpenRouter's)
+                      and ``conversation_id`` (vLLM's multi-turn benchmark),
                       (/v1/responses) ``previous_response_id``'s session, the body's
                       ``user``, ``program_id``; none: the session the conversation
                       continues, else a new one (:mod:`.requests`, :mod:`.continuation`)

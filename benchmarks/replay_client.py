@@ -19,8 +19,9 @@ Run against a gateway (simnodes or real engines)::
     python -m benchmarks.replay_client --url http://127.0.0.1:8000 --model tiny \\
         --conversations 20 --turns 5 --concurrency 10 --gap-s 2 --identity both
 
-and it prints, per identity mode: wall time, turns answered, sessions per conversation, the
-prefix hit rate (cached / prompt tokens over turns after the first) and mean latency.
+and it prints a row per identity mode (each on its own seed: no run finds another's
+conversations cached): wall time, turns answered, sessions, split conversations, the prefix
+hit rate (cached / prompt tokens over turns after the first), mean and max turn latency.
 """
 
 from __future__ import annotations
@@ -36,9 +37,21 @@ from typing import Any, Final
 
 import aiohttp
 
-__all__ = ["ReplayRun", "TurnResult", "main", "replay", "trace"]
+__all__ = [
+    "COLUMNS",
+    "WORDS",
+    "ReplayRun",
+    "TurnResult",
+    "add_load_arguments",
+    "load_of",
+    "main",
+    "print_header",
+    "replay",
+    "row",
+    "trace",
+]
 
-_WORDS: Final = (
+WORDS: Final = (
     "def",
     "class",
     "return",
@@ -76,7 +89,7 @@ SESSION_ANSWER_HEADER: Final = "X-TAO-Session-Id"
 
 
 def _text(rng: random.Random, words: int) -> str:
-    return " ".join(rng.choice(_WORDS) for _ in range(words))
+    return " ".join(rng.choice(WORDS) for _ in range(words))
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,21 +251,40 @@ async def replay(
     return run
 
 
-def _row(run: ReplayRun, conversations: int, turns: int) -> str:
+COLUMNS: Final = (
+    "identity",
+    "seed",
+    "wall s",
+    "turns ok",
+    "sessions",
+    "split conversations",
+    "hit rate",
+    "mean latency s",
+    "max latency s",
+)
+"""The columns of :func:`row`."""
+
+
+def row(run: ReplayRun, seed: int) -> str:
+    """One run as a Markdown table row of :data:`COLUMNS`."""
     per = run.sessions_per_conversation()
-    split = sum(len(s) > 1 for s in per.values())
     sessions = len({s for ss in per.values() for s in ss})
-    mean = sum(t.latency_s for t in run.turns) / max(len(run.turns), 1)
+    split = sum(len(s) > 1 for s in per.values())
+    lat = [t.latency_s for t in run.turns] or [0.0]
     return (
-        f"| {run.identity} | {run.wall_s:.1f} | {run.ok()}/{conversations * turns} | "
-        f"{sessions} | {split} | {100 * run.hit_rate():.1f} % | {mean:.2f} |"
+        f"| {run.identity} | {seed} | {run.wall_s:.1f} | {run.ok()}/{len(run.turns)} | "
+        f"{sessions} | {split} | {100 * run.hit_rate():.1f} % | "
+        f"{sum(lat) / len(lat):.2f} | {max(lat):.2f} |"
     )
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--url", required=True)
-    p.add_argument("--model", required=True)
+def print_header() -> None:
+    print("| " + " | ".join(COLUMNS) + " |")
+    print("|" + "---|" * len(COLUMNS))
+
+
+def add_load_arguments(p: argparse.ArgumentParser) -> None:
+    """The replay load's options (:func:`load_of` reads them)."""
     p.add_argument("--conversations", type=int, default=20)
     p.add_argument("--turns", type=int, default=5)
     p.add_argument("--concurrency", type=int, default=10)
@@ -260,40 +292,46 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--max-tokens", type=int, default=8)
     p.add_argument("--system-words", type=int, default=300)
     p.add_argument("--seed", type=int, default=0)
+
+
+def load_of(args: argparse.Namespace) -> dict[str, Any]:
+    """The keyword arguments of :func:`replay` that :func:`add_load_arguments` sets (not the
+    seed)."""
+    return {
+        "conversations": args.conversations,
+        "turns": args.turns,
+        "concurrency": args.concurrency,
+        "gap_s": args.gap_s,
+        "max_tokens": args.max_tokens,
+        "system_words": args.system_words,
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--url", required=True)
+    p.add_argument("--model", required=True)
+    add_load_arguments(p)
     p.add_argument("--identity", choices=("header", "none", "both"), default="both")
     p.add_argument("--api-key", default=None)
     p.add_argument("--json", action="store_true", help="print every turn as JSON lines too")
     args = p.parse_args(argv)
     modes = {"header": [True], "none": [False], "both": [True, False]}[args.identity]
-    columns = (
-        "identity",
-        "wall s",
-        "turns ok",
-        "sessions",
-        "split conversations",
-        "hit rate",
-        "mean latency s",
-    )
-    print("| " + " | ".join(columns) + " |")
-    print("|---|---|---|---|---|---|---|")
-    for header in modes:
+    print_header()
+    for k, header in enumerate(modes):
+        seed = args.seed + k  # each run its own conversations: none finds another's cached
         run = asyncio.run(
             replay(
                 args.url,
                 args.model,
-                conversations=args.conversations,
-                turns=args.turns,
-                concurrency=args.concurrency,
+                **load_of(args),
                 header=header,
-                gap_s=args.gap_s,
-                seed=args.seed,
-                max_tokens=args.max_tokens,
+                seed=seed,
                 api_key=args.api_key,
-                system_words=args.system_words,
-                tag=f"replay-{args.seed}-{int(time.time())}",
+                tag=f"replay-{seed}-{int(time.time())}",
             )
         )
-        print(_row(run, args.conversations, args.turns), flush=True)
+        print(row(run, seed), flush=True)
         if args.json:
             for t in run.turns:
                 print(json.dumps({"identity": run.identity, **t.__dict__}))

@@ -33,7 +33,14 @@ from pathlib import Path
 
 import redis.asyncio as aioredis
 
-from benchmarks.replay_client import ReplayRun, replay
+from benchmarks.replay_client import (
+    ReplayRun,
+    add_load_arguments,
+    load_of,
+    print_header,
+    replay,
+    row,
+)
 from shared.cli.engines import DEFAULT_PYTHON, EngineConfig, engines_down, engines_up
 from shared.cli.stack import Stack, StackConfig
 from shared.infra.store import Store
@@ -54,27 +61,8 @@ def _ports(n: int) -> int:
     raise RuntimeError("no run of free ports")
 
 
-def _row(run: ReplayRun, seed: int) -> str:
-    per = run.sessions_per_conversation()
-    sessions = len({s for ss in per.values() for s in ss})
-    split = sum(len(s) > 1 for s in per.values())
-    lat = [t.latency_s for t in run.turns]
-    return (
-        f"| {run.identity} | {seed} | {run.wall_s:.1f} | {run.ok()}/{len(run.turns)} | "
-        f"{sessions} | {split} | {100 * run.hit_rate():.1f} % | "
-        f"{statistics.mean(lat):.2f} | {max(lat):.2f} |"
-    )
-
-
 async def _measure(args: argparse.Namespace, gateway: str, redis_url: str, domain: str) -> None:
-    common = {
-        "conversations": args.conversations,
-        "turns": args.turns,
-        "concurrency": args.concurrency,
-        "gap_s": args.gap_s,
-        "max_tokens": args.max_tokens,
-        "system_words": args.system_words,
-    }
+    common = load_of(args)
     left: list[ReplayRun] = []
     for n in range(args.abandoned):
         left.append(
@@ -88,8 +76,7 @@ async def _measure(args: argparse.Namespace, gateway: str, redis_url: str, domai
             )
         )
     abandoned = {t.session for run in left for t in run.turns if t.session}
-    print("| identity | seed | wall s | turns ok | sessions | split | hit rate | mean s | max s |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print_header()
     by_mode: dict[str, list[ReplayRun]] = {"header": [], "none": []}
     for r in range(args.rounds):
         order = (True, False) if r % 2 == 0 else (False, True)
@@ -97,7 +84,7 @@ async def _measure(args: argparse.Namespace, gateway: str, redis_url: str, domai
             seed = args.seed + 10 * r + k
             run = await replay(gateway, "tiny", **common, header=header, seed=seed, tag=f"m{seed}")
             by_mode[run.identity].append(run)
-            print(_row(run, seed), flush=True)
+            print(row(run, seed), flush=True)
     for mode, runs in by_mode.items():
         wall = statistics.mean(r.wall_s for r in runs)
         hit = statistics.mean(r.hit_rate() for r in runs)
@@ -115,15 +102,9 @@ async def _measure(args: argparse.Namespace, gateway: str, redis_url: str, domai
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--conversations", type=int, default=20)
-    p.add_argument("--turns", type=int, default=5)
-    p.add_argument("--concurrency", type=int, default=10)
-    p.add_argument("--gap-s", type=float, default=2.0)
-    p.add_argument("--max-tokens", type=int, default=8)
-    p.add_argument("--system-words", type=int, default=300)
+    add_load_arguments(p)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--abandoned", type=int, default=2)
-    p.add_argument("--seed", type=int, default=100)
     p.add_argument("--nats-url", default=os.environ.get("TAO_NATS_URL", "nats://127.0.0.1:4222"))
     p.add_argument("--redis-url", default=os.environ.get("TAO_REDIS_URL", "redis://127.0.0.1:6379"))
     args = p.parse_args()

@@ -17,8 +17,9 @@ Rules on top of :mod:`shared.core.session` (the transitions themselves are the c
   or its hook-started tool) without touching its token count or turn count;
 * a response or cancel that leaves an admitted session with no tool (no ``tool_calls``, no
   hook's call) puts it in an inferred call of :data:`AWAITING_CLIENT`, of unknown end, which
-  the client's next request ends like any inferred call. Until then the session waits on its client, who may be
-  thinking, may have left, or may have been split off by continuation by content
+  the client's next request ends like any inferred call. Until then the session waits on its
+  client, who may be thinking, may have left, or may have been split off by continuation by
+  content
   (:mod:`services.gateway.continuation`: a fork or a retry that started a new session): none
   of these should hold room that waiting sessions need, so the planner sees it as any session
   in a tool and prices its release as any other (readiness from the tool history, the

@@ -398,7 +398,7 @@ class Relay:
             )
         except BadRequest as exc:  # an id too long or with a control character
             return out.answer("bad_request", api.error(400, exc.message, "invalid_request_error"))
-        unknown = self._foreign_response(caller, tenant, body)
+        unknown = self._foreign_response(api, caller, tenant, body)
         if unknown is not None:
             return out.answer("response_not_found", unknown)
         session_id = caller.session(named_id)
@@ -436,12 +436,15 @@ class Relay:
                 self._unsettled(session_id, fresh)
 
     def _foreign_response(
-        self, caller: Caller, tenant: str | None, body: dict[str, Any]
+        self, api: Api, caller: Caller, tenant: str | None, body: dict[str, Any]
     ) -> web.Response | None:
-        """404 for a ``previous_response_id`` that this caller's tenant was not served (with
-        named tenants; :func:`.response_ids.not_found`), else ``None``: the id goes on."""
+        """404 for a Responses request's ``previous_response_id`` that this caller's tenant
+        was not served (with named tenants; :func:`.response_ids.not_found`), else ``None``:
+        the id goes on."""
         previous = body.get("previous_response_id")
-        if not caller.name or not isinstance(previous, str) or not previous.strip():
+        if api.name != "responses" or not caller.name:
+            return None
+        if not isinstance(previous, str) or not previous.strip():
             return None
         if self.response_ids.session(tenant, previous.strip(), self.clock()) is not None:
             return None

@@ -268,7 +268,7 @@ COLUMNS: Final = (
 def row(run: ReplayRun, seed: int) -> str:
     """One run as a Markdown table row of :data:`COLUMNS`."""
     per = run.sessions_per_conversation()
-    sessions = len({s for ss in per.values() for s in ss})
+    sessions = len({s for ss in per.values() for s in ss if s is not None})
     split = sum(len(s) > 1 for s in per.values())
     lat = [t.latency_s for t in run.turns] or [0.0]
     return (

@@ -614,8 +614,8 @@ def decide(
             Proposal("admit", m.session, m.node, m.weight, gain, cost, "search", note=note)
         )
     seen = {m.session for m in placed} | {e.session for e in arb.entries if e.kind == "wait"}
-    for c in pool:
-        if c.id not in seen:
+    for c in pool:  # one eligible nowhere is not waiting for room (snapshot.skipped says why)
+        if c.id not in seen and c.eligible:
             arb.entries.append(
                 Proposal("wait", c.id, "", c.weight, 0.0, 0.0, "search", note="no room")
             )

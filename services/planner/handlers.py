@@ -37,6 +37,7 @@ from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from shared.contracts.valuation import ValuationSnapshot
 from shared.contracts.wake import WAKE_REPLAN, wake_for
+from shared.core.explain import round_fields
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
 from shared.core.thunder import SCHEDULER_INTERVAL_S
@@ -287,6 +288,8 @@ class Planner:
         if self.thunder is not None and not applied.discarded:
             self.thunder.applied(applied.sessions)
         _trace_plan(core.tick, self.policy.name, decision, applied, t_started, elapsed_ms)
+        if decision.record is not None and decision.record.entries:
+            self.log.info("plan_round", **round_fields(decision.record, applied))
         self.log.info(
             "plan_tick",
             tick=core.tick,
@@ -425,7 +428,8 @@ def _trace_plan(
     tick: int, policy: str, decision: Decision, applied: Applied, started: float, solve_ms: float
 ) -> None:
     """One ``tao.plan`` span (shared.infra.tracing): the decision's solve, with the sessions it
-    admitted and interrupted (the correlation keys with the gateway's turns)."""
+    admitted and interrupted (the correlation keys with the gateway's turns) and one event per
+    admit and release of its round record, with the rule and the price."""
     r = decision.result
     span = _tracer.start_span(
         "tao.plan",
@@ -438,6 +442,21 @@ def _trace_plan(
             "tao.discarded": applied.discarded,
             "tao.admitted": [m.session for m in applied.admitted],
             "tao.interrupted": [m.session for m in applied.interrupted],
+            "tao.rules": "" if decision.record is None else decision.record.rules,
         },
     )
+    if decision.record is not None:  # each admit and release, with its rule and price
+        for e in decision.record.entries:
+            if e.kind in ("admit", "release"):
+                span.add_event(
+                    f"tao.{e.kind}",
+                    attributes={
+                        "tao.session": e.session,
+                        "tao.node": e.node,
+                        "tao.rule": e.rule,
+                        "tao.gain_s": e.gain_s,
+                        "tao.cost_s": e.cost_s,
+                        "tao.for": e.for_session,
+                    },
+                )
     span.end(end_time=int((started + solve_ms / 1000.0) * 1e9))

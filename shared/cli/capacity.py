@@ -21,7 +21,9 @@ from typing import TextIO
 
 import orjson
 
+from shared.core.problem import ProblemError
 from shared.sim.capacity import (
+    DEFAULT_SLO,
     CapacityRow,
     Search,
     Slo,
@@ -34,11 +36,80 @@ from shared.sim.cluster import DP_POLICIES
 from shared.sim.des import SimConfig
 from shared.sim.metrics import compute_metrics, paired_relative
 from shared.sim.report import is_baseline, is_compared
-from shared.sim.runner import simulate
+from shared.sim.runner import LOWER_BOUND, simulate
 from shared.sim.workloads import Task
 from shared.tables import render, signed
 
-__all__ = ["Evaluator", "cmd_capacity"]
+__all__ = ["CAPACITY_POLICIES", "Evaluator", "add_capacity_arguments", "cmd_capacity",
+           "run_capacity"]  # fmt: skip
+
+CAPACITY_POLICIES = ("tao", "thunderagent", "thunderagent-ideal", "thunderagent-decay")
+"""``tao sim --capacity``'s default: TAO against every ThunderAgent variant."""
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
+    """``tao sim``'s ``--capacity``, ``--slo`` and the search's options."""
+    p.add_argument(
+        "--capacity", action="store_true",
+        help="per policy, the most agents per node that meet --slo (doubling, then bisection "
+        "over the worker count; one search per seed; docs/evaluation.md)",
+    )  # fmt: skip
+    p.add_argument("--slo", default=DEFAULT_SLO, metavar="M=V[,M=V]",
+                   help=f"with --capacity: ttft_pXX / latency_pXX / *_mean at most V s, "
+                   f"decode_pXX at least V tok/s (default {DEFAULT_SLO})")  # fmt: skip
+    p.add_argument(
+        "--start-workers",
+        type=_positive_int,
+        default=4,
+        metavar="W",
+        help="with --capacity: the first worker count tried (default 4)",
+    )
+    p.add_argument(
+        "--max-workers",
+        type=_positive_int,
+        default=512,
+        metavar="W",
+        help="with --capacity: the most workers tried (default 512)",
+    )
+    p.add_argument("--resolution", type=_non_negative, default=0.1, metavar="R",
+                   help="with --capacity: bisect until within R of the lower bound (default "
+                   "0.1; one worker at least)")  # fmt: skip
+
+
+def run_capacity(args: argparse.Namespace, make: Callable[[int], list[Task]], desc: str,
+                 config: SimConfig, timed: bool, out: TextIO) -> int:  # fmt: skip
+    """``tao sim --capacity``: check the arguments, then :func:`cmd_capacity`."""
+    if args.workers is not None or timed:
+        raise ProblemError("--capacity", "searches the worker count: drop --workers/open loop")
+    try:
+        parse_slo(args.slo)
+    except ValueError as exc:
+        raise ProblemError("--slo", str(exc).removeprefix("slo: ")) from None
+    policies = args.policies or list(CAPACITY_POLICIES)
+    if LOWER_BOUND in policies:
+        raise ProblemError("--policies", f"{LOWER_BOUND} has no capacity to search")
+    return cmd_capacity(args, make, desc, config, policies, out)
+
 
 Point = dict[str, float | None]
 """What one run gives: the SLO's metrics plus ttft_p90, latency_mean and makespan."""

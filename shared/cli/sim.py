@@ -12,27 +12,25 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
 import orjson
 
+from shared.cli.capacity import CAPACITY_POLICIES, add_capacity_arguments
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.core.policies import DEFAULT_BUDGET
 from shared.core.problem import ProblemError
-from shared.sim.capacity import DEFAULT_SLO, parse_slo
 from shared.sim.des import SimConfig
 from shared.sim.describe import describe
-from shared.sim.runner import LOWER_BOUND, SIM_POLICIES, Run, run_grid, simulate
+from shared.sim.runner import SIM_POLICIES, Run, run_grid, simulate
 from shared.sim.snapshots import SnapshotStudy, compare_snapshots
 from shared.sim.workloads import BUILTIN, Task, generate_tasks, load_workload
 
 __all__ = ["DEFAULT_POLICIES", "add_sim_parser", "cmd_sim", "int_at_least", "positive_number"]
 
 DEFAULT_POLICIES = ("tao", "rr", "cache-aware", "kv-aware", "thunderagent", "thunderagent-ideal")
-CAPACITY_POLICIES = ("tao", "thunderagent", "thunderagent-ideal", "thunderagent-decay")
-"""``tao sim --capacity``'s default: TAO against every ThunderAgent variant."""
 
 
 def _int_list(text: str) -> list[int]:
@@ -186,39 +184,27 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help=f"DP state budget per solve (default {DEFAULT_BUDGET})")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="write report.md, CSVs and PNG plots here")
     p.add_argument(
+        "--record", metavar="FILE",
+        help="write every applied round's record (each admit, release, hold and wait with its "
+        "rule and price, one JSON line per round, tagged with policy, seed and workers) to FILE, "
+        "for `tao explain`",
+    )  # fmt: skip
+    p.add_argument(
         "--json", action="store_true",
         help="print {runs: [...], paired: [...]} as JSON (paired: each tao-family policy vs "
         "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    p.add_argument(
-        "--capacity", action="store_true",
-        help="per policy, the most agents per node that meet --slo (doubling, then bisection "
-        "over the worker count; one search per seed; docs/evaluation.md)",
-    )  # fmt: skip
-    p.add_argument("--slo", default=DEFAULT_SLO, metavar="M=V[,M=V]",
-                   help=f"with --capacity: ttft_pXX / latency_pXX / *_mean at most V s, "
-                   f"decode_pXX at least V tok/s (default {DEFAULT_SLO})")  # fmt: skip
-    p.add_argument(
-        "--start-workers",
-        type=_positive_int,
-        default=4,
-        metavar="W",
-        help="with --capacity: the first worker count tried (default 4)",
-    )
-    p.add_argument(
-        "--max-workers",
-        type=_positive_int,
-        default=512,
-        metavar="W",
-        help="with --capacity: the most workers tried (default 512)",
-    )
-    p.add_argument("--resolution", type=_host_kv, default=0.1, metavar="R",
-                   help="with --capacity: bisect until within R of the lower bound (default "
-                   "0.1; one worker at least)")  # fmt: skip
+    add_capacity_arguments(p)
     p.add_argument(
         "--ta-decay-half-life", type=positive_number, metavar="S",
         help="thunderagent-decay's half-life, s (default the code's 1 s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--write-trace", metavar="FILE",
+        help="write the generated tasks (seed 0, --tasks of --workload) as session-trace JSONL "
+        "and run nothing: `tao demo --trace FILE` runs on real engines what `tao sim --trace "
+        "FILE` simulates",
     )  # fmt: skip
     p.add_argument(
         "--describe-workload", action="store_true",
@@ -294,6 +280,8 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.snapshots < 0:
         raise ProblemError("--snapshots", f"must be >= 0, got {args.snapshots}")
     make, desc, timed = _tasks_maker(args)
+    if args.write_trace is not None:
+        return _write_trace(args.write_trace, make(0), out)
     if args.describe_workload:
         family = args.workload or ("trace" if args.trace is not None else "swe-lite")
         out.write(describe(family, make(0)) + "\n")
@@ -314,6 +302,7 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
             raise ProblemError("--out", f"cannot create {args.out!r}: {exc.strerror}") from None
     if args.domains > args.nodes:
         raise ProblemError("--domains", f"at most --nodes ({args.nodes}), got {args.domains}")
+    record = _record_file(args.record)
     config = SimConfig(
         nodes=args.nodes,
         profile=args.profile,
@@ -321,24 +310,22 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
         domains=args.domains,
         host_kv=args.host_kv,
         ta_decay_half_life_s=args.ta_decay_half_life,
+        record_rounds=record is not None,
     )
     if args.capacity:
-        from shared.cli.capacity import cmd_capacity
+        from shared.cli.capacity import run_capacity
 
-        if args.workers is not None or timed:
-            raise ProblemError("--capacity", "searches the worker count: drop --workers/open loop")
-        try:
-            parse_slo(args.slo)
-        except ValueError as exc:
-            raise ProblemError("--slo", str(exc).removeprefix("slo: ")) from None
-        policies = args.policies or list(CAPACITY_POLICIES)
-        if LOWER_BOUND in policies:
-            raise ProblemError("--policies", f"{LOWER_BOUND} has no capacity to search")
-        return cmd_capacity(args, make, desc, config, policies, out)
+        return run_capacity(args, make, desc, config, timed, out)
     args.policies = args.policies or list(DEFAULT_POLICIES)
     seeds = list(range(args.seeds))
     progress = _Progress(len(seeds) * len(workers) * len(args.policies), sys.stderr, args.quiet)
     runs = run_grid(make, config, args.policies, seeds, workers, progress)
+    if record is not None:
+        with record:
+            for r in runs:
+                for rnd in [] if r.result is None else r.result.rounds:
+                    tag = {"policy": r.policy, "seed": r.seed, "workers": r.workers}
+                    record.write(orjson.dumps({**tag, **rnd}).decode() + "\n")
     study = None
     if args.snapshots > 0:
         study = _snapshot_study(make, config, workers, args.snapshots)
@@ -367,6 +354,29 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.out is not None:
         _write_outputs(args, runs, desc, study)
     return 0
+
+
+def _write_trace(path: str, tasks: Sequence[Task], out: TextIO) -> int:
+    from shared.sim.trace import trace_line
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for task in tasks:
+                f.write(orjson.dumps(trace_line(task)).decode() + "\n")
+    except OSError as exc:
+        raise ProblemError("--write-trace", f"cannot write {path!r}: {exc.strerror}") from None
+    out.write(f"tao sim: wrote {len(tasks)} sessions to {path}\n")
+    return 0
+
+
+def _record_file(path: str | None) -> TextIO | None:
+    """``--record``'s file, opened for writing (a usage error naming it when it cannot be)."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise ProblemError("--record", f"cannot write {path!r}: {exc.strerror}") from None
 
 
 def _snapshot_study(

@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Final, Literal
 
 from shared.core.decay import DEFAULT_HALF_LIFE_S
+from shared.core.nodecost import NodeCost
 from shared.core.problem import Node, ProblemError
 from shared.core.readiness import (
     DEFAULT_FRESHNESS_S,
@@ -146,6 +147,10 @@ class NodeView:
     host_load_s_per_token: float = 0.0
     """Seconds per token to load KV from the node's host tier (:class:`shared.core.tiers.HostLink`
     ``.load_s_per_token``); 0: the node has no host tier."""
+    cost: NodeCost | None = None
+    """The node's prices (:mod:`shared.core.nodecost`): measured from its metrics, pinned by
+    the nodes file, or its profile's; ``None``: the default cost. Its ``load_s`` is replaced
+    by :attr:`host_load_s_per_token`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -29,6 +29,7 @@ from dataclasses import replace
 import msgspec
 
 from shared.core.domains import DomainLoad, choose_domain, session_demand
+from shared.core.nodecost import from_profile
 from shared.core.policies import PlanOptions, Policy, get_policy
 from shared.core.policies.kv_aware import TIER_WEIGHTS
 from shared.core.problem import Candidate, Node, PlanResult, Problem
@@ -79,6 +80,13 @@ class _Base:
         self.policy = get_policy(policy_name)
         self.options = PlanOptions(budget=sim.config.budget)
         self.node_ids: tuple[str, ...] = sim.node_ids
+        self.cost = from_profile(
+            sim.profile,
+            sim.config.latency,
+            0.0 if sim.host_link is None else sim.host_link.load_s_per_token,
+        )
+        """Every simulated node's prices: its engine profile's prefill terms, its host link,
+        the simulated control loop's round trip (:func:`shared.core.nodecost.from_profile`)."""
         """The nodes this scheduler places on (a domain's, under :class:`DomainScheduler`)."""
 
     def node_views(self) -> list[NodeView]:
@@ -97,9 +105,8 @@ class _Base:
                 reserved=reserved[n],
                 running=sim.engines[n].running,
                 shared=shared[n],
-                host_load_s_per_token=(
-                    0.0 if sim.host_link is None else sim.host_link.load_s_per_token
-                ),
+                host_load_s_per_token=self.cost.load_s,
+                cost=self.cost,
             )
             for n in self.node_ids
         ]
@@ -215,12 +222,7 @@ class PooledScheduler(_Base):
         self.tag = tag
         """Prefix of this scheduler's timer names (a domain's, so they reach it)."""
         self.name = policy_name
-        # the cost model's prefill terms are the engine profile's (docs/internals.md)
-        self.rules = replace(
-            policy_rules(self.policy),
-            evict_prefill_s=sim.profile.prefill_b,
-            evict_attn_s=sim.profile.prefill_f,
-        )
+        self.rules = policy_rules(self.policy)
         self.latency = sim.config.latency
         self.tick_no = 0
         self.next_wake: float | None = None
@@ -299,7 +301,7 @@ class PooledScheduler(_Base):
         residency = {sid: sim.residency(sid, node) for sid, node in involved}
         host = (
             {sid: sim.host_residency(sid, node) for sid, node in involved}
-            if sim.host_link is not None and self.rules.tier
+            if sim.host_link is not None and "tier" in self.rules
             else None
         )
         snap = value_snapshot(
@@ -343,6 +345,15 @@ class PooledScheduler(_Base):
         self.inflight = None
         live = sim.sessions
         applied = apply_decision(decision, live, live_free(self.node_views()), t)
+        if sim.config.record_rounds and decision.record is not None:
+            sim.result.rounds.append(
+                {
+                    **decision.record.to_dict(),
+                    "applied_at": t,
+                    "discarded": applied.discarded,
+                    "truncated": applied.truncated,
+                }
+            )
         if applied.discarded:
             sim.bump("plans_discarded")
         else:

@@ -181,3 +181,18 @@ class TestFoldedToolNames:
                 assert y.tool == (None if x.tool is None else folded_name(family, x.tool))
                 names.add(y.tool)
         assert not names & {"Bash:test", "pytest", "make"}  # test runs share the shell's name
+
+
+class TestWriteTrace:
+    """A generated workload written as a trace reads back as the same tasks, so the live demo
+    and the simulator run one workload (`tao sim --write-trace`)."""
+
+    def test_round_trip(self, tmp_path: Path) -> None:
+        from shared.cli.main import main
+
+        root = Path(__file__).resolve().parents[3]
+        workload = str(root / "benchmarks" / "workloads" / "live-cpu.toml")
+        path = tmp_path / "live.jsonl"
+        assert main(["sim", "--workload", workload, "--tasks", "24",
+                     "--write-trace", str(path)]) == 0  # fmt: skip
+        assert load_trace(str(path)) == generate_tasks(load_workload(workload), 24, 0)

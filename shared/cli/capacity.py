@@ -47,28 +47,13 @@ CAPACITY_POLICIES = ("tao", "thunderagent", "thunderagent-ideal", "thunderagent-
 """``tao sim --capacity``'s default: TAO against every ThunderAgent variant."""
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be an integer >= 1, got {value}")
-    return value
-
-
-def _non_negative(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number, got {text!r}") from None
-    if not 0 <= value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text!r}")
-    return value
-
-
-def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
-    """``tao sim``'s ``--capacity``, ``--slo`` and the search's options."""
+def add_capacity_arguments(
+    p: argparse.ArgumentParser,
+    positive_int: Callable[[str], int],
+    non_negative: Callable[[str], float],
+) -> None:
+    """``tao sim``'s ``--capacity``, ``--slo`` and the search's options (with ``tao sim``'s
+    argument types)."""
     p.add_argument(
         "--capacity", action="store_true",
         help="per policy, the most agents per node that meet --slo (doubling, then bisection "
@@ -79,19 +64,19 @@ def add_capacity_arguments(p: argparse.ArgumentParser) -> None:
                    f"decode_pXX at least V tok/s (default {DEFAULT_SLO})")  # fmt: skip
     p.add_argument(
         "--start-workers",
-        type=_positive_int,
+        type=positive_int,
         default=4,
         metavar="W",
         help="with --capacity: the first worker count tried (default 4)",
     )
     p.add_argument(
         "--max-workers",
-        type=_positive_int,
+        type=positive_int,
         default=512,
         metavar="W",
         help="with --capacity: the most workers tried (default 512)",
     )
-    p.add_argument("--resolution", type=_non_negative, default=0.1, metavar="R",
+    p.add_argument("--resolution", type=non_negative, default=0.1, metavar="R",
                    help="with --capacity: bisect until within R of the lower bound (default "
                    "0.1; one worker at least)")  # fmt: skip
 

@@ -195,7 +195,7 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    add_capacity_arguments(p)
+    add_capacity_arguments(p, _positive_int, _host_kv)
     p.add_argument(
         "--ta-decay-half-life", type=positive_number, metavar="S",
         help="thunderagent-decay's half-life, s (default the code's 1 s)",

@@ -6,7 +6,8 @@ before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
                                                ↔ WireNodeView(id, free, load, capacity, healthy,
-                                                  overflow, running, pressure, cost)
+                                                  overflow, running, pressure, used,
+                                                  waiting, cost)
     TickSnapshot.costs[id]                     ↔ WireNodeView.cost (WireNodeCost)
     TickSnapshot.rules                         ↔ ValuationSnapshot.rules
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
@@ -76,6 +77,8 @@ def to_wire(
                 overflow=snapshot.overflow.get(nd.id, 0),
                 running=snapshot.running.get(nd.id, 0),
                 pressure=snapshot.pressure.get(nd.id, 0),
+                used=v.used if v is not None else 0,
+                waiting=v.waiting if v is not None else 0,
                 cost=_cost_to_wire(snapshot.costs.get(nd.id)),
             )
         )

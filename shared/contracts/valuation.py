@@ -41,6 +41,9 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     that a release rule may weigh. ``pressure`` is how far the admitted sessions'
     contexts, each plus the rule's headroom, exceed capacity × target (0 when they fit, and
     always 0 unless the policy's ``payback_context`` rule is on): what that rule pays back.
+    ``used`` is the engine's KV in use, tokens (telemetry's ``vllm:kv_cache_usage_perc`` ×
+    capacity) and ``waiting`` the requests queued in the engine
+    (``vllm:num_requests_waiting``): ``thunderagent-ideal``'s shared tokens.
     """
 
     id: str
@@ -51,6 +54,8 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     overflow: int = 0
     running: int = 0
     pressure: int = 0
+    used: int = 0
+    waiting: int = 0
     cost: WireNodeCost | None = None
     """The node's prices (``shared.core.nodecost.NodeCost``); ``None``: the default cost."""
 

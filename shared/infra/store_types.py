@@ -190,6 +190,8 @@ class NodeRecord:
             running=self.running,
             contexts=self.contexts,
             held=self.held,
+            used=self.used_tokens,
+            waiting=self.waiting,
             cost=self.cost(),
         )
 

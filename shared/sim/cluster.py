@@ -13,10 +13,10 @@ Three families, all calling the real core code (never a re-implementation):
   nothing. Each request is routed at once by the policy on a one-candidate problem whose nodes
   have their whole capacity free (so it always fits: the engine queues internally, as vLLM
   does); ``load`` is the node's in-flight prompt tokens, credit the prefix resident there.
-* **ThunderAgent** — ``thunderagent`` and ``thunderagent-ideal``: the state machine of
-  :mod:`shared.core.thunder` (the one the live planner drives) in the request path, with its
-  periodic check every ``ta_interval_s`` and a timer per blocked request for the 1800 s forced
-  resume (:class:`ThunderAgentScheduler`).
+* **ThunderAgent** — ``thunderagent``, ``thunderagent-ideal``, ``thunderagent-decay``: the
+  state machine of :mod:`shared.core.thunder` (the one the live planner drives) in the request
+  path, with its periodic check every ``ta_interval_s`` and a timer per blocked request for
+  the 1800 s forced resume (:class:`ThunderAgentScheduler`).
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from shared.core.problem import Candidate, Node, PlanResult, Problem
 from shared.core.session import Session, admit, release, set_probe_mark
 from shared.core.thunder import (
     BUFFER_PER_PROGRAM,
+    VARIANTS,
     WAIT_TIMEOUT_S,
     Check,
     ThunderAgent,
@@ -67,7 +68,7 @@ __all__ = [
 
 ROUTERS = frozenset({"rr", "cache-aware", "kv-aware", "kv-aware-tiered"})
 """Policies simulated as request routers (no pool)."""
-THUNDERAGENT = frozenset({"thunderagent", "thunderagent-ideal"})
+THUNDERAGENT = frozenset(VARIANTS)
 """Policies simulated by the ThunderAgent state machine (:mod:`shared.core.thunder`)."""
 DP_POLICIES = frozenset({"tao", "tao-no-cache", "tao-no-ready", "tao-no-cache-no-ready", "oracle"})
 """Policies whose plan is the DP (their non-exact plans are fallbacks)."""
@@ -388,16 +389,21 @@ class PooledScheduler(_Base):
 
 
 class ThunderAgentScheduler(_Base):
-    """ThunderAgent (``thunderagent``, ``thunderagent-ideal``): the core state machine of
+    """ThunderAgent (:data:`THUNDERAGENT`): the core state machine of
     :mod:`shared.core.thunder` in the request path, as its router runs it — no control-loop
     hops (the router is the proxy), the periodic check every ``ta_interval_s``, a blocked
     request's 1800 s forced resume. The session records mirror its placement (admitted on
     the program's backend with ``tokens + 100`` reserved) so the same samples and metrics
-    apply; TAO's interrupt rule and valuation play no part."""
+    apply; TAO's interrupt rule and valuation play no part. Each check sees each engine's KV
+    in use (``kv_usage × kv_tokens``, vLLM's ``kv_cache_usage_perc``) and the sessions whose
+    requests hold it (the engine's running set: the requests the proxy has seen start), which
+    a variant with ``shared_tokens`` turns into its shared tokens."""
 
     def __init__(self, sim: Simulator, policy_name: str) -> None:
         super().__init__(sim, policy_name)
-        self.variant = variant_for(policy_name, sim.config.ta_interval_s)
+        self.variant = variant_for(
+            policy_name, sim.config.ta_interval_s, sim.config.ta_decay_half_life_s
+        )
         self.ta = ThunderAgent(
             capacity=dict.fromkeys(sim.node_ids, sim.profile.kv_tokens), variant=self.variant
         )
@@ -411,7 +417,12 @@ class ThunderAgentScheduler(_Base):
         if name == "check":
             if not sim.finished:
                 sim.timer(t + self.variant.interval_s, "check")
-            self._apply(self.ta.check(), t)
+            cap = sim.profile.kv_tokens
+            used: dict[str, int | None] = {
+                n: int(sim.engines[n].kv_usage * cap) for n in self.node_ids
+            }
+            holding = {n: sim.engines[n].running_sessions for n in self.node_ids}
+            self._apply(self.ta.check(t, used, holding), t)
         elif name.startswith("force "):
             _, sid, since = name.split(" ")
             if self.blocked_since.get(sid) == float(since):
@@ -428,7 +439,7 @@ class ThunderAgentScheduler(_Base):
         for sid, node in check.resumed:
             self._place(sid, node, t)
         if check.paused and self.variant.resume_on_event:
-            self._apply(self.ta.resume(), t)
+            self._apply(self.ta.resume(t), t)
 
     def _place(self, sid: str, node: str, t: float) -> None:
         sim = self.sim
@@ -458,14 +469,14 @@ class ThunderAgentScheduler(_Base):
         self.blocked_since[sid] = t
         sim.timer(t + WAIT_TIMEOUT_S, f"force {sid} {t!r}")
         if self.variant.resume_on_event:
-            self._apply(self.ta.resume(), t)
+            self._apply(self.ta.resume(t), t)
 
     def on_response(self, sid: str, t: float) -> None:
         sim = self.sim
-        if self.ta.on_response(sid, sim.agents[sid].ctx):
+        if self.ta.on_response(sid, sim.agents[sid].ctx, t):
             self._unplace(sid, t)
             if self.variant.resume_on_event:
-                self._apply(self.ta.resume(), t)
+                self._apply(self.ta.resume(t), t)
         else:
             s = sim.sessions[sid]
             if s.node is not None:
@@ -477,7 +488,7 @@ class ThunderAgentScheduler(_Base):
         self.ta.release(sid)
         self.blocked_since.pop(sid, None)
         if self.variant.resume_on_event:
-            self._apply(self.ta.resume(), t)
+            self._apply(self.ta.resume(t), t)
 
 
 class DomainScheduler:

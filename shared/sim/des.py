@@ -64,6 +64,8 @@ class SimConfig:
     """The TAO pipeline's control-loop latency (:class:`ControlLatency`; :data:`INSTANT` for
     none)."""
     ta_interval_s: float = 5.0
+    ta_decay_half_life_s: float | None = None
+    """``thunderagent-decay``'s half-life, s (None: the code's 1 s, ``DECAY_HALF_LIFE_S``)."""
     sample_s: float = 1.0
     target_utilisation: float = 1.0
     budget: int = DEFAULT_BUDGET

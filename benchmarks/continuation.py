@@ -3,9 +3,10 @@
 Each live session has a conversation of ``--turns`` turns (a shared system prompt of
 ``--system-chars`` characters, then user messages, assistant answers, tool calls and results
 of ``--turn-chars`` characters each) and one remembered tip. A lookup is what the gateway does
-for a request that names no session: read the body's items (:func:`chat_items`), hash the chain
-(:func:`chain`) and claim the longest tip (:meth:`Continuations.claim`); after the answer it
-records the new tip (:meth:`Continuations.answered`, timed with the lookup). Half the lookups
+for a request that names no session: read the body's items (:func:`chat_items`), hash its exact
+and loose chains (:func:`~services.gateway.continuation.conversation`) and claim a tip
+(:meth:`Continuations.claim`: exact positions, then loose ones); after the answer it records the
+new tip (:meth:`Continuations.answered`, timed with the lookup). Half the lookups
 continue a live session, half are new conversations sharing only the system prompt (no tip:
 the worst case, every position is looked up).
 
@@ -25,13 +26,8 @@ import time
 import tracemalloc
 from typing import Any
 
-from services.gateway.continuation import (
-    Continuations,
-    answer_items,
-    chain,
-    chat_items,
-    root,
-)
+from services.gateway.continuation import Continuations, answer_items, chat_items
+from services.gateway.continuation import conversation as chains
 
 
 def _text(rng: random.Random, chars: int) -> str:
@@ -70,13 +66,12 @@ def main(argv: list[str] | None = None) -> None:
     ]
     tracemalloc.start()
     index = Continuations(ttl_s=1e9, max_sessions=args.sessions * 2)
-    start = root(None)
     for s, messages in enumerate(bodies):
         index.begin(None, f"s{s}", 0.0)
-        end = chain(start, chat_items({"messages": messages}))[-1]
+        asked = chains(None, chat_items({"messages": messages}))
+        assert asked is not None
         answer = _text(rng, args.turn_chars // 4)
-        tip = chain(end, answer_items(answer, []))[-1]
-        index.answered(f"s{s}", tip, 0.0)
+        index.answered(f"s{s}", asked.tip(answer_items(answer, [])), 0.0)
         messages.append({"role": "assistant", "content": answer})
     memory = tracemalloc.get_traced_memory()[0]
     tracemalloc.stop()
@@ -94,10 +89,11 @@ def main(argv: list[str] | None = None) -> None:
         else:
             body = {"messages": conversation(rng, system, rng.randint(1, args.turns), 64)}
         t0, c0 = time.perf_counter(), time.thread_time()
-        hashes = chain(start, chat_items(body))
-        got = index.claim(None, hashes, 1.0)
+        asked = chains(None, chat_items(body))
+        assert asked is not None
+        got = index.claim(None, asked.exact, 1.0, asked.loose)
         if got is not None:
-            index.answered(got, chain(hashes[-1], answer_items("ok", []))[-1], 1.0)
+            index.answered(got, asked.tip(answer_items("ok", [])), 1.0)
         cpu.append(time.thread_time() - c0)
         times.append(time.perf_counter() - t0)
         if got is not None:

@@ -17,8 +17,10 @@ responses      ``/v1/responses``          OpenAI      headers, body ``session_id
 =============  =========================  ==========  ===============================  =========
 
 The headers are ``X-Claude-Code-Session-Id``, ``X-Session-ID``, ``x-session-affinity``,
-``X-SMG-Routing-Key`` and Codex's ``session-id`` / ``session_id``, in that order; the body's
-``session_id`` is OpenRouter's field (Cline's OpenRouter provider) (:mod:`.requests`, which
+``X-SMG-Routing-Key``, ``X-Dynamo-Session-ID``, Codex's ``session-id`` / ``session_id`` and
+AIPerf's ``X-Correlation-ID``, in that order; the body's ``session_id`` is OpenRouter's field
+(Cline's OpenRouter provider), ``conversation_id`` vLLM's multi-turn benchmark's
+(:mod:`.requests`, which
 also reads the parent session and the harness). With none of them, chat, messages and responses
 requests join the session their conversation continues (:meth:`Api.items`,
 :mod:`.continuation`).
@@ -41,6 +43,7 @@ from services.gateway.anthropic import (
     read_message_body,
 )
 from services.gateway.continuation import Item, anthropic_items, chat_items, responses_items
+from services.gateway.ids import check_ids
 from services.gateway.openai_responses import (
     ResponsesStreamStats,
     describe_responses,
@@ -152,7 +155,8 @@ class Api(Protocol):
         previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
         """The session id and its source (:func:`.requests.session_identity`); ``previous``
-        maps a served response id to its session."""
+        maps a served response id to its session. Every id the request names is checked
+        first (:func:`.ids.check_ids`: :class:`~.requests.BadRequest` for a bad one)."""
         ...
 
     def items(self, body: Mapping[str, Any]) -> list[Item] | None:
@@ -208,6 +212,7 @@ class OpenAIApi(_SameHarness):
         new_id: Callable[[], str],
         previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
+        check_ids(headers, body)
         return session_identity(headers, body, new_id)
 
     def items(self, body: Mapping[str, Any]) -> list[Item] | None:
@@ -258,6 +263,7 @@ class AnthropicApi(_SameHarness):
         previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
         claude = claude_session_id(body.get("metadata"))
+        check_ids(headers, body, claude_metadata=claude)
         return session_identity(headers, body, new_id, claude_metadata=claude)
 
     def items(self, body: Mapping[str, Any]) -> list[Item] | None:
@@ -306,6 +312,7 @@ class ResponsesApi(_SameHarness):
         new_id: Callable[[], str],
         previous: Callable[[str], str | None] | None = None,
     ) -> tuple[str, IdSource]:
+        check_ids(headers, body)
         return session_identity(headers, body, new_id, previous=previous)
 
     def items(self, body: Mapping[str, Any]) -> list[Item] | None:

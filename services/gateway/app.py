@@ -41,7 +41,13 @@ from services.gateway.connections import (
 )
 from services.gateway.domains import DomainRouter
 from services.gateway.gatewaykey import KeyPolicy
-from services.gateway.handlers import BusHandlers, HttpHandlers, decode_placement, ready_response
+from services.gateway.handlers import (
+    BusHandlers,
+    HttpHandlers,
+    bad_delete,
+    decode_placement,
+    ready_response,
+)
 from services.gateway.hook_limit import HookLimiter
 from services.gateway.hook_limit import session_of as hook_session
 from services.gateway.metrics import labelled_union
@@ -125,7 +131,12 @@ def create_app(
     app.router.add_get("/healthz", http.healthz)
     app.router.add_get("/readyz", http.readyz)
     app.router.add_get("/metrics", http.metrics)
-    limiter = HookLimiter(settings.hook_rate, settings.hook_burst)
+    limiter = HookLimiter(
+        settings.hook_rate,
+        settings.hook_burst,
+        tenant_rate=settings.hook_tenant_rate,
+        tenant_burst=settings.hook_tenant_burst,
+    )
     app[HOOKS] = hooks.install(app, bus, relay.auth, relay.metrics, limiter, relay.log)
     app.on_startup.append(_start)
     app.on_cleanup.append(_stop)
@@ -219,8 +230,11 @@ def create_domains_app(
         if caller is None:
             return first.unauthorized(CHAT, "delete")
         named = request.match_info["session_id"]
+        refused = bad_delete(first, named)
+        if refused is not None:
+            return refused
         session_id = caller.session(named)
-        for domain in router.for_session(session_id):
+        for domain in router.for_session(session_id, caller.name):
             relay = router.relays[domain]
             released = await relay.end_session(session_id)
             relay.log.info("session_deleted", session_id=session_id, held_released=released)

@@ -11,7 +11,9 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
                                   (409, error type "session_ended", each reported as
                                   SessionCancel reason "session_ended"), then SessionEnd is
                                   published; 200 with
-                                  {"id", "object": "session.deleted", "deleted": true}
+                                  {"id", "object": "session.deleted", "deleted": true};
+                                  400 for an id over 512 characters or with a control
+                                  character (:mod:`.ids`), nothing ended
     GET    /healthz               liveness: {"status": "ok", "gateway_id", "held", "admitted"}
     GET    /readyz                readiness (:mod:`.ready`): 200 {"status": "ready", ...} once
                                   the planner is warm and planning and a node is healthy,
@@ -28,8 +30,10 @@ Request headers read by the model endpoints:
 
     X-Session-ID      the session id. First of: (/v1/messages) Claude Code's
                       ``metadata.user_id``, ``X-Claude-Code-Session-Id``, ``X-Session-ID``,
-                      OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``, Codex's
-                      ``session-id`` / ``session_id``, the body's ``session_id`` (OpenRouter's),
+                      OpenCode's ``x-session-affinity``, ``X-SMG-Routing-Key``,
+                      ``X-Dynamo-Session-ID``, Codex's ``session-id`` / ``session_id``,
+                      AIPerf's ``X-Correlation-ID``, the body's ``session_id`` (OpenRouter's)
+                      and ``conversation_id`` (vLLM's multi-turn benchmark),
                       (/v1/responses) ``previous_response_id``'s session, the body's
                       ``user``, ``program_id``; none: the session the conversation
                       continues, else a new one (:mod:`.requests`, :mod:`.continuation`)
@@ -60,14 +64,15 @@ import aiohttp
 import orjson
 from aiohttp import web
 
-from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES
+from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES, openai_error
 from services.gateway.cluster_metrics import cluster_lines
+from services.gateway.ids import id_problem
 from services.gateway.ready import readiness
 from services.gateway.relay import Relay
 from shared.contracts import DecodeError, NodeStatus, Placement, SessionEnd, decode
 from shared.infra.busapi import Delivery
 
-__all__ = ["BusHandlers", "HttpHandlers", "decode_placement", "ready_response"]
+__all__ = ["BusHandlers", "HttpHandlers", "bad_delete", "decode_placement", "ready_response"]
 
 MODELS_TIMEOUT_S = 2.0
 
@@ -78,6 +83,16 @@ def decode_placement(data: bytes) -> Placement:
     if placement.kind == "admit" and not placement.node_id:
         raise DecodeError("Placement", "admit without node_id")
     return placement
+
+
+def bad_delete(relay: Relay, named: str) -> web.Response | None:
+    """400 for a ``DELETE /v1/sessions/{id}`` whose id is no id (:mod:`.ids`: too long, a
+    control character), counted as ``outcome="bad_request"``; ``None`` for a good one."""
+    problem = id_problem(named)
+    if problem is None:
+        return None
+    relay.metrics.requests.inc(endpoint="delete", outcome="bad_request")
+    return openai_error(400, f"session id {problem}", "invalid_request_error")
 
 
 def ready_response(gateway_id: str, reason: str | None, detail: dict[str, object]) -> web.Response:
@@ -112,6 +127,9 @@ class HttpHandlers:
         if caller is None:
             return self.relay.unauthorized(CHAT, "delete")
         named = request.match_info["session_id"]
+        refused = bad_delete(self.relay, named)
+        if refused is not None:
+            return refused
         session_id = caller.session(named)
         released = await self.relay.end_session(session_id)
         self.relay.log.info("session_deleted", session_id=session_id, held_released=released)

@@ -12,7 +12,10 @@ With a tenants file (``TAO_TENANTS_FILE``, :mod:`.auth`) a post needs a hook tok
 (``Authorization: Bearer <token>`` or ``X-TAO-Hook-Token``), else 401; the payload goes out
 with the token's tenant in the ``Tao-Tenant`` header, and the tools service serves its session
 ids as that tenant's. A session posting faster than ``TAO_HOOK_RATE`` (burst
-``TAO_HOOK_BURST``) gets 429 with ``Retry-After`` (:mod:`.hook_limit`). Counted in
+``TAO_HOOK_BURST``), or a tenant faster than ``TAO_HOOK_TENANT_RATE`` over all its sessions,
+gets 429 with ``Retry-After`` (:mod:`.hook_limit`). A payload whose session id is no id (over
+512 characters, or a control character: :mod:`.ids`) is 400 naming the field and the cap,
+before anything is kept for it. Counted in
 ``tao_gateway_hooks_total{result}``: ``forwarded``, ``dropped``, ``unauthorized``,
 ``not_found``, ``bad_request``, ``rate_limited``.
 
@@ -42,7 +45,8 @@ from structlog.typing import FilteringBoundLogger
 
 from services.gateway.auth import Auth
 from services.gateway.bodies import BodyRefused, body_limits, read_raw
-from services.gateway.hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, session_of
+from services.gateway.hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, named_session
+from services.gateway.ids import id_problem
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.requests import BadRequest, read_json
 from shared.contracts import subjects
@@ -57,7 +61,10 @@ __all__ = ["QUEUE_LIMIT", "HookForwarder", "hook_problem", "install", "read_capp
 
 QUEUE_LIMIT: Final = 4096
 _STOP_WAIT_S: Final = 2.0
-_RATE_LIMITED: Final = "too many hook events of this session (TAO_HOOK_RATE, TAO_HOOK_BURST)"
+_RATE_LIMITED: Final = (
+    "too many hook events of this session (TAO_HOOK_RATE, TAO_HOOK_BURST) or tenant "
+    "(TAO_HOOK_TENANT_RATE, TAO_HOOK_TENANT_BURST)"
+)
 _NEEDS_TOKEN: Final = (
     "a valid hook token is required (Authorization: Bearer <token>, or X-TAO-Hook-Token)"
 )
@@ -114,7 +121,12 @@ class HookForwarder:
             if problem is not None:
                 self._count("bad_request")
                 return _error(400, "invalid_request_error", problem)
-        wait = self.limiter.take((caller.name, token, session_of(body)), at)
+        field, session = named_session(body)
+        problem = id_problem(session) if session else None
+        if problem is not None:  # refused before any bucket is kept for it
+            self._count("bad_request")
+            return _error(400, "invalid_request_error", f"hook '{field}' {problem}")
+        wait = self.limiter.take((caller.name, token, session), at)
         if wait > 0:
             self._count("rate_limited")
             return web.json_response(

@@ -21,7 +21,8 @@ request and answer it extends, else starts a new one that stays open for its con
 (:mod:`.continuation`): the relay claims the session's tip on arrival, and on the complete
 answer records the new tip (the request's chain followed by the answer's items), or gives the
 tip back when the request failed. The Responses ids it serves are remembered for
-``previous_response_id`` (:class:`.continuation.ResponseIds`).
+``previous_response_id`` (:class:`.response_ids.ResponseIds`); with named tenants a
+``previous_response_id`` this tenant was not served is answered 404 and never forwarded.
 
 A session not known as admitted from the placements is looked up in the state store on arrival
 and watched there while held (:mod:`.store_check`), so a missed placement never strands it.
@@ -61,13 +62,7 @@ from services.gateway.apis import Api, openai_error
 from services.gateway.auth import Auth, Caller
 from services.gateway.bodies import BODY_BYTES, BodyLimits, BodyReader, BodyRefused
 from services.gateway.calibration import PromptCalibration
-from services.gateway.continuation import (
-    Continuations,
-    ResponseIds,
-    answer_items,
-    chain,
-    root,
-)
+from services.gateway.continuation import Continuations, Conversation, answer_items, conversation
 from services.gateway.hold_budget import HoldBudget
 from services.gateway.holds import HoldEnded, Holds, HoldTimeout
 from services.gateway.hook_limit import retry_after
@@ -93,6 +88,7 @@ from services.gateway.requests import (
     harness_of,
     parent_session,
 )
+from services.gateway.response_ids import ResponseIds, not_found
 from services.gateway.store_check import STORE_RECHECK_S, StoreCheck
 from services.gateway.tokenids import TokenIdNodes, block_keys_of, rejects_field
 from shared.contracts import (
@@ -181,13 +177,19 @@ class Turn:
     tenant: str | None = None
     client_id: str = ""
     """The session's id as the client knows it (without the tenant's prefix)."""
-    chain_end: bytes | None = None
-    """The last hash of the request's conversation chain (:mod:`.continuation`), when the
-    session's continuation is tracked."""
+    chain_end: Conversation | None = None
+    """The request's conversation chains (:mod:`.continuation`), when the session's
+    continuation is tracked."""
     fresh: bool = False
     """A new unnamed session kept open for its continuation: it ends if this first turn fails."""
     transcribe: bool = False
     """Read the answer's words (continuation, or a Responses id to remember)."""
+
+
+def _conversation(tenant: str | None, api: Api, body: dict[str, Any]) -> Conversation | None:
+    """The request's conversation chains (work over every item: off the loop for a large body,
+    :meth:`.bodies.BodyReader.run`)."""
+    return conversation(tenant, api.items(body) or [])
 
 
 class Relay:
@@ -396,29 +398,33 @@ class Relay:
                 api.error(404, f"The model `{info.model}` does not exist.", "NotFoundError"),
             )
         tenant = caller.tenant.name if caller.tenant is not None else None
-        named_id, source = api.identity(
-            request.headers,
-            body,
-            lambda: GENERATED_PREFIX + self.new_id(),
-            lambda rid: self.response_ids.session(tenant, rid, self.clock()),
-        )
+        try:
+            named_id, source = api.identity(
+                request.headers,
+                body,
+                lambda: GENERATED_PREFIX + self.new_id(),
+                lambda rid: self.response_ids.session(tenant, rid, self.clock()),
+            )
+        except BadRequest as exc:  # an id too long or with a control character
+            return out.answer("bad_request", api.error(400, exc.message, "invalid_request_error"))
+        unknown = self._foreign_response(api, caller, tenant, body)
+        if unknown is not None:
+            return out.answer("response_not_found", unknown)
         session_id = caller.session(named_id)
-        chain_end: bytes | None = None
+        chain_end: Conversation | None = None
         fresh = False
         if source == "generated" and self.continuations is not None:
-            items = await self.bodies.run(request, api.items, body)
-            if items:
-                hashes = await self.bodies.run(request, chain, root(tenant), items)
-                chain_end = hashes[-1]
-                found = self.continuations.claim(tenant, hashes, self.clock())
+            chain_end = await self.bodies.run(request, _conversation, tenant, api, body)
+            if chain_end is not None:
+                found = self.continuations.claim(
+                    tenant, chain_end.exact, self.clock(), chain_end.loose
+                )
                 if found is not None:
                     session_id, source = found, "continued"
                     named_id = caller.client_id(found)
                 else:
                     fresh = True
                     self.continuations.begin(tenant, session_id, self.clock())
-                del hashes  # a held request keeps its chain's end, not the chain
-            del items
         try:
             return await self._session_turn(
                 request,
@@ -437,6 +443,21 @@ class Relay:
         finally:
             if chain_end is not None and not out.continuation_settled:
                 self._unsettled(session_id, fresh)
+
+    def _foreign_response(
+        self, api: Api, caller: Caller, tenant: str | None, body: dict[str, Any]
+    ) -> web.Response | None:
+        """404 for a Responses request's ``previous_response_id`` that this caller's tenant
+        was not served (with named tenants; :func:`.response_ids.not_found`), else ``None``:
+        the id goes on."""
+        previous = body.get("previous_response_id")
+        if api.name != "responses" or not caller.name:
+            return None
+        if not isinstance(previous, str) or not previous.strip():
+            return None
+        if self.response_ids.session(tenant, previous.strip(), self.clock()) is not None:
+            return None
+        return not_found(previous.strip())
 
     def _unsettled(self, session_id: str, fresh: bool) -> None:
         """A request whose continuation was tracked ended without a complete answer: a new
@@ -460,7 +481,7 @@ class Relay:
         named_id: str,
         source: IdSource,
         session_id: str,
-        chain_end: bytes | None,
+        chain_end: Conversation | None,
         fresh: bool,
     ) -> Answered:
         """The rest of :meth:`_handle`, once the session is known."""
@@ -492,7 +513,11 @@ class Relay:
             model=info.model,
             arrived_at=self.clock(),
             gateway_id=self.settings.gateway_id,
-            prompt_tokens_estimate=self.calibration.scale(info.model, info.prompt_tokens_estimate),
+            prompt_tokens_estimate=self.calibration.scale(
+                info.model,
+                info.prompt_tokens_estimate,
+                caller.tenant.name if caller.tenant else None,
+            ),
             messages_count=info.messages_count,
             stream=info.stream,
             max_tokens=info.max_tokens,
@@ -684,7 +709,10 @@ class Relay:
         report_now()
         if done.error is None:
             self.calibration.observe(
-                info.model, info.prompt_tokens_estimate, done.stats.usage.prompt_tokens
+                info.model,
+                info.prompt_tokens_estimate,
+                done.stats.usage.prompt_tokens,
+                turn.tenant,
             )
         await asyncio.shield(reported[0])
         return Answered(response)
@@ -701,8 +729,7 @@ class Relay:
             return
         turn.outcome.continuation_settled = True
         if ok:
-            items = answer_items(answer.text, answer.calls)
-            tip = chain(turn.chain_end, items)[-1] if items else turn.chain_end
+            tip = turn.chain_end.tip(answer_items(answer.text, answer.calls))
             self.continuations.answered(turn.session_id, tip, now)
         elif not turn.fresh:
             self.continuations.release(turn.session_id, now)

@@ -10,25 +10,32 @@
      ``extra_headers``, any client; OpenCode 1.x sends it itself as ``X-Session-Id``);
   4. header ``x-session-affinity`` (OpenCode 1.x, for providers other than its own);
   5. header ``X-SMG-Routing-Key`` (SGLang's model gateway routes a conversation by it);
-  6. header ``session-id``, then ``session_id`` (Codex CLI: its conversation id on every
+  6. header ``X-Dynamo-Session-ID`` (NVIDIA Dynamo's session header; AIPerf sends it, set to
+     its per-conversation correlation id, for Dynamo; docs/harnesses.md);
+  7. header ``session-id``, then ``session_id`` (Codex CLI: its conversation id on every
      Responses request; 0.171.0 sends ``session-id`` and ``thread-id``, captured by
      tests/harness; earlier releases ``session_id``, codex-rs/codex-api/src/requests/headers.rs
      ``build_conversation_headers``);
-  7. the body's ``session_id`` (OpenRouter's session field, the body form of its
+  8. header ``X-Correlation-ID`` (AIPerf: one id per conversation, the same on all its turns;
+     last among the headers, as other clients may send one per request);
+  9. the body's ``session_id`` (OpenRouter's session field, the body form of its
      ``x-session-id`` header; Cline's OpenRouter provider sends its session id there on every
-     request, docs/harnesses.md "Cline"); a string, else 400 (:data:`FIELD_TYPES`);
-  8. ``previous_response_id`` (``/v1/responses``): the session of the response it names,
+     request, docs/harnesses.md "Cline"), then the body's ``conversation_id`` (vLLM's
+     multi-turn benchmark with ``--send-conversation-id``); strings, else 400
+     (:data:`FIELD_TYPES`);
+  10. ``previous_response_id`` (``/v1/responses``): the session of the response it names,
      which the gateway remembers for every response it served (:class:`ResponseIds`);
-  9. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field);
-  10. the conversation itself: a request that extends a live session's last request and answer
+  11. the body's ``user`` (OpenAI's end-user field), then ``program_id`` (ThunderAgent's field);
+  12. the conversation itself: a request that extends a live session's last request and answer
       joins that session (:mod:`.continuation`; the relay asks it, source ``continued``);
-  11. none: a new session under a generated id. One whose conversation can be continued
+  13. none: a new session under a generated id. One whose conversation can be continued
       (chat, messages, responses) stays open for its continuation, and ends by TAO's idle
       timeout; one that cannot (``/v1/completions``) is one-turn, ended after its response.
 
   Claude Code's ids come first because its hook payloads report that same uuid, so requests
   and tool events meet in one session even when a client also sets ``X-Session-ID``. Explicit
-  ids (1-9) always win over content (10). Where a new key goes: a header among the headers,
+  ids (1-11) always win over content (12). Every id is checked before any is used
+  (:mod:`.ids`: length, control characters). Where a new key goes: a header among the headers,
   a body field after them, a per-conversation id before an end-user one (``user``). OpenAI's
   ``prompt_cache_key`` is not read: it names a cached prefix, which OpenAI's docs advise
   sharing across requests with a common prefix (docs/harnesses.md).
@@ -90,8 +97,13 @@ __all__ = [
     "CLAUDE_AGENT_HEADER",
     "CLAUDE_SESSION_HEADER",
     "CODEX_SESSION_HEADER",
+    "CONVERSATION_FIELD",
+    "CORRELATION_HEADER",
+    "DYNAMO_SESSION_HEADER",
     "FIELD_TYPES",
     "HARNESS_HEADER",
+    "ID_BODY_FIELDS",
+    "ID_HEADERS",
     "MAX_BODY_DEPTH",
     "MAX_HARNESS_CHARS",
     "MAX_ID_CHARS",
@@ -124,10 +136,14 @@ PARENT_HEADER: Final = "x-parent-session-id"
 CLAUDE_AGENT_HEADER: Final = "x-claude-code-agent-id"
 HARNESS_HEADER: Final = "X-TAO-Harness"
 SMG_HEADER: Final = "X-SMG-Routing-Key"
+DYNAMO_SESSION_HEADER: Final = "X-Dynamo-Session-ID"
+CORRELATION_HEADER: Final = "X-Correlation-ID"
 CODEX_SESSION_HEADER: Final = "session-id"
 CODEX_LEGACY_SESSION_HEADER: Final = "session_id"
 SESSION_FIELD: Final = "session_id"
 """The body field that names a session (OpenRouter's; sent by Cline's OpenRouter provider)."""
+CONVERSATION_FIELD: Final = "conversation_id"
+"""The body field vLLM's multi-turn benchmark names its conversation with."""
 MAX_HARNESS_CHARS: Final = 128
 MAX_ID_CHARS: Final = 512
 """Longest parent session id read (a subject token's limit, ``subjects.MAX_TOKEN_LEN``)."""
@@ -143,7 +159,7 @@ AGENT_HARNESSES: Final = (
 (tests/harness)."""
 CHARS_PER_TOKEN: Final = 4
 _KEEP_PRIVATE: Final = frozenset({"tao_script"})
-_GATEWAY_FIELDS: Final = frozenset({"program_id", SESSION_FIELD})
+_GATEWAY_FIELDS: Final = frozenset({"program_id", SESSION_FIELD, CONVERSATION_FIELD})
 """Body fields the gateway reads and the node does not: removed upstream."""
 
 IdSource = Literal[
@@ -154,16 +170,21 @@ IdSource = Literal[
     "claude_header",
     "affinity",
     "smg",
+    "dynamo",
     "codex",
+    "correlation",
     "session_field",
+    "conversation_field",
     "previous_response",
     "continued",
     "generated",
 ]
 """Where a session id came from; ``metadata`` / ``claude_header``: Claude Code's
 ``metadata.user_id`` / ``X-Claude-Code-Session-Id`` (:mod:`.anthropic`); ``affinity``:
-OpenCode's ``x-session-affinity``; ``smg``: ``X-SMG-Routing-Key``; ``codex``: Codex's
-``session_id`` header; ``session_field``: the body's ``session_id``; ``previous_response``: a
+OpenCode's ``x-session-affinity``; ``smg``: ``X-SMG-Routing-Key``; ``dynamo``:
+``X-Dynamo-Session-ID``; ``codex``: Codex's ``session_id`` header; ``correlation``:
+``X-Correlation-ID``; ``session_field`` / ``conversation_field``: the body's ``session_id`` /
+``conversation_id``; ``previous_response``: a
 served response's session; ``continued``: the conversation's content (:mod:`.continuation`)."""
 
 
@@ -215,6 +236,7 @@ FIELD_TYPES: Final[tuple[tuple[str, str, Callable[[object], bool]], ...]] = (
     ("max_completion_tokens", f"an integer from 1 to {_INT64 - 1}", _positive_int),
     ("user", "a string", lambda v: type(v) is str),
     (SESSION_FIELD, "a string", lambda v: type(v) is str),
+    (CONVERSATION_FIELD, "a string", lambda v: type(v) is str),
     ("program_id", "a string or an integer", _session_name),
     ("metadata", "an object", lambda v: type(v) is dict),
     ("return_token_ids", "a boolean (true or false)", lambda v: type(v) is bool),
@@ -437,9 +459,10 @@ def _named_session(
         value = header(headers, name)
         if value:
             return value, source
-    named = body.get(SESSION_FIELD)
-    if isinstance(named, str) and named.strip():
-        return named.strip(), "session_field"
+    for field, field_source in _ID_FIELDS:
+        named = body.get(field)
+        if isinstance(named, str) and named.strip():
+            return named.strip(), field_source
     chained = body.get("previous_response_id")
     if previous is not None and isinstance(chained, str) and chained.strip():
         found = previous(chained.strip())
@@ -459,9 +482,19 @@ _ID_HEADERS: Final[tuple[tuple[str, IdSource], ...]] = (
     (SESSION_HEADER, "header"),
     (AFFINITY_HEADER, "affinity"),
     (SMG_HEADER, "smg"),
+    (DYNAMO_SESSION_HEADER, "dynamo"),
     (CODEX_SESSION_HEADER, "codex"),
     (CODEX_LEGACY_SESSION_HEADER, "codex"),
+    (CORRELATION_HEADER, "correlation"),
 )
+ID_HEADERS: Final = tuple(name for name, _ in _ID_HEADERS)
+"""The headers that name a session, in the order they are read."""
+_ID_FIELDS: Final[tuple[tuple[str, IdSource], ...]] = (
+    (SESSION_FIELD, "session_field"),
+    (CONVERSATION_FIELD, "conversation_field"),
+)
+ID_BODY_FIELDS: Final = (SESSION_FIELD, CONVERSATION_FIELD, "user", "program_id")
+"""The body fields that name a session (``previous_response_id`` names a response)."""
 _CLAUDE_SOURCES: Final = frozenset({"metadata", "claude_header"})
 
 
@@ -486,12 +519,7 @@ def harness_from_agent(headers: Mapping[str, str]) -> str | None:
 
 
 _READ_HEADERS: Final = (
-    CLAUDE_SESSION_HEADER,
-    SESSION_HEADER,
-    AFFINITY_HEADER,
-    SMG_HEADER,
-    CODEX_SESSION_HEADER,
-    CODEX_LEGACY_SESSION_HEADER,
+    *ID_HEADERS,
     PARENT_HEADER,
     CLAUDE_AGENT_HEADER,
     HARNESS_HEADER,

@@ -12,10 +12,10 @@ move on JetStream and the ``Plan`` on core NATS, and logs one line.
 
 With ``thunderagent`` or ``thunderagent-ideal`` (:data:`THUNDERAGENT_POLICIES`) the snapshot
 drives ThunderAgent's state machine instead (:mod:`services.planner.thunder` over
-:mod:`shared.core.thunder`, the one the simulator runs): no solve; its resumes are the admits
-and its pauses the interrupts of one decision (same atomic apply, same version checks), and its
-forced resumes (1800 s of waiting) are admitted before it, outside the capacity-checked apply
-(:meth:`Planner._force_resume`).
+:mod:`shared.core.thunder`, the one the simulator runs): no solve; its pauses are the
+interrupts of one decision (the same atomic apply and version checks), and its resumes and
+forced resumes (1800 s of waiting) are admitted by its own accounting, outside the
+capacity-checked apply (:mod:`services.planner.thunder_apply`), as ThunderAgent's are.
 """
 
 from __future__ import annotations
@@ -31,14 +31,15 @@ from structlog.typing import FilteringBoundLogger
 
 from services.planner.mapping import from_wire, held_from_wire
 from services.planner.thunder import Held, TAStep, ThunderState, is_thunderagent
+from services.planner.thunder_apply import admit_unchecked
 from shared.contracts import subjects
 from shared.contracts.codec import decode, encode
 from shared.contracts.plan import Placement, PlacementKind, Plan, WireAssignment, WireObjective
 from shared.contracts.valuation import ValuationSnapshot
 from shared.contracts.wake import WAKE_REPLAN, wake_for
+from shared.core.explain import round_fields
 from shared.core.policies.base import PlanOptions, Policy
 from shared.core.problem import ZERO, PlanDiagnostics, PlanResult
-from shared.core.session import Session, admit
 from shared.core.thunder import SCHEDULER_INTERVAL_S
 from shared.core.tick import Applied, Decision, Move, TickSnapshot, decide
 from shared.infra import tracing
@@ -47,7 +48,7 @@ from shared.infra.lease import Leadership
 from shared.infra.signing import PlacementSigner
 from shared.infra.store_types import StateStore
 
-__all__ = ["Planner", "Snapshot", "decode_snapshot", "plan_msg"]
+__all__ = ["Planner", "Snapshot", "decode_snapshot", "measured_used", "plan_msg"]
 
 _tracer = tracing.tracer("services.planner")
 
@@ -61,6 +62,8 @@ class Snapshot(NamedTuple):
     capacity: Mapping[str, int]
     held: tuple[Held, ...] | None = None
     healthy: Mapping[str, bool] | None = None
+    used: Mapping[str, int | None] | None = None
+    """Each node's KV in use where it measures shared tokens (:func:`measured_used`)."""
 
 
 def decode_snapshot(data: bytes) -> Snapshot:
@@ -71,7 +74,18 @@ def decode_snapshot(data: bytes) -> Snapshot:
         {nd.id: nd.capacity for nd in msg.nodes},
         held_from_wire(msg),
         {nd.id: nd.healthy for nd in msg.nodes},
+        {nd.id: measured_used(nd.used, nd.running, nd.waiting) for nd in msg.nodes},
     )
+
+
+def measured_used(used: int, running: int, waiting: int) -> int | None:
+    """A node's KV in use as ``thunderagent-ideal``'s shared-token measure, or None (no
+    measure: shared 0, vllm_metrics.py:305–306) while the engine queues requests (then some
+    forwarded requests hold no KV, and the planner cannot tell which) or reports 0 while it
+    runs requests (no usage metric)."""
+    if waiting > 0 or (used == 0 and running > 0):
+        return None
+    return used
 
 
 def plan_msg(d: Decision, policy: str, elapsed_ms: float) -> Plan:
@@ -99,18 +113,6 @@ def _thunder_decision(tick: int, ta: TAStep, policy: str) -> Decision:
         (), ZERO, False, policy, diagnostics=PlanDiagnostics(marked=ta.marked, checked=ta.checked)
     )
     return Decision(tick, ta.pauses, admits, result)
-
-
-def _force(m: Move, at: float) -> Callable[[Session | None], tuple[Session | None, bool]]:
-    """Admit ``m`` regardless of capacity if the session is still pooled at the version the
-    snapshot saw (the signature check of DESIGN 3.4); the flag says it was admitted."""
-
-    def step(s: Session | None) -> tuple[Session | None, bool]:
-        if s is None or s.version != m.version or not s.pooled:
-            return None, False
-        return admit(s, m.node, m.weight, at), True
-
-    return step
 
 
 PUBLISH_WINDOW: Final = 256
@@ -233,17 +235,19 @@ class Planner:
     async def _plan(self, snap: Snapshot, epoch: int) -> Applied | None:
         core = snap.core
         forced: Applied | None = None
+        direct: tuple[Move, ...] = ()
         ta = TAStep()
         t_started = time.time()
         if self.thunder is not None:
             t0 = time.perf_counter()
-            ta = self.thunder.step(core, snap.capacity, snap.held, snap.healthy)
+            ta = self.thunder.step(core, snap.capacity, snap.held, snap.healthy, snap.used)
             elapsed_ms = (time.perf_counter() - t0) * 1000.0
             forced = await self._force_resume(core.tick, ta)
             if not core.candidates and not ta.pauses and not ta.admits:
                 self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="no move")
                 return forced
             decision = _thunder_decision(core.tick, ta, self.policy.name)
+            direct, decision = decision.admits, replace(decision, admits=())
         else:
             if not (core.candidates or core.overflow or core.pressure or core.stranded):
                 self.log.info("plan_tick", tick=core.tick, candidates=0, skipped="empty pool")
@@ -254,13 +258,21 @@ class Planner:
             else:
                 decision = await anyio.to_thread.run_sync(self._solve, core, limiter=self.limiter)
             elapsed_ms = (time.perf_counter() - t0) * 1000.0
-        shown = decision
+        shown = replace(decision, admits=direct) if direct else decision
         if forced is not None and forced.admitted:
-            shown = replace(decision, admits=forced.admitted + decision.admits)
+            shown = replace(shown, admits=forced.admitted + shown.admits)
         r = decision.result
         tao_family = self.policy.name.startswith("tao")  # only the DP has a fallback
         with anyio.CancelScope(shield=True):  # a stop between apply and publish loses placements
             applied = await self.store.apply(decision, self.clock(), epoch=epoch)
+            if direct and not applied.fenced and self.can_plan:
+                more = await admit_unchecked(self.store, direct, self.clock())
+                applied = replace(
+                    applied,
+                    discarded=applied.discarded and not more.admitted,
+                    admitted=applied.admitted + more.admitted,
+                    sessions={**applied.sessions, **more.sessions},
+                )
             placed = await self._publish_placements(core.tick, applied)
         # The plan before the replan and the bookkeeping: the valuation re-reads the sessions it
         # names at its next tick (it reuses the rest of its pool, services/valuation/handlers.py)
@@ -276,6 +288,8 @@ class Planner:
         if self.thunder is not None and not applied.discarded:
             self.thunder.applied(applied.sessions)
         _trace_plan(core.tick, self.policy.name, decision, applied, t_started, elapsed_ms)
+        if decision.record is not None and decision.record.entries:
+            self.log.info("plan_round", **round_fields(decision.record, applied))
         self.log.info(
             "plan_tick",
             tick=core.tick,
@@ -312,17 +326,12 @@ class Planner:
         admit placement each; a refused one keeps its clock and is retried next snapshot."""
         if not ta.forced:
             return None
-        at = self.clock()
-        healthy = {nd.id for nd in await self.store.nodes() if nd.healthy}
-        moves = [m for m in ta.forced if m.node in healthy]
         with anyio.CancelScope(shield=True):
-            out = await self.store.update_sessions_with([(m.session, _force(m, at)) for m in moves])
-            done = tuple(m for m, (_, ok) in zip(moves, out, strict=True) if ok)
-            recs = {m.session: rec for m, (rec, ok) in zip(moves, out, strict=True) if ok and rec}
-            applied = Applied(discarded=False, admitted=done, sessions=recs)
+            applied = await admit_unchecked(self.store, ta.forced, self.clock())
             await self._publish_placements(tick, applied)
+        done, recs = applied.admitted, applied.sessions
         if done:
-            await self.store.incr(sessions_admitted=len(done), forced_resumes=len(done))
+            await self.store.incr(forced_resumes=len(done))
         if self.thunder is not None:
             self.thunder.applied(recs)
         self.log.info(
@@ -419,7 +428,8 @@ def _trace_plan(
     tick: int, policy: str, decision: Decision, applied: Applied, started: float, solve_ms: float
 ) -> None:
     """One ``tao.plan`` span (shared.infra.tracing): the decision's solve, with the sessions it
-    admitted and interrupted (the correlation keys with the gateway's turns)."""
+    admitted and interrupted (the correlation keys with the gateway's turns) and one event per
+    admit and release of its round record, with the rule and the price."""
     r = decision.result
     span = _tracer.start_span(
         "tao.plan",
@@ -432,6 +442,21 @@ def _trace_plan(
             "tao.discarded": applied.discarded,
             "tao.admitted": [m.session for m in applied.admitted],
             "tao.interrupted": [m.session for m in applied.interrupted],
+            "tao.rules": "" if decision.record is None else decision.record.rules,
         },
     )
+    if decision.record is not None:  # each admit and release, with its rule and price
+        for e in decision.record.entries:
+            if e.kind in ("admit", "release"):
+                span.add_event(
+                    f"tao.{e.kind}",
+                    attributes={
+                        "tao.session": e.session,
+                        "tao.node": e.node,
+                        "tao.rule": e.rule,
+                        "tao.gain_s": e.gain_s,
+                        "tao.cost_s": e.cost_s,
+                        "tao.for": e.for_session,
+                    },
+                )
     span.end(end_time=int((started + solve_ms / 1000.0) * 1e9))

@@ -6,7 +6,10 @@ before calling :func:`shared.core.tick.decide`. Field by field:
 
     TickSnapshot.nodes (Node id, free, load), capacity[id], running[id]
                                                ↔ WireNodeView(id, free, load, capacity, healthy,
-                                                  overflow, running, pressure)
+                                                  overflow, running, pressure, used,
+                                                  waiting, cost)
+    TickSnapshot.costs[id]                     ↔ WireNodeView.cost (WireNodeCost)
+    TickSnapshot.rules                         ↔ ValuationSnapshot.rules
     TickCandidate(id, version, weight, tokens, ready, credit, eligible, digest, phase,
                   waiting_since, home)
                                                ↔ WireCandidate(..., signature=WireSignature(id,
@@ -37,10 +40,12 @@ from shared.contracts.valuation import (
     ValuationSnapshot,
     WireCandidate,
     WireInterruptCandidate,
+    WireNodeCost,
     WireNodeView,
     WireSignature,
 )
 from shared.core import interrupt as core_interrupt
+from shared.core.nodecost import CostSource, NodeCost
 from shared.core.problem import Node, Phase
 from shared.core.tick import TickCandidate, TickSnapshot
 from shared.core.valuation import NodeView
@@ -72,6 +77,9 @@ def to_wire(
                 overflow=snapshot.overflow.get(nd.id, 0),
                 running=snapshot.running.get(nd.id, 0),
                 pressure=snapshot.pressure.get(nd.id, 0),
+                used=v.used if v is not None else 0,
+                waiting=v.waiting if v is not None else 0,
+                cost=_cost_to_wire(snapshot.costs.get(nd.id)),
             )
         )
     cands = [
@@ -114,7 +122,43 @@ def to_wire(
         candidates=cands,
         interrupt_candidates=inter,
         admitted=None if admitted is None else [_held_to_wire(h) for h in admitted],
+        rules=snapshot.rules,
     )
+
+
+def _cost_to_wire(c: NodeCost | None) -> WireNodeCost | None:
+    if c is None:
+        return None
+    return WireNodeCost(
+        prefill_s=c.prefill_s,
+        attn_s=c.attn_s,
+        requeue_s=c.requeue_s,
+        load_s=c.load_s,
+        source=c.source,
+        observed_tokens=c.observed_tokens,
+    )
+
+
+_SOURCES: Final[frozenset[str]] = frozenset(("profile", "measured", "pinned"))
+
+
+def _cost_from_wire(node: str, c: WireNodeCost) -> NodeCost:
+    if c.source not in _SOURCES:
+        raise DecodeError(
+            "ValuationSnapshot",
+            f"nodes[{node!r}].cost.source: must be one of {sorted(_SOURCES)}, got {c.source!r}",
+        )
+    try:
+        return NodeCost(
+            c.prefill_s,
+            c.attn_s,
+            c.requeue_s,
+            c.load_s,
+            cast(CostSource, c.source),
+            max(0, c.observed_tokens),
+        )
+    except ValueError as e:
+        raise DecodeError("ValuationSnapshot", f"nodes[{node!r}].cost: {e}") from None
 
 
 def _held_to_wire(h: Held) -> AdmittedSession:
@@ -224,4 +268,6 @@ def from_wire(msg: ValuationSnapshot) -> TickSnapshot:
         running={nd.id: nd.running for nd in msg.nodes if nd.running > 0},
         pressure={nd.id: nd.pressure for nd in msg.nodes if nd.pressure > 0},
         unhealthy=frozenset(nd.id for nd in msg.nodes if not nd.healthy),
+        costs={nd.id: _cost_from_wire(nd.id, nd.cost) for nd in msg.nodes if nd.cost is not None},
+        rules=msg.rules,
     )

@@ -13,8 +13,8 @@ from shared.core.session import Session
 from shared.core.thunder import (
     BUFFER_PER_PROGRAM,
     FAITHFUL,
-    IDEAL,
     SCHEDULER_INTERVAL_S,
+    VARIANTS,
     WAIT_TIMEOUT_S,
     Program,
     ThunderAgent,
@@ -32,7 +32,7 @@ __all__ = [
     "is_thunderagent",
 ]
 
-THUNDERAGENT_POLICIES: Final[frozenset[str]] = frozenset({FAITHFUL.name, IDEAL.name})
+THUNDERAGENT_POLICIES: Final[frozenset[str]] = frozenset(VARIANTS)
 """Policies the live planner runs with the ThunderAgent state machine (the valuation then
 publishes every tick and lists the admitted sessions outside a tool)."""
 
@@ -114,14 +114,28 @@ class ThunderState:
     variant: Variant = FAITHFUL
     ta: ThunderAgent | None = None
     last_check: float | None = None
+    last_seen: float | None = None
+    """The previous snapshot's time: the gap to it is the snapshot period (:meth:`due`)."""
     busy: dict[str, bool] = field(default_factory=dict)
     waiting: dict[str, float] = field(default_factory=dict)
     written: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def for_policy(cls, policy: str, interval_s: float = SCHEDULER_INTERVAL_S) -> ThunderState:
-        """The state for ``thunderagent`` or ``thunderagent-ideal`` (``ValueError`` else)."""
+        """The state for a ThunderAgent policy (``ValueError`` for another name)."""
         return cls(variant_for(policy, interval_s))
+
+    def due(self, now: float) -> bool:
+        """Whether the periodic check runs on the snapshot at ``now``: the first one, then the
+        snapshot nearest to ``interval_s`` after the last check. ThunderAgent sleeps the
+        interval between checks (router.py:660–665); checks only land on snapshots, so
+        waiting for the first snapshot *at or after* the interval made the period the interval
+        plus up to one snapshot gap (1 s checks ran every 2 s on 1 s snapshots). Half the
+        last gap early keeps the mean period at the interval."""
+        if self.last_check is None:
+            return True
+        gap = 0.0 if self.last_seen is None else max(0.0, now - self.last_seen)
+        return now - self.last_check + gap / 2 >= self.variant.interval_s
 
     @property
     def marked(self) -> set[str]:
@@ -134,11 +148,15 @@ class ThunderState:
         capacity: Mapping[str, int],
         held: Sequence[Held] | None,
         healthy: Mapping[str, bool] | None = None,
+        used: Mapping[str, int | None] | None = None,
     ) -> TAStep:
         """Sync the machine from ``snap``, run the check when due, collect the moves.
 
         ``held`` ``None`` (a valuation not running a ThunderAgent policy) counts as no admitted
-        session outside a tool."""
+        session outside a tool. ``used``: each node's KV in use (telemetry's
+        ``kv_cache_usage_perc`` × capacity; None: not measurable now), the check's fresh
+        metrics for ``thunderagent-ideal``'s shared tokens, over the programs whose requests
+        the engine runs (the held sessions ``running`` there)."""
         now = snap.now
         if self.ta is None:
             self.ta = ThunderAgent(capacity=dict(capacity), variant=self.variant)
@@ -148,26 +166,33 @@ class ThunderState:
         seen = _observe(snap, held or ())
         pauses: list[Move] = []
         admits: list[Move] = []
-        event = self._sync(seen, pauses, admits)
+        event = self._sync(seen, pauses, admits, now)
         forced = self._forced(seen, snap, now)
         marked: list[str] = []
-        checked = self.last_check is None or now - self.last_check >= self.variant.interval_s
+        checked = self.due(now)
+        self.last_seen = now
         if checked:
             self.last_check = now
-            check = ta.check()
+            holding: dict[str, set[str]] = {}
+            for h in held or ():
+                if h.activity == "running":
+                    holding.setdefault(h.node, set()).add(h.id)
+            check = ta.check(now, used, holding)
             self._moves(check.resumed, seen, admits)
             self._pauses(check.paused, seen, pauses)
             marked = list(check.marked)
             event = event or bool(check.paused)
         if self.variant.resume_on_event and event and ta.queue:
-            self._moves(ta.resume().resumed, seen, admits)
+            self._moves(ta.resume(now).resumed, seen, admits)
         paused = {m.session for m in pauses}
         admits = [m for m in admits if m.session not in paused]
         return TAStep(tuple(pauses), tuple(admits), forced, tuple(marked), checked)
 
     # -- sync ----------------------------------------------------------------------------
 
-    def _sync(self, seen: Mapping[str, _Seen], pauses: list[Move], admits: list[Move]) -> bool:
+    def _sync(
+        self, seen: Mapping[str, _Seen], pauses: list[Move], admits: list[Move], now: float
+    ) -> bool:
         """Feed the snapshot's changes to the machine; True when a program newly waits, is
         paused or left (what makes ``IDEAL`` resume)."""
         ta = self.ta
@@ -189,7 +214,7 @@ class ThunderState:
             was = self.busy.get(sid, False)
             self.busy[sid] = o.busy
             if p is None and not (o.new and o.node is None):
-                self._adopt(sid, o)
+                self._adopt(sid, o, now)
                 event = event or o.node is None
                 continue
             if o.busy and (p is None or not was):
@@ -199,14 +224,14 @@ class ThunderState:
                 elif o.node is None:
                     self._moves(((sid, node),), seen, admits)
                     continue
-            elif not o.busy and was and p is not None and ta.on_response(sid, o.tokens):
+            elif not o.busy and was and p is not None and ta.on_response(sid, o.tokens, now):
                 self._pauses((sid,), seen, pauses)  # a marked program: paused as its call ended
                 event = True
                 continue
             event = self._reconcile(ta.programs[sid], o) or event
         return event
 
-    def _adopt(self, sid: str, o: _Seen) -> None:
+    def _adopt(self, sid: str, o: _Seen, now: float) -> None:
         """A live session the machine does not know (a restarted planner, a session queued
         again after a pause while idle): entered as the snapshot shows it."""
         ta = self.ta
@@ -217,6 +242,7 @@ class ThunderState:
             status="reasoning" if o.busy else "acting",
             tokens=o.tokens,
             steps=1 if o.new else 2,
+            acting_since=None if o.busy else now,
         )
         if o.node is None:
             self._queue(p, o.busy)

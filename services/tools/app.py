@@ -21,7 +21,7 @@ from shared.contracts.codec import decode_session_event, decode_tool_event
 from shared.contracts.session import SessionEvent
 from shared.contracts.tool import ToolEvent
 from shared.core.policies import get_policy
-from shared.core.rules import TaoRules
+from shared.core.rules import RuleSet
 from shared.core.sharedprefix import SharedPrefixes
 from shared.core.tick import policy_rules
 from shared.infra.busapi import MessageBus, Subscription
@@ -84,7 +84,7 @@ async def start(
     *,
     name: str = NAME,
     reserve: int | None = 512,
-    rules: TaoRules | None = None,
+    rules: RuleSet | None = None,
     shard: Shard = ONE,
     prefixes: SharedPrefixes | None = None,
 ) -> tuple[ToolsHandlers, list[Subscription]]:

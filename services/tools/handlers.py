@@ -51,7 +51,7 @@ from shared.contracts.wake import (
     WAKE_TOOL_END,
     wake_for,
 )
-from shared.core.rules import TaoRules
+from shared.core.rules import RuleSet
 from shared.core.session import Session, on_end
 from shared.core.sharedprefix import SharedPrefixes, with_shared
 from shared.infra import tracing
@@ -98,7 +98,7 @@ class ToolsHandlers:
     bus: MessageBus
     log: FilteringBoundLogger
     reserve: int | None = None
-    rules: TaoRules | None = None
+    rules: RuleSet | None = None
     """The policy's rules (``TAO_POLICY``): the growth rule sets the reserve."""
     shard: Shard = ONE
     """This process's share of the sessions (``TAO_SHARD``): events of other sessions are

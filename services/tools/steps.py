@@ -13,8 +13,20 @@ Rules on top of :mod:`shared.core.session` (the transitions themselves are the c
   pool);
 * a response or cancel applies only to the session's current ``request_id`` (a stale or
   repeated one is ignored);
-* a failed response (``error`` set) returns the session to ``idle`` (or its hook-started tool)
-  without touching its token count or turn count;
+* a failed response (``error`` set) returns the session to where a response leaves it (below,
+  or its hook-started tool) without touching its token count or turn count;
+* a response or cancel that leaves an admitted session with no tool (no ``tool_calls``, no
+  hook's call) puts it in an inferred call of :data:`AWAITING_CLIENT`, of unknown end, which
+  the client's next request ends like any inferred call. Until then the session waits on its
+  client, who may be thinking, may have left, or may have been split off by continuation by
+  content
+  (:mod:`services.gateway.continuation`: a fork or a retry that started a new session): none
+  of these should hold room that waiting sessions need, so the planner sees it as any session
+  in a tool and prices its release as any other (readiness from the tool history, the
+  release's recompute cost), where an admitted ``idle`` session is never released until TAO's
+  idle timeout ends it. Once released it is in the pool as any session in a tool; a session
+  not admitted holds nothing and stays ``idle``, out of the pool. The call's end is inferred
+  (the next request), so it is never recorded in the tool statistics;
 * a ``ToolEnd`` of a call already completed records nothing twice;
 * a response's ``shared`` prefix (when the handler's registry knows it,
   :mod:`shared.core.sharedprefix`) is recorded before the response re-weighs the session, so
@@ -24,13 +36,15 @@ Rules on top of :mod:`shared.core.session` (the transitions themselves are the c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
 from shared.contracts.session import SessionCancel, SessionRequest, SessionResponse
 from shared.contracts.tool import ToolEnd, ToolProgress, ToolStart
-from shared.core.rules import TaoRules
+from shared.core.rules import RuleSet
 from shared.core.session import (
+    INFERRED,
     Session,
     ToolCall,
     on_cancel,
@@ -43,6 +57,7 @@ from shared.core.session import (
 from shared.infra.store_types import SessionFn
 
 __all__ = [
+    "AWAITING_CLIENT",
     "Outcome",
     "cancel_step",
     "request_step",
@@ -51,6 +66,19 @@ __all__ = [
     "tool_progress_step",
     "tool_start_step",
 ]
+
+
+AWAITING_CLIENT: Final = "(client)"
+"""The tool of a session whose last response asked for none: its client's next request (module
+docstring). Parenthesised, as no harness's tool is."""
+
+
+def _awaiting_client(s: Session, request_id: str, at: float) -> Session:
+    """``s`` after a response or cancel: in an inferred call of :data:`AWAITING_CLIENT` when it
+    is admitted and was left with no tool (module docstring)."""
+    if s.activity != "idle" or s.tool is not None or s.node is None:
+        return s
+    return on_tool_start(s, f"{request_id}:client", AWAITING_CLIENT, at, source=INFERRED)
 
 
 @dataclass(slots=True)
@@ -113,10 +141,11 @@ def response_step(
     ev: SessionResponse,
     out: Outcome,
     reserve: int | None = None,
-    rules: TaoRules | None = None,
+    rules: RuleSet | None = None,
     shared: int | None = None,
 ) -> SessionFn:
-    """A request completed: tokens from usage, tool calls start an inferred tool; with
+    """A request completed: tokens from usage, tool calls start an inferred tool (none: the
+    wait for the client, :data:`AWAITING_CLIENT`); with
     ``reserve`` an admitted session's weight follows its grown context (tokens − shared +
     reserve; with ``rules`` the growth rule's reserve, ``reserve`` its default). ``shared``:
     the prompt's prefix other live sessions share (``None``: unknown, the record's is kept)."""
@@ -128,13 +157,14 @@ def response_step(
             return None
         if ev.error is not None:
             back = on_response(cur, ev.finished_at, total_tokens=cur.tokens)
-            return msgspec.structs.replace(back, turns=cur.turns)
+            back = msgspec.structs.replace(back, turns=cur.turns)
+            return _awaiting_client(back, ev.request_id, ev.finished_at)
         if shared is not None and shared != cur.shared:
             cur = msgspec.structs.replace(cur, shared=max(0, shared))
             out.shared_changed = True
         u = ev.usage
         total = u.total_tokens or (u.prompt_tokens + u.completion_tokens)
-        return on_response(
+        answered = on_response(
             cur,
             ev.finished_at,
             total_tokens=total if total > 0 else cur.tokens,
@@ -142,6 +172,7 @@ def response_step(
             reserve=reserve,
             rules=rules,
         )
+        return _awaiting_client(answered, ev.request_id, ev.finished_at)
 
     return step
 
@@ -152,7 +183,10 @@ def cancel_step(ev: SessionCancel, out: Outcome) -> SessionFn:
 
     def step(s: Session | None) -> Session | None:
         cur = _current(s, ev.request_id, out)
-        return None if cur is None else on_cancel(cur, ev.cancelled_at, ev.request_id)
+        if cur is None:
+            return None
+        back = on_cancel(cur, ev.cancelled_at, ev.request_id)
+        return back if back is cur else _awaiting_client(back, ev.request_id, ev.cancelled_at)
 
     return step
 

@@ -91,7 +91,7 @@ from shared.contracts.valuation import ValuationSnapshot
 from shared.core.decay import with_evidence
 from shared.core.domains import domain_load
 from shared.core.predictor import History
-from shared.core.rules import PAPER, TaoRules
+from shared.core.rules import PAPER, RuleSet
 from shared.core.session import Session, on_end
 from shared.core.tick import (
     HostResidency,
@@ -253,7 +253,7 @@ class Valuator:
     published: int = 0
     last_nonempty: bool = False
     thunderagent: bool = False
-    rules: TaoRules = PAPER
+    rules: RuleSet = PAPER
     """The policy's rules (``TAO_POLICY``): the growth rule sets the candidates' reserve."""
     reader: SessionReader | None = field(default=None)
     history_every_s: float = 1.0
@@ -424,10 +424,8 @@ class Valuator:
         sessions = pool
         down = {v.id for v in views if not v.healthy}
 
-        if self.rules.payback_context:  # each node's context total, read with the node
-            pressure = node_pressure(
-                views, self.rules.payback_headroom, full=self.rules.payback_capacity
-            )
+        if "payback" in self.rules:  # each node's context total, read with the node
+            pressure = node_pressure(views, self.rules.payback_headroom, full=True)
             snap = replace(snap, pressure=pressure)
         stranded: list[Session] = []
         if down:  # idle sessions admitted on a dead node, to be released (decide's step 0)

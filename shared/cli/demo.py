@@ -43,14 +43,19 @@ It prints one line per run (``warmed up: N requests, nodes ..., X s, not timed``
 rows carry ``warmup_requests`` / ``warmup_nodes`` / ``warmup_s``; so the first column is never
 penalised for running first.
 
-Measured per policy (all from the client side, except the planner counters, read from Redis):
-tasks done, task latency mean / p99, TTFT mean / p99 (first streamed chunk), tool end → first
+Measured per policy (all from the client side, except the planner counters, read from Redis,
+and the releases, read from the planner's round log): tasks done, makespan (the timed run's
+wall time), task latency mean / p99, TTFT mean / p50 / p99 (first streamed chunk) and the TTFT
+p50 of later turns whose prompt was over 80 % cached, tool end → first
 token mean (the time from reporting the tool's end to the next call's first token), prefix cache
 hit rate (Σ cached / Σ prompt tokens from ``usage``), interrupts per tool call (the planner's
 ``sessions_interrupted`` over the tool calls the sessions ran), node moves per session (turns
 served by another node than the session's previous turn, read from the gateway's
 ``X-TAO-Node`` answer header, else from the completion id a simnode gives,
-``chatcmpl-<node>-<n>``; ``-`` when neither names the node), plans applied / discarded.
+``chatcmpl-<node>-<n>``; ``-`` when neither names the node), plans applied / discarded, and
+the releases the planner's rounds applied with how many of them recomputed more seconds than
+holding the room would have cost (:func:`shared.core.explain.audit_releases`: the session's
+next request's uncached tokens at the node's price, against the time until it was sent).
 
 With ``--identity none`` the sessions send no session id at all (no ``X-Session-ID``, no
 ``user``), as a stock ``openai`` client does: the gateway keeps each session together by its
@@ -93,6 +98,13 @@ from shared.cli.ops import OpsError
 from shared.cli.stack import Stack, StackConfig, StackError
 from shared.contracts import ToolEnd, ToolStart
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
+from shared.core.explain import (
+    ExplainError,
+    ReleaseAudit,
+    TurnSeen,
+    audit_releases,
+    rounds_from_lines,
+)
 from shared.core.policies import POLICY_NAMES
 from shared.infra.access import Access, write_access_dir
 from shared.infra.embedded import EmbeddedServers
@@ -103,7 +115,7 @@ if TYPE_CHECKING:
     from shared.infra.settings import NodeSpec
     from shared.sim.workloads import Task
 
-__all__ = ["DemoResult", "add_demo_parser", "demo_table"]
+__all__ = ["DemoResult", "add_demo_parser", "demo_table", "filler_text"]
 
 _NODE_HEADER = "X-TAO-Node"  # the gateway names the serving node (services.gateway.proxy)
 _SESSION_HEADER = "X-TAO-Session-Id"  # ... and the session it served the turn in
@@ -180,6 +192,12 @@ class DemoResult:
     warmup_nodes: list[str] = field(default_factory=list)
     """The nodes that served a warm-up request (by the gateway's node header)."""
     warmup_s: float = 0.0
+    seen: list[TurnSeen] = field(default_factory=list)
+    """Every timed request: its session, when it was sent (epoch s), prompt and cached tokens."""
+    hit_ttfts: list[float] = field(default_factory=list)
+    """TTFT of later turns (not a session's first) whose prompt was mostly cached (> 80 %)."""
+    audit: ReleaseAudit | None = None
+    """The planner's releases judged against the sessions' next requests (its round log)."""
 
     def row(self) -> dict[str, Any]:
         """The table row / JSON object of this run."""
@@ -191,7 +209,9 @@ class DemoResult:
             "latency_mean_s": _mean(self.latencies),
             "latency_p99_s": _p99(self.latencies),
             "ttft_mean_s": _mean(self.ttfts),
+            "ttft_p50_s": _pct(self.ttfts, 0.5),
             "ttft_p99_s": _p99(self.ttfts),
+            "hit_ttft_p50_s": _pct(self.hit_ttfts, 0.5),
             "tool_end_to_first_token_mean_s": _mean(self.tool_to_token),
             "cache_hit_rate": self.cached_tokens / self.prompt_tokens
             if self.prompt_tokens
@@ -199,6 +219,8 @@ class DemoResult:
             "interrupts_per_tool_call": _ratio(
                 self.planner.get("sessions_interrupted"), self.tool_calls
             ),
+            "releases_applied": None if self.audit is None else self.audit.applied,
+            "releases_costly": None if self.audit is None else self.audit.costly,
             "node_moves_per_session": self.node_moves / self.sessions
             if self.served_known and self.sessions
             else None,
@@ -230,10 +252,15 @@ def _mean(xs: Sequence[float]) -> float | None:
 
 
 def _p99(xs: Sequence[float]) -> float | None:
+    return _pct(xs, 0.99)
+
+
+def _pct(xs: Sequence[float], q: float) -> float | None:
+    """The nearest-rank ``q`` quantile."""
     if not xs:
         return None
     s = sorted(xs)
-    return s[min(len(s) - 1, math.ceil(0.99 * len(s)) - 1)]
+    return s[min(len(s) - 1, max(0, math.ceil(q * len(s)) - 1))]
 
 
 def tool_duration(rng: random.Random) -> float:
@@ -255,7 +282,8 @@ def family_tool(tools: Sequence[ToolSpec], scale: float, rng: random.Random) -> 
     return spec.name, max(0.0, draw) / scale
 
 
-def _text(rng: random.Random, tokens: int) -> str:
+def filler_text(rng: random.Random, tokens: int) -> str:
+    """``tokens`` words of filler (one token each for the tiny model and the simnodes)."""
     return " ".join(rng.choice(_WORDS) for _ in range(tokens))
 
 
@@ -297,9 +325,9 @@ class _RandomScript:
         return [
             {
                 "role": "system",
-                "content": f"You are coding agent {self.index}. " + _text(rng, 1500),
+                "content": f"You are coding agent {self.index}. " + filler_text(rng, 1500),
             },
-            {"role": "user", "content": "Fix the failing test. " + _text(rng, 300)},
+            {"role": "user", "content": "Fix the failing test. " + filler_text(rng, 300)},
         ]
 
     def output_tokens(self, turn: int, rng: random.Random) -> int:
@@ -311,7 +339,7 @@ class _RandomScript:
         return "bash", tool_duration(rng)
 
     def observation(self, turn: int, rng: random.Random) -> str:
-        return _text(rng, rng.randint(200, 1500))
+        return filler_text(rng, rng.randint(200, 1500))
 
 
 @dataclass(frozen=True)
@@ -329,9 +357,9 @@ class _TraceScript:
     def opening(self, rng: random.Random) -> list[dict[str, Any]]:
         msgs: list[dict[str, Any]] = []
         if self.task.shared_prefix:  # the same text for every session of the family
-            prefix = _text(random.Random(self.task.family), self.task.shared_prefix)
+            prefix = filler_text(random.Random(self.task.family), self.task.shared_prefix)
             msgs.append({"role": "system", "content": prefix})
-        msgs.append({"role": "user", "content": _text(rng, self.task.turns[0].added)})
+        msgs.append({"role": "user", "content": filler_text(rng, self.task.turns[0].added)})
         return msgs
 
     def output_tokens(self, turn: int, rng: random.Random) -> int:
@@ -342,7 +370,7 @@ class _TraceScript:
         return None if t.tool is None else (t.tool, t.duration / self.time_scale)
 
     def observation(self, turn: int, rng: random.Random) -> str:
-        return _text(rng, self.task.turns[turn + 1].added)
+        return filler_text(rng, self.task.turns[turn + 1].added)
 
 
 def _script(index: int, args: argparse.Namespace) -> _Script:
@@ -364,6 +392,8 @@ class _Turn:
     sent: float
     first: float | None = None
     usage: Any = None
+    sent_wall: float = 0.0
+    """When it was sent, epoch seconds (the planner's rounds are stamped so)."""
     tool_calls: dict[int, dict[str, str]] = field(default_factory=dict)
     content: list[str] = field(default_factory=list)
     served: str | None = None
@@ -389,7 +419,7 @@ async def _stream_turn(
     client: Any, args: argparse.Namespace, sid: str, messages: list[Any], reply: dict[str, Any]
 ) -> _Turn:
     """Send one chat request of session ``sid`` (scripted by ``reply``) and read its stream."""
-    turn = _Turn(sent=time.monotonic())
+    turn = _Turn(sent=time.monotonic(), sent_wall=time.time())
     named = getattr(args, "identity", "header") == "header"
     raw = await client.chat.completions.with_raw_response.create(
         model=args.model,
@@ -423,9 +453,16 @@ async def _stream_turn(
 
 
 def _count_turn(
-    result: DemoResult, turn: _Turn, node: str | None, tool_end_at: float | None
+    result: DemoResult,
+    turn: _Turn,
+    node: str | None,
+    tool_end_at: float | None,
+    sid: str = "",
+    later: bool = False,
 ) -> str | None:
-    """Add ``turn``'s TTFT, node move and prompt tokens to ``result``; the node it ran on."""
+    """Add ``turn``'s TTFT, node move and prompt tokens to ``result``; the node it ran on.
+    ``later``: not the session's first turn (its TTFT counts as a cache hit's when most of
+    its prompt was cached)."""
     if turn.served is not None:
         result.served_known = True
         if node is not None and turn.served != node:
@@ -436,9 +473,14 @@ def _count_turn(
         if tool_end_at is not None:
             result.tool_to_token.append(turn.first - tool_end_at)
     if turn.usage is not None:
-        result.prompt_tokens += turn.usage.prompt_tokens
+        prompt = turn.usage.prompt_tokens
         details = getattr(turn.usage, "prompt_tokens_details", None)
-        result.cached_tokens += getattr(details, "cached_tokens", 0) or 0
+        cached = getattr(details, "cached_tokens", 0) or 0
+        result.prompt_tokens += prompt
+        result.cached_tokens += cached
+        result.seen.append(TurnSeen(sid, turn.sent_wall, prompt, cached))
+        if later and turn.first is not None and prompt and cached > 0.8 * prompt:
+            result.hit_ttfts.append(turn.first - turn.sent)
     return node
 
 
@@ -501,7 +543,7 @@ async def _session(
         answer = await _stream_turn(client, args, sid, messages, reply)
         if getattr(args, "identity", "header") == "none" and answer.session:
             sid = answer.session  # the gateway found the session by the conversation
-        node = _count_turn(result, answer, node, tool_end_at)
+        node = _count_turn(result, answer, node, tool_end_at, sid, later=turn > 0)
         messages.append(answer.message())
         if last:
             break
@@ -917,6 +959,7 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
                     )
                     result = asyncio.run(_drive(target, args, policy))
                     result.repeat = rep
+                    result.audit = _audit(stack.log_dir / "planner.log", result.seen)
                     results.append(result)
             except StackError as exc:
                 raise DemoError(str(exc)) from None
@@ -933,6 +976,17 @@ def _cmd_demo(args: argparse.Namespace, out: TextIO) -> int:
             sys.stderr.write(f"tao demo: the services' logs are in {logs}\n")
     _print_results(results, args, out)
     return 0 if all(r.tasks_done == r.sessions for r in results) else 1
+
+
+def _audit(planner_log: Path, seen: Sequence[TurnSeen]) -> ReleaseAudit | None:
+    """The planner's applied releases judged by the sessions' next requests
+    (:func:`shared.core.explain.audit_releases`); ``None`` when its log has no round record."""
+    try:
+        with open(planner_log, encoding="utf-8", errors="replace") as f:
+            rounds = rounds_from_lines(f)
+    except (OSError, ExplainError):
+        return None
+    return audit_releases(rounds, seen) if rounds else None
 
 
 def _real_nodes(path: str | None) -> tuple[NodeSpec, ...]:
@@ -1006,19 +1060,25 @@ def _fmt(v: object, unit: str = "") -> str:
 
 _TABLE: tuple[tuple[str, str, str], ...] = (
     ("tasks done", "tasks_done", ""),
+    ("makespan", "wall_s", " s"),
     ("task latency mean", "latency_mean_s", " s"),
     ("task latency p99", "latency_p99_s", " s"),
     ("TTFT mean", "ttft_mean_s", " s"),
+    ("TTFT p50", "ttft_p50_s", " s"),
     ("TTFT p99", "ttft_p99_s", " s"),
+    ("TTFT p50, later cache hits", "hit_ttft_p50_s", " s"),
     ("tool end -> first token", "tool_end_to_first_token_mean_s", " s"),
     ("prefix cache hit rate", "cache_hit_rate", "%"),
     ("interrupts / tool call", "interrupts_per_tool_call", ""),
+    ("releases applied", "releases_applied", ""),
+    ("releases costlier than the hold", "releases_costly", ""),
     ("node moves / session", "node_moves_per_session", ""),
     ("plans applied", "plans_applied", ""),
     ("plans discarded", "plans_discarded", ""),
     ("errors", "errors", ""),
 )
 _PAIRED: tuple[tuple[str, str], ...] = (
+    ("makespan", "wall_s"),
     ("task latency mean", "latency_mean_s"),
     ("TTFT mean", "ttft_mean_s"),
     ("prefix cache hit rate", "cache_hit_rate"),

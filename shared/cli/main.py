@@ -21,6 +21,7 @@ import orjson
 from shared.cli.compare import compare_documents, compare_table, run_all
 from shared.cli.demo import add_demo_parser
 from shared.cli.engines import add_engines_parser
+from shared.cli.explain import add_explain_parser
 from shared.cli.hooks import add_hooks_parsers
 from shared.cli.inspect import add_inspect_parser
 from shared.cli.keys import add_keys_parser
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     ver.set_defaults(run=_cmd_version)
 
     add_sim_parser(sub)
+    add_explain_parser(sub)
     add_ops_parsers(sub)
     add_demo_parser(sub)
     add_kvbridge_parser(sub)

@@ -12,12 +12,13 @@ import argparse
 import math
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, TextIO
 
 import orjson
 
+from shared.cli.capacity import CAPACITY_POLICIES, add_capacity_arguments
 from shared.core.engine import DEFAULT_PROFILE, PROFILES
 from shared.core.policies import DEFAULT_BUDGET
 from shared.core.problem import ProblemError
@@ -155,13 +156,19 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
         "--tasks", type=_positive_int, metavar="N", help="tasks per run (default 300; trace: all)"
     )
     p.add_argument(
-        "--policies", type=_policies, default=list(DEFAULT_POLICIES), metavar="a,b,...",
-        help=f"policies (default {','.join(DEFAULT_POLICIES)}); any of: {', '.join(SIM_POLICIES)}",
+        "--policies", type=_policies, metavar="a,b,...",
+        help=f"policies (default {','.join(DEFAULT_POLICIES)}; with --capacity "
+        f"{','.join(CAPACITY_POLICIES)}); any of: {', '.join(SIM_POLICIES)}",
     )  # fmt: skip
     p.add_argument("--seeds", type=_positive_int, default=1, metavar="N", help="seeds 0..N-1")
     p.add_argument(
         "--extra-tool-delay", type=_delay, metavar="LO-HI",
         help="add one per-session delay drawn from U(LO, HI) s to every tool call",
+    )  # fmt: skip
+    p.add_argument(
+        "--fold-tools", action="store_true",
+        help="report long and short calls under one tool name (claude-code's Bash:test as "
+        "Bash, swe-agent's shell programs as bash): the same calls, unlabelled",
     )  # fmt: skip
     p.add_argument(
         "--snapshots", type=int, default=0, metavar="K",
@@ -177,11 +184,28 @@ def add_sim_parser(sub: argparse._SubParsersAction[Any]) -> None:
                    help=f"DP state budget per solve (default {DEFAULT_BUDGET})")  # fmt: skip
     p.add_argument("--out", metavar="DIR", help="write report.md, CSVs and PNG plots here")
     p.add_argument(
+        "--record", metavar="FILE",
+        help="write every applied round's record (each admit, release, hold and wait with its "
+        "rule and price, one JSON line per round, tagged with policy, seed and workers) to FILE, "
+        "for `tao explain`",
+    )  # fmt: skip
+    p.add_argument(
         "--json", action="store_true",
         help="print {runs: [...], paired: [...]} as JSON (paired: each tao-family policy vs "
         "each baseline per metric, mean %% difference over seeds with its 95%% t interval)",
     )  # fmt: skip
     p.add_argument("--quiet", action="store_true", help="no progress on stderr")
+    add_capacity_arguments(p, _positive_int, _host_kv)
+    p.add_argument(
+        "--ta-decay-half-life", type=positive_number, metavar="S",
+        help="thunderagent-decay's half-life, s (default the code's 1 s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--write-trace", metavar="FILE",
+        help="write the generated tasks (seed 0, --tasks of --workload) as session-trace JSONL "
+        "and run nothing: `tao demo --trace FILE` runs on real engines what `tao sim --trace "
+        "FILE` simulates",
+    )  # fmt: skip
     p.add_argument(
         "--describe-workload", action="store_true",
         help="print the workload's tool-time and token fit (--tasks tasks, seed 0) beside the "
@@ -235,15 +259,20 @@ def _tasks_maker(args: argparse.Namespace) -> tuple[Callable[[int], list[Task]],
     rate = args.arrival_rate
 
     def make(seed: int) -> list[Task]:
-        return generate_tasks(spec, n, seed, extra_tool_delay=delay, arrival_rate=rate)
+        return generate_tasks(
+            spec, n, seed, extra_tool_delay=delay, arrival_rate=rate, fold_tools=args.fold_tools
+        )
 
-    return make, f"workload {spec.name} ({n} tasks)", rate is not None
+    folded = ", tool names folded" if args.fold_tools else ""
+    return make, f"workload {spec.name} ({n} tasks{folded})", rate is not None
 
 
 def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     """Run ``tao sim``; returns the exit code."""
     if args.trace is not None and args.workload is not None:
         raise ProblemError("--trace", "cannot be combined with --workload")
+    if args.trace is not None and args.fold_tools:
+        raise ProblemError("--fold-tools", "applies to generated workloads, not --trace")
     if args.trace is not None and args.extra_tool_delay is not None:
         raise ProblemError("--extra-tool-delay", "applies to generated workloads, not --trace")
     if args.arrival_rate is not None and args.workers is not None:
@@ -251,6 +280,8 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.snapshots < 0:
         raise ProblemError("--snapshots", f"must be >= 0, got {args.snapshots}")
     make, desc, timed = _tasks_maker(args)
+    if args.write_trace is not None:
+        return _write_trace(args.write_trace, make(0), out)
     if args.describe_workload:
         family = args.workload or ("trace" if args.trace is not None else "swe-lite")
         out.write(describe(family, make(0)) + "\n")
@@ -271,16 +302,30 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
             raise ProblemError("--out", f"cannot create {args.out!r}: {exc.strerror}") from None
     if args.domains > args.nodes:
         raise ProblemError("--domains", f"at most --nodes ({args.nodes}), got {args.domains}")
+    record = _record_file(args.record)
     config = SimConfig(
         nodes=args.nodes,
         profile=args.profile,
         budget=args.budget,
         domains=args.domains,
         host_kv=args.host_kv,
+        ta_decay_half_life_s=args.ta_decay_half_life,
+        record_rounds=record is not None,
     )
+    if args.capacity:
+        from shared.cli.capacity import run_capacity
+
+        return run_capacity(args, make, desc, config, timed, out)
+    args.policies = args.policies or list(DEFAULT_POLICIES)
     seeds = list(range(args.seeds))
     progress = _Progress(len(seeds) * len(workers) * len(args.policies), sys.stderr, args.quiet)
     runs = run_grid(make, config, args.policies, seeds, workers, progress)
+    if record is not None:
+        with record:
+            for r in runs:
+                for rnd in [] if r.result is None else r.result.rounds:
+                    tag = {"policy": r.policy, "seed": r.seed, "workers": r.workers}
+                    record.write(orjson.dumps({**tag, **rnd}).decode() + "\n")
     study = None
     if args.snapshots > 0:
         study = _snapshot_study(make, config, workers, args.snapshots)
@@ -309,6 +354,29 @@ def cmd_sim(args: argparse.Namespace, out: TextIO) -> int:
     if args.out is not None:
         _write_outputs(args, runs, desc, study)
     return 0
+
+
+def _write_trace(path: str, tasks: Sequence[Task], out: TextIO) -> int:
+    from shared.sim.trace import trace_line
+
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            for task in tasks:
+                f.write(orjson.dumps(trace_line(task)).decode() + "\n")
+    except OSError as exc:
+        raise ProblemError("--write-trace", f"cannot write {path!r}: {exc.strerror}") from None
+    out.write(f"tao sim: wrote {len(tasks)} sessions to {path}\n")
+    return 0
+
+
+def _record_file(path: str | None) -> TextIO | None:
+    """``--record``'s file, opened for writing (a usage error naming it when it cannot be)."""
+    if path is None:
+        return None
+    try:
+        return open(path, "w", encoding="utf-8")
+    except OSError as exc:
+        raise ProblemError("--record", f"cannot write {path!r}: {exc.strerror}") from None
 
 
 def _snapshot_study(

@@ -22,6 +22,7 @@ __all__ = [
     "ValuationSnapshot",
     "WireCandidate",
     "WireInterruptCandidate",
+    "WireNodeCost",
     "WireNodeView",
     "WireSignature",
 ]
@@ -37,9 +38,12 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     admission, exceed capacity × target (0 when they fit): the planner releases tool-running
     sessions there first. ``running`` is the requests the node's engine runs (telemetry's
     ``vllm:num_requests_running``); with ``capacity − load − free`` it is the eviction pressure
-    that the ``tao-evict`` release rule weighs. ``pressure`` is how far the admitted sessions'
+    that a release rule may weigh. ``pressure`` is how far the admitted sessions'
     contexts, each plus the rule's headroom, exceed capacity × target (0 when they fit, and
     always 0 unless the policy's ``payback_context`` rule is on): what that rule pays back.
+    ``used`` is the engine's KV in use, tokens (telemetry's ``vllm:kv_cache_usage_perc`` ×
+    capacity) and ``waiting`` the requests queued in the engine
+    (``vllm:num_requests_waiting``): ``thunderagent-ideal``'s shared tokens.
     """
 
     id: str
@@ -50,6 +54,25 @@ class WireNodeView(Record, frozen=True, kw_only=True):
     overflow: int = 0
     running: int = 0
     pressure: int = 0
+    used: int = 0
+    waiting: int = 0
+    cost: WireNodeCost | None = None
+    """The node's prices (``shared.core.nodecost.NodeCost``); ``None``: the default cost."""
+
+
+class WireNodeCost(Record, frozen=True, kw_only=True):
+    """A node's prices, in seconds: prefill per recomputed token (``prefill_s``), attention per
+    (recomputed token, context token) pair (``attn_s``), the control loop's round trip for a
+    readmission (``requeue_s``), host-tier load per token (``load_s``, 0: no host tier);
+    ``source`` is ``profile``, ``measured`` or ``pinned``; ``observed_tokens`` the computed
+    prompt tokens a measurement rests on."""
+
+    prefill_s: float
+    attn_s: float
+    requeue_s: float
+    load_s: float = 0.0
+    source: str = "profile"
+    observed_tokens: int = 0
 
 
 class WireSignature(Record, frozen=True, kw_only=True):
@@ -141,3 +164,6 @@ class ValuationSnapshot(Message, tag="ValuationSnapshot", frozen=True, kw_only=T
     candidates: list[WireCandidate] = msgspec.field(default_factory=list)
     interrupt_candidates: list[WireInterruptCandidate] = msgspec.field(default_factory=list)
     admitted: list[AdmittedSession] | None = None
+    rules: str = ""
+    """The rule set the snapshot was valued under (``shared.core.rules``): the planner decides
+    under the same one. Empty: the planner's own policy's."""

@@ -38,7 +38,7 @@ import msgspec
 
 from shared.core.predictor import ToolCallView
 from shared.core.problem import Phase
-from shared.core.rules import TaoRules, growth_reserve
+from shared.core.rules import RuleSet, growth_reserve
 
 __all__ = [
     "INFERRED",
@@ -226,7 +226,7 @@ def on_response(
     total_tokens: int,
     tool_calls: Sequence[tuple[str, str]] = (),
     reserve: int | None = None,
-    rules: TaoRules | None = None,
+    rules: RuleSet | None = None,
 ) -> Session:
     """A model request completed with ``total_tokens`` of context; ``tool_calls`` is a list of
     ``(call_id, tool name)``. With tool calls the session enters ``tool`` (the first call is the

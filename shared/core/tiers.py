@@ -25,17 +25,26 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Final, Literal
+from typing import Final, Literal, Protocol
 
 from shared.core.decay import round_to
 
-if TYPE_CHECKING:
-    from shared.core.rules import TaoRules
+
+class Prices(Protocol):
+    """What the credit of a host-held prefix reads of a node's prices
+    (:class:`shared.core.nodecost.NodeCost` is one)."""
+
+    @property
+    def load_s(self) -> float: ...
+
+    def recompute_s(self, evicted: int, kept: int) -> float: ...
+
 
 __all__ = [
     "CPU",
     "GPU",
     "HostLink",
+    "Prices",
     "Tier",
     "host_credit",
     "load_s_per_token",
@@ -136,26 +145,24 @@ def tiered_credits(
     gpu_credits: Mapping[str, int],
     gpu: Mapping[str, tuple[int, float]],
     host: Mapping[str, int],
-    load_s_per_token: Mapping[str, float],
-    rules: TaoRules,
+    costs: Mapping[str, Prices],
     unit: int,
 ) -> dict[str, int]:
     """Per-node credit of one session over both tiers: its decayed GPU credit
     (``gpu_credits``, from the GPU residency ``gpu``: node → ``(k0, t_obs)``) plus, on each node
-    with a host tier (``load_s_per_token`` > 0), the :func:`host_credit` of what the host holds
-    beyond the GPU's ``k0`` (``host``: node → tokens from the start), rounded to ``unit``. The
-    host residency is current evidence (the event stream announces every host store and
-    eviction), so its credit does not decay."""
-    from shared.core.rules import recompute_s  # rules prices with the tiers; no import cycle
-
+    with a host tier (its ``costs`` entry's ``load_s`` > 0), the :func:`host_credit` of what
+    the host holds beyond the GPU's ``k0`` (``host``: node → tokens from the start), rounded
+    to ``unit``. The host residency is current evidence (the event stream announces every host
+    store and eviction), so its credit does not decay."""
     out = dict(gpu_credits)
     for node, held in host.items():
-        rate = load_s_per_token.get(node, 0.0)
+        cost = costs.get(node)
+        rate = 0.0 if cost is None else cost.load_s
         k0 = gpu[node][0] if node in gpu else 0
         extra = held - k0
-        if rate <= 0.0 or extra <= 0:
+        if cost is None or rate <= 0.0 or extra <= 0:
             continue
-        credit = host_credit(extra, extra * rate, recompute_s(extra, k0, rules))
+        credit = host_credit(extra, extra * rate, cost.recompute_s(extra, k0))
         add = round_to(unit, credit) if credit > 0 else 0
         if add > 0:
             out[node] = out.get(node, 0) + add

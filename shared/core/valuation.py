@@ -28,6 +28,7 @@ from fractions import Fraction
 from typing import Final, Literal
 
 from shared.core.decay import DEFAULT_HALF_LIFE_S
+from shared.core.nodecost import NodeCost
 from shared.core.problem import Node, ProblemError
 from shared.core.readiness import (
     DEFAULT_FRESHNESS_S,
@@ -138,9 +139,18 @@ class NodeView:
     """Tokens of the shared prefixes held once on the node for the sessions admitted there
     (their weights leave them out: :attr:`shared.core.session.Session.shared`); taken off its
     free capacity."""
+    used: int = 0
+    """The engine's KV in use, tokens (telemetry's ``used_tokens``: vLLM's
+    ``kv_cache_usage_perc`` × capacity); read only by ``thunderagent-ideal``'s shared tokens."""
+    waiting: int = 0
+    """Requests queued in the engine (telemetry's ``vllm:num_requests_waiting``)."""
     host_load_s_per_token: float = 0.0
     """Seconds per token to load KV from the node's host tier (:class:`shared.core.tiers.HostLink`
     ``.load_s_per_token``); 0: the node has no host tier."""
+    cost: NodeCost | None = None
+    """The node's prices (:mod:`shared.core.nodecost`): measured from its metrics, pinned by
+    the nodes file, or its profile's; ``None``: the default cost. Its ``load_s`` is replaced
+    by :attr:`host_load_s_per_token`."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,8 @@ DEFAULT_MAX_AGE_S: Final[dict[str, float]] = {
 _DEFAULT_AGE: Final = 24 * HOUR
 _EPHEMERAL_IDLE_S: Final = 30.0
 _ATTEMPT_S: Final = 2.0  # one TCP + INFO/CONNECT attempt (nats-py's own default is 2 s)
+_FLUSH_S: Final = 5  # s, one flush round trip (nats-py takes whole seconds; 10 by default)
+_FLUSH_TRIES: Final = 4
 
 PUBLISH_RETRY_S: Final = 20.0
 """How long a stream publish is retried while the server cannot take it (:meth:`Bus.publish`):
@@ -463,7 +465,7 @@ class Bus:
         receiver.sub = await self._nc.subscribe(
             self.wire_subject(subject), queue=queue or "", cb=receiver.on_msg
         )
-        await self._nc.flush()  # the server knows the interest before we return
+        await self._flushed()
         self._receivers.append(receiver)
         return receiver
 
@@ -486,9 +488,24 @@ class Bus:
         responder.sub = await self._nc.subscribe(
             self.wire_subject(subject), queue=service, cb=responder.on_msg
         )
-        await self._nc.flush()  # the server knows the interest before we return
+        await self._flushed()
         self._responders.append(responder)
         return responder
+
+    async def _flushed(self) -> None:
+        """Return once the server knows the interest just registered. A flush whose PING went
+        to a server that then died never sees its PONG; the client reconnects to the next
+        server and re-sends every subscription, so the flush is tried again (up to
+        ``_FLUSH_TRIES`` × ``_FLUSH_S``) before it is an error: a service subscribing at that
+        moment must not die of it (tests/scale/test_failover.py saw a standby planner do so)."""
+        for attempt in range(_FLUSH_TRIES):
+            try:
+                await self._nc.flush(timeout=_FLUSH_S)
+                return
+            except nats.errors.FlushTimeoutError:
+                if attempt == _FLUSH_TRIES - 1:
+                    raise
+                _log.warning("nats_flush_retry", attempt=attempt + 1)
 
     def forget(self, receiver: Receiver[Any]) -> None:
         """Drop a stopped receiver from the list :meth:`drain` stops."""

@@ -14,6 +14,9 @@ One ``[[node]]`` table per inference node::
     domain = "pool-a"                             # optional; scheduling domain (default: any)
     kv_bytes_per_gpu_token = 131072               # optional; with h2d_gbs: the host KV tier
     h2d_gbs = 35.2                                # optional; one GPU's host->device GB/s
+    profile = "qwen3-32b-tp2"                     # optional; the profile its prices start from
+    prefill_s_per_token = 26.5e-6                 # optional; with attn_s_per_pair: a pinned price
+    attn_s_per_pair = 2.7e-9                      # optional
 
 ``kv_events`` / ``kv_replay`` are the ``endpoint`` / ``replay_endpoint`` of vLLM's
 ``--kv-events-config`` as seen from the scheduler (``tcp://*:5557`` on the engine becomes
@@ -26,6 +29,12 @@ host tier (vLLM's OffloadingConnector, docs/kv-tier.md): the KV bytes of one tok
 holds (its tensor-parallel shard; the whole latent under MLA) and one GPU's host→device
 bandwidth in GB/s (10^9 bytes/s). The valuation prices a prefix found there by the time its load
 takes (:func:`shared.core.tiers.load_s_per_token`); without them a node has no host tier.
+
+``profile`` names the engine profile (``shared.core.engine.profiles``) whose prefill terms a
+node's price starts from before its own metrics say otherwise (the default profile without it);
+telemetry then measures the node (:class:`shared.core.nodecost.PrefillEstimator`).
+``prefill_s_per_token`` and ``attn_s_per_pair`` (both or neither) pin the node's prefill price
+instead: it is never measured (docs/internals.md, "The cost of a node").
 
 ``domain`` names the node's scheduling domain (docs/scale-out.md): each domain's services
 (``TAO_DOMAIN``) see only its own nodes and the nodes that name no domain (:func:`domain_nodes`),
@@ -42,6 +51,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+from shared.core.engine.profiles import DEFAULT_PROFILE, PROFILES
+from shared.core.nodecost import NodeCost, from_profile
 from shared.core.tiers import load_s_per_token
 
 from .errors import ConfigFileError
@@ -83,6 +94,19 @@ class NodeSpec:
     domain: str | None = None
     kv_bytes_per_gpu_token: int | None = None
     h2d_gbs: float | None = None
+    profile: str | None = None
+    prefill_s_per_token: float | None = None
+    attn_s_per_pair: float | None = None
+
+    def prior_cost(self) -> NodeCost:
+        """The node's prices before any measurement: its pin, else its profile's (the
+        default profile's without one), with its host tier and the measured control loop."""
+        base = from_profile(
+            PROFILES[self.profile or DEFAULT_PROFILE], None, self.host_load_s_per_token
+        )
+        if self.prefill_s_per_token is None or self.attn_s_per_pair is None:
+            return base
+        return base.with_prefill(self.prefill_s_per_token, self.attn_s_per_pair, "pinned")
 
     @property
     def host_load_s_per_token(self) -> float:
@@ -124,6 +148,9 @@ _KEYS: Final = (
     "domain",
     "kv_bytes_per_gpu_token",
     "h2d_gbs",
+    "profile",
+    "prefill_s_per_token",
+    "attn_s_per_pair",
 )
 
 
@@ -182,7 +209,29 @@ def _node(raw: object, index: int) -> NodeSpec:
             raise ValueError(f"{where}: domain must match [A-Za-z0-9_-]{{1,128}}, got {domain!r}")
         values["domain"] = domain
     values.update(_host_tier(raw, where))
+    values.update(_prices(raw, where))
     return NodeSpec(**values)
+
+
+def _prices(raw: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """``profile`` (a known engine profile) and the pinned prefill price (both or neither)."""
+    out: dict[str, Any] = {}
+    if "profile" in raw:
+        name = raw["profile"]
+        if not isinstance(name, str) or name not in PROFILES:
+            raise ValueError(f"{where}: profile must be one of {', '.join(PROFILES)}, got {name!r}")
+        out["profile"] = name
+    given = [k for k in ("prefill_s_per_token", "attn_s_per_pair") if k in raw]
+    if len(given) == 1:
+        other = "attn_s_per_pair" if given[0] == "prefill_s_per_token" else "prefill_s_per_token"
+        raise ValueError(f"{where}: {given[0]} needs {other} (a pinned price takes both)")
+    for key in given:
+        value = raw[key]
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not ok or not (0 <= value < 1 and math.isfinite(value)):
+            raise ValueError(f"{where}: {key} must be a number of seconds in [0, 1), got {value!r}")
+        out[key] = float(value)
+    return out
 
 
 def _host_tier(raw: Mapping[str, Any], where: str) -> dict[str, Any]:

@@ -63,6 +63,8 @@ message names the variable, what is wrong and what was given
 |                           |           | ~/.local/state/tao                                      |
 | TAO_HOOK_RATE             | 20        | hook posts per second per session at the gateway (> 0)  |
 | TAO_HOOK_BURST            | 200       | hook posts a session may send at once (429 beyond)      |
+| TAO_HOOK_TENANT_RATE      | 1000      | hook posts per second per tenant, all its sessions (> 0)|
+| TAO_HOOK_TENANT_BURST     | 5000      | hook posts a tenant may send at once (429 beyond)       |
 | TAO_NODE_API_KEY          | (unset)   | sent to the nodes as `Authorization: Bearer` (vLLM      |
 |                           |           | `--api-key`); unset: the client's own, if auth is off   |
 | TAO_PLACEMENT_KEY         | (unset)   | planner: key file it signs placements with (signing.py) |
@@ -186,6 +188,8 @@ class Settings:
     state_dir: str | None = None
     hook_rate: float = 20.0
     hook_burst: int = 200
+    hook_tenant_rate: float = 1000.0
+    hook_tenant_burst: int = 5000
     node_api_key: str | None = None
     placement_key: str | None = None
     placement_keys: str | None = None
@@ -455,6 +459,8 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "state_dir": ("TAO_STATE_DIR", _text),
     "hook_rate": ("TAO_HOOK_RATE", _POSITIVE),
     "hook_burst": ("TAO_HOOK_BURST", _integer(lo=1)),
+    "hook_tenant_rate": ("TAO_HOOK_TENANT_RATE", _POSITIVE),
+    "hook_tenant_burst": ("TAO_HOOK_TENANT_BURST", _integer(lo=1)),
     "node_api_key": ("TAO_NODE_API_KEY", _text),
     "placement_key": ("TAO_PLACEMENT_KEY", _text),
     "placement_keys": ("TAO_PLACEMENT_KEYS", _text),

@@ -176,6 +176,10 @@ def encode_node_fields(rec: NodeRecord) -> dict[str, str]:
         "failures": str(rec.failures),
         "kv_since": "" if rec.kv_since is None else _float(rec.kv_since, "kv_since"),
         "kv_until": "" if rec.kv_until is None else _float(rec.kv_until, "kv_until"),
+        "prefill_s": "" if rec.prefill_s is None else _float(rec.prefill_s, "prefill_s"),
+        "attn_s": "" if rec.attn_s is None else _float(rec.attn_s, "attn_s"),
+        "cost_tokens": "" if rec.cost_tokens is None else str(rec.cost_tokens),
+        "cost_source": rec.cost_source,
     }
 
 
@@ -213,6 +217,10 @@ def decode_node(node_id: str, raw: Mapping[Any, Any]) -> NodeRecord | None:
             held=int(f.get("held", "0")),
             kv_since=_opt_float(f.get("kv_since", "")),
             kv_until=_opt_float(f.get("kv_until", "")),
+            prefill_s=_opt_float(f.get("prefill_s", "")),
+            attn_s=_opt_float(f.get("attn_s", "")),
+            cost_tokens=_opt_int(f.get("cost_tokens")),
+            cost_source=f.get("cost_source", ""),
         )
     except (ValueError, msgspec.DecodeError) as exc:
         raise StoreError(f"corrupt node record {node_id!r}: {exc}") from None

@@ -5,7 +5,9 @@
     {"domain": str,
      "nodes": [{"id", "url", "healthy", "capacity_tokens", "target_utilisation", "usable",
                 "reserved", "free", "models" (sorted list | None), "used_tokens", "usage",
-                "running", "waiting", "updated_at", "failures"}],                 # by id
+                "running", "waiting", "updated_at", "failures", "prefix_cache_queries",
+                "prefix_cache_hits", "prefix_hit_rate", "prefill_s_per_token",
+                "attn_s_per_pair", "cost_source", "cost_tokens"}],                 # by id
      "sessions": [{"id", "version", "activity", "ended", "pooled", "node", "weight", "tokens",
                    "model", "turns", "updated_at", "probe_mark",
                    "tool": None | {"call_id", "tool", "source", "started_at", "deadline",
@@ -100,6 +102,10 @@ def node_status_dict(rec: NodeRecord) -> dict[str, object]:
         "prefix_cache_queries": rec.prefix_cache_queries,
         "prefix_cache_hits": rec.prefix_cache_hits,
         "prefix_hit_rate": prefix_hit_rate(rec.prefix_cache_queries, rec.prefix_cache_hits),
+        "prefill_s_per_token": rec.prefill_s,
+        "attn_s_per_pair": rec.attn_s,
+        "cost_source": rec.cost_source or None,
+        "cost_tokens": rec.cost_tokens,
     }
 
 

@@ -26,9 +26,10 @@ import enum
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Final, Generic, NamedTuple, Protocol, TypeVar
+from typing import Final, Generic, NamedTuple, Protocol, TypeVar, cast
 
 from shared.contracts.node import NodeStatus
+from shared.core.nodecost import ControlLatency, CostSource, NodeCost
 from shared.core.predictor import History, ToolStats, censor, update
 from shared.core.session import Session
 from shared.core.tick import Applied, Decision
@@ -133,6 +134,32 @@ class NodeRecord:
     kv_until: float | None = None
     """... up to this time (its latest batch): residency observed on the node at or after
     ``kv_since`` is confirmed up to here (:func:`shared.core.decay.with_evidence`)."""
+    prefill_s: float | None = None
+    """The node's prefill seconds per recomputed token (telemetry's estimate from the node's
+    own metrics, its nodes-file pin, or its profile's: ``cost_source``); ``None``: unknown."""
+    attn_s: float | None = None
+    """... and seconds per (recomputed token, context token) pair."""
+    cost_tokens: int | None = None
+    """Computed prompt tokens the measured price rests on."""
+    cost_source: str = ""
+    """``profile``, ``measured`` or ``pinned`` (empty: no price written)."""
+
+    def cost(self, requeue_s: float | None = None) -> NodeCost | None:
+        """The node's prices (its host tier's load rate is the valuation's to add), or
+        ``None`` while telemetry has written none."""
+        if self.prefill_s is None or self.attn_s is None:
+            return None
+        source = self.cost_source if self.cost_source in COST_SOURCES else "profile"
+        if requeue_s is None:
+            requeue_s = CONTROL_ROUND_TRIP_S
+        return NodeCost(
+            self.prefill_s,
+            self.attn_s,
+            requeue_s,
+            0.0,
+            cast(CostSource, source),
+            self.cost_tokens or 0,
+        )
 
     @property
     def evidence(self) -> tuple[float, float] | None:
@@ -163,6 +190,9 @@ class NodeRecord:
             running=self.running,
             contexts=self.contexts,
             held=self.held,
+            used=self.used_tokens,
+            waiting=self.waiting,
+            cost=self.cost(),
         )
 
 
@@ -174,9 +204,13 @@ _INTS: Final = (
     "waiting",
     "failures",
 )
-_OPT_INTS: Final = ("prefix_cache_queries", "prefix_cache_hits")
+_OPT_INTS: Final = ("prefix_cache_queries", "prefix_cache_hits", "cost_tokens")
 _FLOATS: Final = ("usage", "updated_at")
-_OPT_FLOATS: Final = ("kv_since", "kv_until")
+_OPT_FLOATS: Final = ("kv_since", "kv_until", "prefill_s", "attn_s")
+COST_SOURCES: Final = frozenset({"profile", "measured", "pinned"})
+CONTROL_ROUND_TRIP_S: Final = ControlLatency().round_trip_s
+"""The control loop's measured round trip (:class:`shared.core.nodecost.ControlLatency`): a
+live node's requeue price."""
 
 
 def _bad(name: str, value: object, problem: str) -> StoreError:
@@ -328,6 +362,10 @@ class NodeUpdate:
     failures: int | Keep = KEEP
     kv_since: float | Keep | None = KEEP
     kv_until: float | Keep | None = KEEP
+    prefill_s: float | Keep | None = KEEP
+    attn_s: float | Keep | None = KEEP
+    cost_tokens: int | Keep | None = KEEP
+    cost_source: str | Keep = KEEP
 
     def given(self) -> dict[str, object]:
         """The fields that change, by name."""
@@ -399,6 +437,9 @@ def merge_node(old: NodeRecord, update: NodeUpdate) -> NodeRecord:
                 value = frozenset(value)
                 if not all(isinstance(m, str) for m in value):
                     raise _bad(name, value, "must hold strings")
+        elif name == "cost_source":
+            if value not in COST_SOURCES:
+                raise _bad(name, value, f"must be one of {sorted(COST_SOURCES)}")
         else:
             raise _bad(name, value, "is not a node status field")
         changes[name] = value

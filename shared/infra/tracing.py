@@ -10,7 +10,10 @@ Spans (every one carries ``tao.session_id``, the correlation key across services
   (``tao.tool``, ``tao.source``), parented by the W3C ``traceparent`` header of the event's NATS
   message when there is one;
 * ``tao.plan`` (planner) — one decision: ``tao.tick``, ``tao.method``, ``tao.exact``, the
-  sessions admitted and interrupted (``tao.admitted`` / ``tao.interrupted``).
+  sessions admitted and interrupted (``tao.admitted`` / ``tao.interrupted``), the rule set
+  (``tao.rules``) and one event per admit and release of its round record (``tao.admit`` /
+  ``tao.release``: ``tao.session``, ``tao.node``, ``tao.rule``, ``tao.gain_s``, ``tao.cost_s``,
+  ``tao.for``).
 
 Propagation: the gateway's session events (request, response, cancel, end) carry the turn's
 ``traceparent`` / ``tracestate`` in their NATS headers (:func:`inject`), so a consumer continues

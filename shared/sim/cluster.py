@@ -13,10 +13,10 @@ Three families, all calling the real core code (never a re-implementation):
   nothing. Each request is routed at once by the policy on a one-candidate problem whose nodes
   have their whole capacity free (so it always fits: the engine queues internally, as vLLM
   does); ``load`` is the node's in-flight prompt tokens, credit the prefix resident there.
-* **ThunderAgent** — ``thunderagent`` and ``thunderagent-ideal``: the state machine of
-  :mod:`shared.core.thunder` (the one the live planner drives) in the request path, with its
-  periodic check every ``ta_interval_s`` and a timer per blocked request for the 1800 s forced
-  resume (:class:`ThunderAgentScheduler`).
+* **ThunderAgent** — ``thunderagent``, ``thunderagent-ideal``, ``thunderagent-decay``: the
+  state machine of :mod:`shared.core.thunder` (the one the live planner drives) in the request
+  path, with its periodic check every ``ta_interval_s`` and a timer per blocked request for
+  the 1800 s forced resume (:class:`ThunderAgentScheduler`).
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from dataclasses import replace
 import msgspec
 
 from shared.core.domains import DomainLoad, choose_domain, session_demand
+from shared.core.nodecost import from_profile
 from shared.core.policies import PlanOptions, Policy, get_policy
 from shared.core.policies.kv_aware import TIER_WEIGHTS
 from shared.core.problem import Candidate, Node, PlanResult, Problem
 from shared.core.session import Session, admit, release, set_probe_mark
 from shared.core.thunder import (
     BUFFER_PER_PROGRAM,
+    VARIANTS,
     WAIT_TIMEOUT_S,
     Check,
     ThunderAgent,
@@ -66,7 +68,7 @@ __all__ = [
 
 ROUTERS = frozenset({"rr", "cache-aware", "kv-aware", "kv-aware-tiered"})
 """Policies simulated as request routers (no pool)."""
-THUNDERAGENT = frozenset({"thunderagent", "thunderagent-ideal"})
+THUNDERAGENT = frozenset(VARIANTS)
 """Policies simulated by the ThunderAgent state machine (:mod:`shared.core.thunder`)."""
 DP_POLICIES = frozenset({"tao", "tao-no-cache", "tao-no-ready", "tao-no-cache-no-ready", "oracle"})
 """Policies whose plan is the DP (their non-exact plans are fallbacks)."""
@@ -78,6 +80,13 @@ class _Base:
         self.policy = get_policy(policy_name)
         self.options = PlanOptions(budget=sim.config.budget)
         self.node_ids: tuple[str, ...] = sim.node_ids
+        self.cost = from_profile(
+            sim.profile,
+            sim.config.latency,
+            0.0 if sim.host_link is None else sim.host_link.load_s_per_token,
+        )
+        """Every simulated node's prices: its engine profile's prefill terms, its host link,
+        the simulated control loop's round trip (:func:`shared.core.nodecost.from_profile`)."""
         """The nodes this scheduler places on (a domain's, under :class:`DomainScheduler`)."""
 
     def node_views(self) -> list[NodeView]:
@@ -96,9 +105,8 @@ class _Base:
                 reserved=reserved[n],
                 running=sim.engines[n].running,
                 shared=shared[n],
-                host_load_s_per_token=(
-                    0.0 if sim.host_link is None else sim.host_link.load_s_per_token
-                ),
+                host_load_s_per_token=self.cost.load_s,
+                cost=self.cost,
             )
             for n in self.node_ids
         ]
@@ -214,12 +222,7 @@ class PooledScheduler(_Base):
         self.tag = tag
         """Prefix of this scheduler's timer names (a domain's, so they reach it)."""
         self.name = policy_name
-        # the cost model's prefill terms are the engine profile's (docs/internals.md)
-        self.rules = replace(
-            policy_rules(self.policy),
-            evict_prefill_s=sim.profile.prefill_b,
-            evict_attn_s=sim.profile.prefill_f,
-        )
+        self.rules = policy_rules(self.policy)
         self.latency = sim.config.latency
         self.tick_no = 0
         self.next_wake: float | None = None
@@ -298,7 +301,7 @@ class PooledScheduler(_Base):
         residency = {sid: sim.residency(sid, node) for sid, node in involved}
         host = (
             {sid: sim.host_residency(sid, node) for sid, node in involved}
-            if sim.host_link is not None and self.rules.tier
+            if sim.host_link is not None and "tier" in self.rules
             else None
         )
         snap = value_snapshot(
@@ -342,6 +345,15 @@ class PooledScheduler(_Base):
         self.inflight = None
         live = sim.sessions
         applied = apply_decision(decision, live, live_free(self.node_views()), t)
+        if sim.config.record_rounds and decision.record is not None:
+            sim.result.rounds.append(
+                {
+                    **decision.record.to_dict(),
+                    "applied_at": t,
+                    "discarded": applied.discarded,
+                    "truncated": applied.truncated,
+                }
+            )
         if applied.discarded:
             sim.bump("plans_discarded")
         else:
@@ -377,16 +389,21 @@ class PooledScheduler(_Base):
 
 
 class ThunderAgentScheduler(_Base):
-    """ThunderAgent (``thunderagent``, ``thunderagent-ideal``): the core state machine of
+    """ThunderAgent (:data:`THUNDERAGENT`): the core state machine of
     :mod:`shared.core.thunder` in the request path, as its router runs it — no control-loop
     hops (the router is the proxy), the periodic check every ``ta_interval_s``, a blocked
     request's 1800 s forced resume. The session records mirror its placement (admitted on
     the program's backend with ``tokens + 100`` reserved) so the same samples and metrics
-    apply; TAO's interrupt rule and valuation play no part."""
+    apply; TAO's interrupt rule and valuation play no part. Each check sees each engine's KV
+    in use (``kv_usage × kv_tokens``, vLLM's ``kv_cache_usage_perc``) and the sessions whose
+    requests hold it (the engine's running set: the requests the proxy has seen start), which
+    a variant with ``shared_tokens`` turns into its shared tokens."""
 
     def __init__(self, sim: Simulator, policy_name: str) -> None:
         super().__init__(sim, policy_name)
-        self.variant = variant_for(policy_name, sim.config.ta_interval_s)
+        self.variant = variant_for(
+            policy_name, sim.config.ta_interval_s, sim.config.ta_decay_half_life_s
+        )
         self.ta = ThunderAgent(
             capacity=dict.fromkeys(sim.node_ids, sim.profile.kv_tokens), variant=self.variant
         )
@@ -400,7 +417,12 @@ class ThunderAgentScheduler(_Base):
         if name == "check":
             if not sim.finished:
                 sim.timer(t + self.variant.interval_s, "check")
-            self._apply(self.ta.check(), t)
+            cap = sim.profile.kv_tokens
+            used: dict[str, int | None] = {
+                n: int(sim.engines[n].kv_usage * cap) for n in self.node_ids
+            }
+            holding = {n: sim.engines[n].running_sessions for n in self.node_ids}
+            self._apply(self.ta.check(t, used, holding), t)
         elif name.startswith("force "):
             _, sid, since = name.split(" ")
             if self.blocked_since.get(sid) == float(since):
@@ -417,7 +439,7 @@ class ThunderAgentScheduler(_Base):
         for sid, node in check.resumed:
             self._place(sid, node, t)
         if check.paused and self.variant.resume_on_event:
-            self._apply(self.ta.resume(), t)
+            self._apply(self.ta.resume(t), t)
 
     def _place(self, sid: str, node: str, t: float) -> None:
         sim = self.sim
@@ -447,14 +469,14 @@ class ThunderAgentScheduler(_Base):
         self.blocked_since[sid] = t
         sim.timer(t + WAIT_TIMEOUT_S, f"force {sid} {t!r}")
         if self.variant.resume_on_event:
-            self._apply(self.ta.resume(), t)
+            self._apply(self.ta.resume(t), t)
 
     def on_response(self, sid: str, t: float) -> None:
         sim = self.sim
-        if self.ta.on_response(sid, sim.agents[sid].ctx):
+        if self.ta.on_response(sid, sim.agents[sid].ctx, t):
             self._unplace(sid, t)
             if self.variant.resume_on_event:
-                self._apply(self.ta.resume(), t)
+                self._apply(self.ta.resume(t), t)
         else:
             s = sim.sessions[sid]
             if s.node is not None:
@@ -466,7 +488,7 @@ class ThunderAgentScheduler(_Base):
         self.ta.release(sid)
         self.blocked_since.pop(sid, None)
         if self.variant.resume_on_event:
-            self._apply(self.ta.resume(), t)
+            self._apply(self.ta.resume(t), t)
 
 
 class DomainScheduler:

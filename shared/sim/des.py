@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from shared.core.engine import PROFILES, Engine, EngineRequest
+from shared.core.nodecost import ControlLatency
 from shared.core.policies import DEFAULT_BUDGET
 from shared.core.predictor import History, record, record_censored
 from shared.core.session import (
@@ -47,33 +48,6 @@ HOOK = "hook"
 """``source`` of the tool events the simulated harness reports (hooks beat inference)."""
 
 
-@dataclass(frozen=True, slots=True)
-class ControlLatency:
-    """The live control loop's latencies, charged in virtual time to the TAO pipeline.
-
-    Defaults are the measured figures of docs/benchmarks.md ("Tool end → placement", 1,000
-    sessions, p50, from the services' log stamps): the tools service has written the event
-    2.5 ms after it happened (``debounce_s`` 0.5 ms of that is the valuation's wake-up
-    debounce, ``TAO_DEBOUNCE_S``), the valuation has published the snapshot 5.4 ms later
-    (``value_s``), the planner solves (``solve_s`` + ``solve_per_session_s`` × sessions valued:
-    0.6 / 0.9 / 5.9 ms at 100 / 1,000 / 10,000 sessions) and applies and publishes
-    (``apply_s``, 12.8 − 7.9 − 0.9 ≈ 4.0 ms), and the gateway forwards the held request
-    (``forward_s``, 1 ms assumed). A periodic tick's snapshot is taken at the tick itself.
-    The solve is charged from this model, not the wall clock, so a run stays deterministic.
-    """
-
-    debounce_s: float = 0.0005
-    hop_in_s: float = 0.002
-    value_s: float = 0.0054
-    solve_s: float = 0.00085
-    solve_per_session_s: float = 5.6e-7
-    apply_s: float = 0.004
-    forward_s: float = 0.001
-
-    def solve_time(self, sessions: int) -> float:
-        return self.solve_s + self.solve_per_session_s * sessions
-
-
 INSTANT = ControlLatency(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
 """No control-loop latency: a round's plan applies at the instant of its snapshot."""
 
@@ -90,11 +64,16 @@ class SimConfig:
     """The TAO pipeline's control-loop latency (:class:`ControlLatency`; :data:`INSTANT` for
     none)."""
     ta_interval_s: float = 5.0
+    ta_decay_half_life_s: float | None = None
+    """``thunderagent-decay``'s half-life, s (None: the code's 1 s, ``DECAY_HALF_LIFE_S``)."""
     sample_s: float = 1.0
     target_utilisation: float = 1.0
     budget: int = DEFAULT_BUDGET
     params: ValuationParams = field(default_factory=ValuationParams)
     capture_snapshots: int = 0
+    record_rounds: bool = False
+    """Keep every applied round's record (:class:`shared.core.round.RoundRecord`) in
+    :attr:`SimResult.rounds`, for ``tao sim --record`` and ``tao explain``."""
     interrupts: bool = True
     """Diagnostic only (docs/evaluation.md "Findings"): False skips the interrupt rule in the
     TAO pipeline's rounds. Every reported result runs with the rule on."""

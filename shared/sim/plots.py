@@ -5,7 +5,7 @@ ablation bars (Table 4), and one contended snapshot placed by short-first and by
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
@@ -16,12 +16,13 @@ from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
 from shared.core.problem import PlanResult, Problem
+from shared.sim.capacity import Slo
 from shared.sim.report import aggregate
 from shared.sim.runner import Run
 from shared.sim.snapshots import SnapshotComparison
 
-__all__ = ["ABLATIONS", "plot_ablation", "plot_all", "plot_latency_cdf", "plot_placement",
-           "plot_running"]  # fmt: skip
+__all__ = ["ABLATIONS", "plot_ablation", "plot_all", "plot_capacity", "plot_latency_cdf",
+           "plot_placement", "plot_running"]  # fmt: skip
 
 ABLATIONS = ("tao", "tao-no-cache", "tao-no-ready", "tao-no-cache-no-ready", "tao-bfd")
 
@@ -132,6 +133,45 @@ def plot_placement(comp: SnapshotComparison, path: str) -> str:
     _draw(axes[0], problem, comp.greedy, "(a) short-first affinity greedy")
     _draw(axes[1], problem, comp.dp, "(b) TAO dynamic program")
     fig.suptitle(f"Same snapshot (t={comp.t:.0f} s, {comp.candidates} candidates)")
+    return _save(fig, path)
+
+
+def plot_capacity(
+    points: Mapping[tuple[str, int, int], Mapping[str, float | None]],
+    slo: Slo,
+    nodes: int,
+    path: str,
+    title: str = "",
+) -> str:
+    """TTFT p90 and mean task latency against agents per node, a line per policy through the
+    worker counts every seed ran (the mean over seeds), the counts only some seeds' searches
+    ran as faint points, each SLO term on its panel as a dashed line."""
+    seeds = {k[1] for k in points}
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (("ttft_p90", "TTFT p90 (s)", "ttft"), ("latency_mean", "mean task latency (s)",
+                                                    "latency"))  # fmt: skip
+    for ax, (metric, label, kind) in zip(axes, panels, strict=True):
+        for pol in dict.fromkeys(k[0] for k in points):
+            by_w: dict[int, list[float]] = {}
+            for (p, _, w), pt in points.items():
+                v = pt.get(metric)
+                if p == pol and v is not None:
+                    by_w.setdefault(w, []).append(v)
+            full = sorted(w for w in by_w if len(by_w[w]) == len(seeds))
+            (line,) = ax.plot([w / nodes for w in full], [float(np.mean(by_w[w])) for w in full],
+                              "o-", ms=3, label=pol)  # fmt: skip
+            part = sorted(w for w in by_w if len(by_w[w]) < len(seeds))
+            ax.plot([w / nodes for w in part], [float(np.mean(by_w[w])) for w in part], "o",
+                    ms=3, alpha=0.35, color=line.get_color())  # fmt: skip
+        for term in slo.terms:
+            if term.metric.startswith(kind):
+                ax.axhline(term.limit, color="red", ls="--", lw=1, label=f"SLO {term.metric}")
+        ax.set_xlabel("agents per node")
+        ax.set_ylabel(label)
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
     return _save(fig, path)
 
 

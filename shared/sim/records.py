@@ -94,6 +94,8 @@ class SimResult:
     ticks: list[TickRecord] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     snapshots: list[tuple[float, Problem]] = field(default_factory=list)
+    rounds: list[dict[str, object]] = field(default_factory=list)
+    """Each applied round's record as plain values (``SimConfig.record_rounds``)."""
     wall_s: float = 0.0
     end_time: float = 0.0
     preemptions: int = 0

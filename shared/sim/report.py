@@ -77,6 +77,7 @@ def is_compared(policy: str) -> bool:
 
 TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("latency_mean", "latency s", "{:.1f}"),
+    ("makespan", "makespan s", "{:.0f}"),
     ("latency_p99", "lat p99 s", "{:.1f}"),
     ("ttft_mean", "TTFT s", "{:.3f}"),
     ("ttft_p99", "TTFT p99 s", "{:.2f}"),
@@ -84,7 +85,6 @@ TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
     ("prefix_hit_rate", "hit rate", "{:.3f}"),
     ("tool_to_first_mean", "tool→1st s", "{:.3f}"),
     ("pause_wait_mean", "pause s", "{:.3f}"),
-    ("makespan", "makespan s", "{:.0f}"),
     ("preemptions", "preempt", "{:.0f}"),
     ("recomputed_tokens", "recomp tok", "{:.0f}"),
 )
@@ -92,6 +92,7 @@ TABLE_METRICS: tuple[tuple[str, str, str], ...] = (
 
 PAIRED_METRICS: tuple[tuple[str, str], ...] = (
     ("latency_mean", "latency"),
+    ("makespan", "makespan"),
     ("ttft_mean", "TTFT"),
     ("ttft_p99", "TTFT p99"),
     ("prefix_hit_rate", "hit rate"),
@@ -250,9 +251,11 @@ def paired_table(rows: Sequence[PairedRow], *, markdown: bool = False) -> str | 
 
 
 def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
-    """One table per workers value: policies × metrics (mean ± sd), then each non-baseline
-    policy's improvement over the best baseline per metric (positive = better; the paper's
-    Table 1 'Rel. Imprv.'); then the paired comparison (:func:`paired_table`) below it."""
+    """One table per workers value: policies × metrics (mean ± sd; makespan beside mean
+    latency), then each non-baseline policy's improvement over the best baseline per metric
+    (positive = better; the paper's Table 1 'Rel. Imprv.'); then the paired comparison
+    (:func:`paired_table`) below it. The title names the best baseline's mean TTFT, so the
+    regime (how long requests wait) shows beside the gains."""
     agg = aggregate(runs)
     workers = sorted({r.workers for r in runs}, key=_key)
     policies = list(dict.fromkeys(r.policy for r in runs))
@@ -277,6 +280,9 @@ def comparison_table(runs: Sequence[Run], *, markdown: bool = False) -> str:
             rows.append(cells)
         n = max((a[METRICS[0]][2] for (ww, _), a in agg.items() if ww == w), default=0)
         title = f"workers={w if w is not None else 'open-loop'} (seeds: {n})"
+        regime = _best_baseline(agg, w, policies, "ttft_mean")
+        if regime is not None:  # the regime: how long the best baseline's requests wait
+            title += f"; best baseline TTFT {regime[1]:.3f} s ({regime[0]})"
         block = title + "\n" + _render(header, rows, markdown)
         paired = paired_table([r for r in all_paired if r.workers == w], markdown=markdown)
         if paired is not None:

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from shared.sim.dists import WorkloadError
 from shared.sim.workloads import Task, Turn
 
-__all__ = ["load_trace", "parse_trace_line"]
+__all__ = ["load_trace", "parse_trace_line", "trace_line"]
 
 
 def _num(doc: Mapping[str, object], key: str, where: str, *, lo: float = 0.0) -> float | None:
@@ -152,3 +152,29 @@ def load_trace(path: str) -> list[Task]:
     return [
         Task(t.id, t.family, t.shared_prefix, t.turns, r - base) for t, r in parsed if r is not None
     ]
+
+
+def trace_line(task: Task) -> dict[str, object]:
+    """``task`` as one trace line (what :func:`parse_trace_line` reads back as the same task):
+    ``tao sim --write-trace`` writes a generated workload so that ``tao demo --trace`` can run
+    on real engines exactly what ``tao sim --trace`` simulates."""
+    turns: list[dict[str, object]] = []
+    for t in task.turns:
+        turn: dict[str, object] = {"prompt_tokens_added": t.added, "output_tokens": t.output}
+        if t.tool is not None:
+            turn.update(
+                tool=t.tool,
+                tool_duration_s=t.duration,
+                tool_timeout_s=t.timeout,
+                background=t.background,
+            )
+        turns.append(turn)
+    doc: dict[str, object] = {
+        "session": task.id,
+        "family": task.family,
+        "shared_prefix_tokens": task.shared_prefix,
+        "turns": turns,
+    }
+    if task.arrival is not None:
+        doc["start"] = task.arrival
+    return doc

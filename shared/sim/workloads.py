@@ -65,7 +65,7 @@ from __future__ import annotations
 import math
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -73,10 +73,12 @@ from shared.sim.dists import Dist, WorkloadError, parse_dist
 
 __all__ = [
     "BUILTIN",
+    "FOLDED_NAMES",
     "Task",
     "ToolSpec",
     "Turn",
     "WorkloadSpec",
+    "folded_name",
     "generate_tasks",
     "load_workload",
     "parse_workload",
@@ -398,6 +400,30 @@ def _one_task(spec: WorkloadSpec, task_id: str, rng: np.random.Generator) -> Tas
     return Task(task_id, spec.name, spec.shared_prefix, tuple(turns))
 
 
+_SHELL_PROGRAMS = ("grep", "find", "ls", "git", "python", "pytest", "make", "cat", "sed")
+FOLDED_NAMES: dict[str, dict[str, str]] = {
+    "swe-agent": dict.fromkeys(_SHELL_PROGRAMS, "bash"),
+    "swe-lite": dict.fromkeys(_SHELL_PROGRAMS, "bash"),
+}
+"""Per family, the tool names a harness that reports only its tools (not the command run)
+would show: SWE-agent's and mini-swe-agent's shell programs all run through ``bash`` (its
+editor tools ``view`` / ``edit`` keep their names). Every family also drops a ``:kind``
+suffix (claude-code's ``Bash:test`` is ``Bash``): :func:`folded_name`."""
+
+
+def folded_name(family: str, name: str) -> str:
+    """The name ``name`` of a ``family`` call has when long and short calls share one name."""
+    return FOLDED_NAMES.get(family, {}).get(name, name).split(":", 1)[0]
+
+
+def _folded(task: Task) -> Task:
+    turns = tuple(
+        t if t.tool is None else replace(t, tool=folded_name(task.family, t.tool))
+        for t in task.turns
+    )
+    return replace(task, turns=turns)
+
+
 def generate_tasks(
     spec: WorkloadSpec,
     n: int,
@@ -405,12 +431,15 @@ def generate_tasks(
     *,
     extra_tool_delay: tuple[float, float] | None = None,
     arrival_rate: float | None = None,
+    fold_tools: bool = False,
 ) -> list[Task]:
     """``n`` tasks, deterministic for ``seed``; task ``i`` depends only on ``(seed, i)``.
 
     ``extra_tool_delay = (lo, hi)`` adds one fixed delay per session, drawn uniformly, to every
     tool call of that session (the paper's Table 8 setup). ``arrival_rate`` (tasks/s) gives
-    Poisson arrival times for an open-loop run.
+    Poisson arrival times for an open-loop run. ``fold_tools`` renames each call with
+    :func:`folded_name` after drawing it: the same calls (durations, timeouts, tokens) as
+    without, under the names a harness that does not label its commands reports.
     """
     tasks: list[Task] = []
     for i in range(n):
@@ -434,6 +463,8 @@ def generate_tasks(
         gaps = np.random.default_rng([seed, 1 << 20]).exponential(1.0 / arrival_rate, size=n)
         times = np.cumsum(gaps) - gaps[0]
         tasks = [_at(t, float(a)) for t, a in zip(tasks, times, strict=True)]
+    if fold_tools:
+        tasks = [_folded(t) for t in tasks]
     return tasks
 
 

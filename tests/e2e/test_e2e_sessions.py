@@ -187,13 +187,14 @@ class TestAgentSessions:
 
     def test_status_cli_shows_sessions_and_plans(self, workload: Workload) -> None:
         """``tao status --json`` lists the open sessions with their turns, not the ended ones,
-        and counts applied plans."""
+        and counts applied plans. After its last answer (no tool call) a session waits on its
+        client, in the inferred ``(client)`` call (services.tools.steps)."""
         status = workload.status
         ours = {s["id"]: s for s in status["sessions"] if s["id"] in workload.turns}
         witnesses = sorted(workload.turns)[:WITNESSES]
         assert sorted(ours) == witnesses
         for row in ours.values():
-            assert (row["turns"], row["ended"], row["activity"]) == (TURNS, False, "idle"), row
+            assert (row["turns"], row["ended"], row["activity"]) == (TURNS, False, "tool"), row
             assert row["node"] in ("sim0", "sim1") and row["weight"] > row["tokens"] > 0, row
         planner = status["planner"]
         assert planner["plans_applied"] > 0

@@ -20,6 +20,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from benchmarks.replay_client import WORDS
 from shared.cli.engines import start_engine, write_state
 from shared.contracts.kv import BlockStored, decode_kv_batch
 from shared.infra.kvzmq import KvFeed
@@ -27,41 +28,6 @@ from shared.infra.store import Store
 from tests.real.conftest import BLOCK, KV_BLOCKS, Rig
 
 pytestmark = pytest.mark.real
-
-WORDS = [
-    "def",
-    "class",
-    "return",
-    "import",
-    "value",
-    "error",
-    "test",
-    "file",
-    "module",
-    "data",
-    "self",
-    "None",
-    "True",
-    "False",
-    "for",
-    "in",
-    "while",
-    "with",
-    "open",
-    "read",
-    "write",
-    "print",
-    "list",
-    "dict",
-    "set",
-    "tuple",
-    "int",
-    "str",
-    "float",
-    "async",
-    "await",
-    "yield",
-]
 
 
 def text(rng: random.Random, words: int) -> str:

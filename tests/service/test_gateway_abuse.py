@@ -234,14 +234,14 @@ class TestBodyShape:
         """A request that names no session is matched by its conversation's hash chain:
         for a large body the chain is made in a worker thread too."""
         threads: list[bool] = []
-        real = relay_module.chain
+        real = relay_module.conversation
 
         def spy(*args: Any) -> Any:
             threads.append(threading.current_thread() is threading.main_thread())
             return real(*args)
 
         with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(relay_module, "chain", spy)
+            mp.setattr(relay_module, "conversation", spy)
             big = asyncio.create_task(
                 h.client.post(CHAT, data=chat_body("x" * bodies.OFF_LOOP_BYTES))
             )

@@ -142,13 +142,19 @@ class TestContinuation:
         again, _ = await t.send([FIRST, echoed, result])
         assert again == sid
 
-    async def test_a_changed_answer_starts_a_new_session(self, h: Harness) -> None:
-        """A conversation whose assistant turn differs from what the gateway answered (an
-        edited history) extends no session: a new one."""
+    async def test_a_changed_answer_joins_the_only_session_it_extends(self, h: Harness) -> None:
+        """A conversation whose assistant turn differs from what the gateway answered (a replay
+        client re-sending its trace's text) joins the one session it extends, its assistant
+        text aside; with two such sessions (a fork) it starts its own."""
         t = Turns(h)
         sid, _ = await t.send([FIRST])
-        other, _ = await t.send([FIRST, {"role": "assistant", "content": "Bye"}, FIRST])
-        assert other != sid
+        again, _ = await t.send([FIRST, {"role": "assistant", "content": "Bye"}, FIRST])
+        assert again == sid
+        fork_a, _ = await t.send([SYSTEM, FIRST])
+        fork_b, _ = await t.send([SYSTEM, FIRST])
+        nxt = [SYSTEM, FIRST, {"role": "assistant", "content": "Bye"}, FIRST]
+        third, _ = await t.send(nxt)
+        assert third not in (fork_a, fork_b, sid)
 
     async def test_parallel_samples_with_equal_answers_stay_apart(self, h: Harness) -> None:
         """Two sessions with the same first turn and the same answer: their two continuations

@@ -11,6 +11,7 @@ import pytest
 
 from services.tools.app import start
 from services.tools.handlers import ToolsHandlers
+from services.tools.steps import AWAITING_CLIENT
 from shared.contracts import subjects
 from shared.contracts.codec import decode, decode_message
 from shared.contracts.deadletter import DeadLetter
@@ -165,13 +166,34 @@ class TestSessionEvents:
         assert s is not None and s.activity == "idle"
         assert await env.store.pool_ids() == set()
 
-    async def test_cancel_after_admission_idles(self, env: Env) -> None:
-        """A cancel of the current request just after admission idles the running session."""
+    async def test_cancel_after_admission_awaits_the_client(self, env: Env) -> None:
+        """A cancel of the current request just after admission leaves the running session
+        waiting on its client, as a tool of unknown end (releasable, services.tools.steps)."""
         await env.send(request())
         await admitted(env, "s1")
         await env.send(SessionCancel(session_id="s1", request_id="r1", cancelled_at=12))
         s = await env.store.get_session("s1")
-        assert s is not None and (s.activity, s.node, s.request_id) == ("idle", "n1", None)
+        assert s is not None and (s.activity, s.node, s.request_id) == ("tool", "n1", None)
+        assert s.tool is not None and s.tool.tool == AWAITING_CLIENT
+
+    async def test_answer_without_tools_awaits_the_client(self, env: Env) -> None:
+        """An admitted session answered with no tool call is in the client's inferred call;
+        its next request ends it and nothing is recorded in the tool statistics."""
+        await env.send(request())
+        await admitted(env, "s1")
+        await env.send(response(calls=0))
+        s = await env.store.get_session("s1")
+        assert s is not None and s.tool is not None
+        assert (s.activity, s.tool.tool, s.tool.source, s.tool.started_at) == (
+            "tool",
+            AWAITING_CLIENT,
+            INFERRED,
+            12.0,
+        )
+        await env.send(request(rid="r2", at=30.0))
+        s = await env.store.get_session("s1")
+        assert s is not None and (s.activity, s.tool) == ("running", None)
+        assert await env.store.history() == (await FakeStore().history())
 
     async def test_end_releases_reservation_and_deletes(self, env: Env) -> None:
         """SessionEnd releases the node reservation and removes the record."""

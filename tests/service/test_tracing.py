@@ -144,3 +144,29 @@ def test_bad_or_missing_exporter_names_the_variable(env: dict[str, str], message
         pytest.skip("the OTLP exporter (the optional otel extra) is installed here")
     with pytest.raises(ValueError, match=message):
         tracing.exporter_from_env(env)
+
+
+class TestPlanSpan:
+    async def test_plan_span_carries_each_decision_with_its_rule_and_price(
+        self, spans: InMemorySpanExporter
+    ) -> None:
+        """tao.plan has one event per admit and release of the round record."""
+        from services.planner.handlers import _trace_plan
+        from shared.core.interrupt import InterruptCandidate
+        from shared.core.policies import get_policy
+        from shared.core.problem import Node
+        from shared.core.tick import Applied, TickCandidate, TickSnapshot, decide
+
+        w = TickCandidate("w", 1, 2048, 2048, 1, {}, frozenset({"n0"}), "", "reasoning")
+        t = InterruptCandidate("t", "n0", 2048, 0, 0, 2048, 600.0)
+        snap = TickSnapshot(3, 5.0, 512, (Node("n0", 0),), (w,), (t,), {"w": 1, "t": 1})
+        d = decide(snap, get_policy("tao"))
+        _trace_plan(3, "tao", d, Applied(discarded=False), 5.0, 1.0)
+        (span,) = _named(spans, "tao.plan")
+        assert span.attributes is not None and span.attributes["tao.rules"] == "tao"
+        events = [(e.name, dict(e.attributes or {})) for e in span.events]
+        assert [(n, a["tao.session"], a["tao.rule"]) for n, a in events] == [
+            ("tao.release", "t", "demand"),
+            ("tao.admit", "w", "search"),
+        ]
+        assert events[0][1]["tao.gain_s"] == 600.0 and events[0][1]["tao.cost_s"] > 0

@@ -10,7 +10,7 @@ from services.valuation.app import host_links
 from services.valuation.handlers import Valuator, with_host_links
 from shared.contracts.codec import decode, encode
 from shared.contracts.valuation import ValuationSnapshot
-from shared.core.rules import ABLATIONS, DEFAULT_RULES, TaoRules
+from shared.core.rules import DEFAULT_RULES, RULE_SETS, RuleSet
 from shared.core.session import Session, ToolCall
 from shared.core.valuation import NodeView, ValuationParams
 from shared.infra.fake_store import FakeStore
@@ -24,9 +24,7 @@ PARAMS = ValuationParams()
 RATE = 131072 / 35.2e9  # Qwen3-32B on TP2 over H100's measured H2D
 
 
-def _valuator(
-    store: FakeStore, load: dict[str, float], rules: TaoRules = DEFAULT_RULES
-) -> Valuator:
+def _valuator(store: FakeStore, load: dict[str, float], rules: RuleSet = DEFAULT_RULES) -> Valuator:
     return Valuator(store=store, bus=FakeBus(), log=get_logger("test"), params=PARAMS,
                     idle_timeout_s=300.0, clock=lambda: NOW, rules=rules,
                     host_load=load)  # fmt: skip
@@ -68,7 +66,7 @@ class TestHostCredit:
         snap = await _valuator(store, {"n1": RATE}).run_tick()
         credit = next(c.credit for c in snap.candidates if c.id == "p00")
         assert 0 < credit.get("n1", 0) <= 8000
-        for load, rules in (({}, DEFAULT_RULES), ({"n1": RATE}, ABLATIONS["tao-no-tier"])):
+        for load, rules in (({}, DEFAULT_RULES), ({"n1": RATE}, RULE_SETS["tao-no-tier"])):
             snap = await _valuator(store, load, rules).run_tick()
             assert next(c.credit for c in snap.candidates if c.id == "p00").get("n1", 0) == 0
 

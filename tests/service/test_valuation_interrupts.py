@@ -17,7 +17,7 @@ from shared.contracts.codec import decode
 from shared.contracts.session import SessionEnd
 from shared.core.policies import get_policy
 from shared.core.predictor import History
-from shared.core.rules import DEFAULT_RULES, PAPER, TaoRules
+from shared.core.rules import DEFAULT_RULES, PAPER, RuleSet
 from shared.core.session import Session, ToolCall
 from shared.core.tick import decide, value_snapshot
 from shared.core.valuation import NodeView, ValuationParams
@@ -118,7 +118,7 @@ class TestReducedSnapshot:
 
 
 def _valuator(
-    store: FakeStore, bus: FakeBus, *, thunder: bool = False, rules: TaoRules = PAPER
+    store: FakeStore, bus: FakeBus, *, thunder: bool = False, rules: RuleSet = PAPER
 ) -> Valuator:
     return Valuator(store=store, bus=bus, log=get_logger("test"), params=PARAMS,
                     idle_timeout_s=300.0, clock=lambda: NOW, thunderagent=thunder,

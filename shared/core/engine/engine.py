@@ -111,6 +111,11 @@ class Engine:
         return len(self._running)
 
     @property
+    def running_sessions(self) -> frozenset[str]:
+        """The sessions whose requests are admitted and hold blocks."""
+        return frozenset(r.session_id for r in self._running)
+
+    @property
     def waiting(self) -> int:
         """Requests queued (new or preempted, or waiting for a host-tier load: vLLM counts
         ``WAITING_FOR_REMOTE_KVS`` requests as waiting)."""

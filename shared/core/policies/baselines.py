@@ -26,6 +26,7 @@ BASELINES: dict[str, Callable[[], Policy]] = {
     "kv-aware-tiered": lambda: KvAwarePolicy(name="kv-aware-tiered"),
     "thunderagent": ThunderAgentPolicy,
     "thunderagent-ideal": lambda: ThunderAgentPolicy(name="thunderagent-ideal"),
+    "thunderagent-decay": lambda: ThunderAgentPolicy(name="thunderagent-decay"),
 }
 """Baseline name → factory with the authors' defaults."""
 

@@ -1,10 +1,10 @@
 """The ``tao`` policy and its ablations, plus the ``short-first`` greedy baseline.
 
 ``tao`` solves the lexicographic placement with :func:`shared.core.planner.solve`. The ablations
-change only the valuation (``tao-no-cache`` zeroes credit, ``tao-no-ready`` zeroes readiness) or
-only the decision (``tao-bfd`` places by best-fit-decreasing instead of the DP), as in the paper's
-Table 4. Every result reports its objective under the snapshot's *full* valuation, so policies
-compare on one scale; ``diagnostics.own_objective`` holds the value the policy optimised.
+are rule sets (:mod:`shared.core.rules`): ``tao-no-cache`` / ``tao-no-ready`` switch the credit
+or readiness signal off in the round (:func:`shared.core.tick.decide` zeroes it in the snapshot,
+the one place it is switched), ``tao-bfd`` places by best-fit-decreasing instead of the DP, as in
+the paper's Table 4; ``diagnostics.own_objective`` holds the value the policy optimised.
 """
 
 from __future__ import annotations
@@ -25,10 +25,12 @@ from shared.core.problem import (
     objective_of,
     result_from_choice,
 )
-from shared.core.rules import DEFAULT_RULES, TaoRules
+from shared.core.rules import DEFAULT_RULES, RuleSet
 
 
-def _ablate(d: Dense, *, cache: bool, ready: bool) -> Dense:
+def _ablate(d: Dense, rules: RuleSet) -> Dense:
+    """The problem with the credit or readiness signal off where the rule set has it off."""
+    cache, ready = "cache" in rules, "ready" in rules
     if cache and ready:
         return d
     return replace(
@@ -44,14 +46,14 @@ class TaoPolicy:
     spread over equally valued nodes by :func:`shared.core.heuristics.balance` (same value)."""
 
     name: str = "tao"
-    use_cache: bool = True
-    use_ready: bool = True
-    rules: TaoRules = DEFAULT_RULES
-    """The round's rules (:mod:`shared.core.rules`), read by :func:`shared.core.tick.decide`."""
+    rules: RuleSet = DEFAULT_RULES
+    """The round's rule set (:mod:`shared.core.rules`), read by :func:`shared.core.tick.decide`;
+    its ``cache`` / ``ready`` rules also decide what this search optimises (a problem planned
+    on its own, ``tao plan``, is ablated here as the round ablates its snapshot)."""
 
     def plan(self, problem: Problem, options: PlanOptions) -> PlanResult:
         d = densify(problem)
-        own = _ablate(d, cache=self.use_cache, ready=self.use_ready)
+        own = _ablate(d, self.rules)
         sol = solve(own, budget=options.budget, expired=options.expired)
         return result_from_choice(
             d,
@@ -70,7 +72,7 @@ class TaoBfdPolicy:
     tightest fit): the paper's DP→BFD ablation."""
 
     name: str = "tao-bfd"
-    rules: TaoRules = DEFAULT_RULES
+    rules: RuleSet = DEFAULT_RULES
 
     def plan(self, problem: Problem, options: PlanOptions) -> PlanResult:
         d = densify(problem)

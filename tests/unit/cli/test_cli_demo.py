@@ -104,7 +104,7 @@ class TestRepeat:
         assert head == ["metric", "thunderagent", "tao"]
         latency = next(ln for ln in text.splitlines() if ln.startswith("task latency mean"))
         assert "10.00 ± 0.00 s" in latency and "8.00 ± 1.00 s" in latency
-        assert "tao vs thunderagent: task latency mean -20.0 ± 24.8%," in text
+        assert "tao vs thunderagent: makespan -, task latency mean -20.0 ± 24.8%," in text
         assert "TTFT mean +0.0 ± 0.0%" in text  # identical: no -0.0, no star
 
     def test_one_run_prints_no_paired_lines(self) -> None:

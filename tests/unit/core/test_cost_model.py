@@ -1,14 +1,14 @@
 """The time cost model: expected remaining time, liveness, the readmission horizon, the
-release order and gate (shared/core/predictor.py, readiness.py, rules.py, tick.py)."""
+release order and gate (shared/core/predictor.py, readiness.py, nodecost.py, round.py)."""
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 
 from shared.core.interrupt import InterruptCandidate
+from shared.core.nodecost import NodeCost
 from shared.core.policies import get_policy
 from shared.core.predictor import (
     History,
@@ -20,16 +20,7 @@ from shared.core.predictor import (
 )
 from shared.core.problem import Node
 from shared.core.readiness import ReadinessState, readiness
-from shared.core.rules import (
-    ABLATIONS,
-    DEFAULT_RULES,
-    HOLD,
-    PAPER,
-    readmit_horizon_s,
-    recompute_s,
-    release_cost_s,
-    release_net_s,
-)
+from shared.core.rules import DEFAULT_RULES, PAPER, RULE_SETS
 from shared.core.tick import TickSnapshot, decide
 
 
@@ -130,8 +121,12 @@ class TestLiveness:
         assert readiness(ReadinessState(pred), 99.5).rule == "stale"
 
 
+COST = NodeCost(prefill_s=50e-6, attn_s=2.3e-9, requeue_s=0.014)
+"""A hand-made node: qwen3-32b-tp2's prefill terms and a 14 ms control loop."""
+
+
 class TestHorizonAndNet:
-    """The readmission horizon and the seconds a release nets, from the profile's terms."""
+    """The readmission horizon and the seconds a release nets, from the node's own terms."""
 
     @pytest.mark.parametrize(
         ("tokens", "expected"),
@@ -140,27 +135,29 @@ class TestHorizonAndNet:
     )  # fmt: skip
     def test_horizon(self, tokens: int, expected: float) -> None:
         """Control loop plus the whole context's prefill."""
-        assert readmit_horizon_s(tokens, DEFAULT_RULES) == pytest.approx(expected)
+        assert COST.readmit_s(tokens) == pytest.approx(expected)
 
     def test_recompute_counts_kept_context(self) -> None:
         """Recomputing after kept tokens attends to them too."""
-        assert recompute_s(100, 1000, DEFAULT_RULES) > recompute_s(100, 0, DEFAULT_RULES)
+        assert COST.recompute_s(100, 1000) > COST.recompute_s(100, 0)
 
     @pytest.mark.parametrize(
-        ("remaining", "tokens", "slack", "running", "sign"),
-        [(300.0, 30_000, 0, 0, 1), (0.2, 30_000, 0, 0, -1), (5.0, 30_000, 0, 8, -1),
-         (5.0, 30_000, 40_000, 8, 1), (math.inf, 1, 0, 0, 1)],
+        ("remaining", "tokens", "running", "sign"),
+        [(300.0, 30_000, 0, 1), (0.2, 30_000, 0, -1), (5.0, 30_000, 8, -1),
+         (math.inf, 1, 0, 1)],
     )  # fmt: skip
-    def test_net_sign(
-        self, remaining: float, tokens: int, slack: int, running: int, sign: int
-    ) -> None:
-        """A long call nets time, a short one costs it; a kept prefix costs only the loop."""
-        net = release_net_s(remaining, tokens, slack, running, DEFAULT_RULES)
+    def test_net_sign(self, remaining: float, tokens: int, running: int, sign: int) -> None:
+        """A long call nets time, a short one costs it, a busy node makes it dearer."""
+        net = COST.release_net_s(remaining, tokens, running)
         assert (net > 0) == (sign > 0)
         if not math.isinf(remaining):
-            assert net == pytest.approx(
-                remaining - release_cost_s(tokens, slack, running, DEFAULT_RULES)
-            )
+            assert net == pytest.approx(remaining - COST.release_s(tokens, running))
+
+    def test_a_slower_node_prices_the_same_release_higher(self) -> None:
+        """Per-node prices: the same call is worth releasing on a fast node, not on a CPU
+        engine that spends 3.5x as long per token."""
+        slow = COST.with_prefill(COST.prefill_s * 3.5, COST.attn_s * 3.5, "measured")
+        assert COST.release_net_s(10.0, 20_000, 2) > 0 > slow.release_net_s(10.0, 20_000, 2)
 
 
 def _ic(sid: str, remaining: float, tokens: int = 10_000, credit: int = 0) -> InterruptCandidate:
@@ -182,34 +179,29 @@ class TestReleaseOrder:
     """The pay-back of a full node releases the session whose release nets most first."""
 
     def test_longest_remaining_first(self) -> None:
-        """Cost model: the 300 s call goes, though it has the most credit; the paper's order
-        releases the least credit first."""
+        """Cost model: the 300 s call goes, though it has the most credit."""
         snap = _full(_ic("short", 0.3, credit=0), _ic("long", 300.0, credit=9_000), over=100)
         got = decide(snap, get_policy("tao"), rules=DEFAULT_RULES)
         assert [m.session for m in got.interrupts] == ["long"]
-        old = decide(snap, get_policy("tao"), rules=HOLD)
-        assert [m.session for m in old.interrupts] == ["short"]
 
     def test_readiness_off_forgets_remaining(self) -> None:
         """``tao-no-ready`` does not know the remaining times: a full node releases the
         cheapest release (the smallest context) whatever its call, and nothing is released
         for the pool's demand (no call is known to leave its room idle)."""
         snap = _full(_ic("short", 0.3, tokens=20_000), _ic("long", 300.0, tokens=30_000), over=100)
-        got = decide(snap, get_policy("tao-no-ready"), rules=ABLATIONS["tao-no-ready"])
+        got = decide(snap, get_policy("tao-no-ready"), rules=RULE_SETS["tao-no-ready"])
         assert [m.session for m in got.interrupts] == ["short"]
         assert [m.session for m in decide(snap, get_policy("tao")).interrupts] == ["long"]
 
 
 class TestRuleSets:
-    """``tao`` runs the cost model; ``tao-hold`` is the previous default; the paper has none."""
+    """``tao`` prices its round; the paper's round prices nothing."""
 
     def test_defaults(self) -> None:
         """The named rule sets differ where documented."""
-        assert DEFAULT_RULES.cost and DEFAULT_RULES.demand and DEFAULT_RULES.evict
-        assert not HOLD.cost and not HOLD.demand and not HOLD.evict and HOLD.hold
-        assert not PAPER.cost and not PAPER.evict
-        assert ABLATIONS["tao-hold"] == HOLD
-        assert ABLATIONS["tao-no-cost"] == replace(DEFAULT_RULES, cost=False)
+        assert {"cost", "demand", "home", "payback"} <= DEFAULT_RULES.rules
+        assert "cost" not in PAPER and "payback-reserved" in PAPER and "demand" in PAPER
+        assert RULE_SETS["tao-fair"].rules == DEFAULT_RULES.rules | {"tail"}
 
 
 class TestReleaseForDemand:
@@ -233,9 +225,12 @@ class TestReleaseForDemand:
     def test_kept_slack_does_not_make_a_short_call_cheap(
         self, remaining: float, released: list[str]
     ) -> None:
-        """A 0.5 s call is kept though 80k tokens of the node's cache are unclaimed (the
-        ``tao-evict`` variant would count its prefix as kept and release it); a 60 s call goes."""
+        """A 0.5 s call is kept though 80k tokens of the node's cache are unclaimed; a 60 s
+        call goes. The record says so, with the prices."""
         got = decide(self._snap(remaining), get_policy("tao"), rules=DEFAULT_RULES)
         assert [m.session for m in got.interrupts] == released
-        old = decide(self._snap(0.5), get_policy("tao-evict"), rules=ABLATIONS["tao-evict"])
-        assert [m.session for m in old.interrupts] == ["t"]
+        assert got.record is not None
+        (entry,) = [e for e in got.record.entries if e.session == "t"]
+        assert entry.kind == ("release" if released else "hold")
+        assert entry.rule == "demand" and entry.gain_s == remaining
+        assert (entry.net_s > 0) == bool(released)

@@ -43,7 +43,7 @@ SESSIONS = [
 ]
 
 
-@pytest.mark.parametrize("policy", ["tao", "tao-paper", "tao-prev", "cache-aware", "rr"])
+@pytest.mark.parametrize("policy", ["tao", "tao-paper", "tao-fair", "cache-aware", "rr"])
 def test_sessions_on_a_dead_node_are_released(policy: str) -> None:
     snap = value_snapshot(SESSIONS, nodes(False), {}, History(), 2.0, params=PARAMS)
     assert snap.unhealthy == frozenset({"n1"})

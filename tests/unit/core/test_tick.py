@@ -94,7 +94,9 @@ class TestDecide:
         holder = _tooling("h", 7488, "n1", 8000)
         new = _waiting("w", 5000)
         snap = value_snapshot([holder, new], nodes, {}, History(), 0.0, params=PARAMS)
-        d = decide(snap, get_policy("tao-demand"))  # the demand step (off in tao)
+        d = decide(
+            snap, get_policy("tao-paper")
+        )  # the paper's demand step: releases whatever the price
         assert [m.session for m in d.interrupts] == ["h"]
         assert [(m.session, m.node) for m in d.admits] == [("w", "n1")]
 
@@ -110,7 +112,7 @@ class TestDecide:
         other = _tooling("other", 1488, "n2", 2000)
         snap = value_snapshot([big, small, other], nodes, {}, History(), 0.0, params=PARAMS)
         assert dict(snap.overflow) == {"n1": 2000}
-        d = decide(snap, get_policy("tao-payback-reserved"))  # the reservation trigger
+        d = decide(snap, get_policy("tao-paper"))  # the paper's reservation trigger
         assert [m.session for m in d.interrupts] == ["small"]  # lowest (k, r, t) first
 
     def test_ready_tool_session_is_not_interrupted(self) -> None:

@@ -1,4 +1,4 @@
-"""The one KV tier model (shared/core/tiers.py) and the rules that price with it."""
+"""The one KV tier model (shared/core/tiers.py) and the node cost that prices with it."""
 
 from __future__ import annotations
 
@@ -8,19 +8,14 @@ from dataclasses import replace
 import pytest
 
 from shared.core.engine import PROFILES
-from shared.core.rules import (
-    DEFAULT_RULES,
-    readmit_horizon_s,
-    recompute_s,
-    release_cost_s,
-    release_worth,
-)
+from shared.core.nodecost import NodeCost, from_profile
 from shared.core.tiers import CPU, GPU, HostLink, host_credit, tier_of, tiered_credits
 
-RULES = replace(DEFAULT_RULES, evict_prefill_s=26.5e-6, evict_attn_s=2.7e-9)
 LINK = PROFILES["deepseek-4xh100"].host_link(4.0)
 assert LINK is not None
 RATE = LINK.load_s_per_token
+COST = from_profile(PROFILES["deepseek-4xh100"], load_s=RATE)
+"""deepseek-4xh100's prices with its 4x host tier."""
 
 
 @pytest.mark.parametrize(
@@ -77,26 +72,28 @@ def test_host_credit_is_the_share_of_the_recompute_the_load_saves(
 class TestTieredCredits:
     def test_host_beyond_the_gpu_run_adds_its_priced_credit(self) -> None:
         gpu = {"a": (4096, 0.0)}
-        out = tiered_credits({"a": 4096}, gpu, {"a": 30_000, "b": 30_000}, {"a": RATE, "b": RATE},
-                             RULES, 256)  # fmt: skip
+        out = tiered_credits({"a": 4096}, gpu, {"a": 30_000, "b": 30_000}, {"a": COST, "b": COST},
+                             256)  # fmt: skip
         extra = 30_000 - 4096
-        priced = host_credit(extra, extra * RATE, recompute_s(extra, 4096, RULES))
+        priced = host_credit(extra, extra * RATE, COST.recompute_s(extra, 4096))
         assert 0 < priced < extra
         assert out["a"] == 4096 + round(priced / 256) * 256
-        alone = host_credit(30_000, 30_000 * RATE, recompute_s(30_000, 0, RULES))
+        alone = host_credit(30_000, 30_000 * RATE, COST.recompute_s(30_000, 0))
         assert out["b"] == round(alone / 256) * 256
 
     @pytest.mark.parametrize(
         ("host", "rate"),
-        [({"a": 2048}, {"a": RATE}), ({"a": 30_000}, {}), ({"a": 30_000}, {"a": 0.0})],
+        [
+            ({"a": 2048}, {"a": COST}),
+            ({"a": 30_000}, {}),
+            ({"a": 30_000}, {"a": replace(COST, load_s=0.0)}),
+        ],
     )
     def test_nothing_added_without_a_tier_or_beyond_the_gpu(
-        self, host: dict[str, int], rate: dict[str, float]
+        self, host: dict[str, int], rate: dict[str, NodeCost]
     ) -> None:
         """A host run no longer than the GPU's, or a node without a host link, adds nothing."""
-        assert tiered_credits({"a": 4096}, {"a": (4096, 0.0)}, host, rate, RULES, 256) == {
-            "a": 4096
-        }
+        assert tiered_credits({"a": 4096}, {"a": (4096, 0.0)}, host, rate, 256) == {"a": 4096}
 
 
 class TestTierPricing:
@@ -104,31 +101,31 @@ class TestTierPricing:
 
     def test_release_of_a_host_held_session_costs_its_load(self) -> None:
         tokens = 30_000
-        blind = release_cost_s(tokens, 0, 8, RULES)
-        tiered = release_cost_s(tokens, 0, 8, RULES, tokens, RATE)
-        assert tiered == pytest.approx(tokens * RATE + RULES.evict_requeue_s)
+        blind = COST.release_s(tokens, 8)
+        tiered = COST.release_s(tokens, 8, tokens)
+        assert tiered == pytest.approx(tokens * RATE + COST.requeue_s)
         assert tiered < blind / 10
-        assert release_cost_s(tokens, 0, 8, replace(RULES, tier=False), tokens, RATE) == blind
+        assert COST.release_s(tokens, 8, tokens, tier=False) == blind
 
     def test_only_the_part_the_host_holds_is_loaded(self) -> None:
         tokens, held = 30_000, 10_000
-        cost = release_cost_s(tokens, 0, 0, RULES, held, RATE)
-        expect = held * RATE + recompute_s(tokens - held, held, RULES) + RULES.evict_requeue_s
+        cost = COST.release_s(tokens, 0, held)
+        expect = held * RATE + COST.recompute_s(tokens - held, held) + COST.requeue_s
         assert cost == pytest.approx(expect)
 
     @pytest.mark.parametrize(("remaining", "worth"), [(0.05, False), (0.5, True), (30.0, True)])
     def test_a_short_remaining_call_is_worth_releasing_only_with_the_tier(
         self, remaining: float, worth: bool
     ) -> None:
-        assert release_worth(remaining, 30_000, 0, 8, RULES, 30_000, RATE) is worth
-        assert release_worth(remaining, 30_000, 0, 8, replace(RULES, tier=False), 30_000, RATE) is (
-            remaining > release_cost_s(30_000, 0, 8, RULES)
+        assert (COST.release_net_s(remaining, 30_000, 8, 30_000) > 0) is worth
+        assert (COST.release_net_s(remaining, 30_000, 8, 30_000, tier=False) > 0) is (
+            remaining > COST.release_s(30_000, 8)
         )
 
     def test_readmission_horizon_is_the_loop_plus_the_load(self) -> None:
-        h = readmit_horizon_s(30_000, RULES, 30_000, RATE)
-        assert h == pytest.approx(RULES.evict_requeue_s + 30_000 * RATE)
-        assert h < readmit_horizon_s(30_000, RULES)
+        h = COST.readmit_s(30_000, 30_000)
+        assert h == pytest.approx(COST.requeue_s + 30_000 * RATE)
+        assert h < COST.readmit_s(30_000)
 
 
 @pytest.mark.parametrize("name", sorted(PROFILES))

@@ -8,14 +8,15 @@ import pytest
 
 from services.gateway.continuation import (
     Continuations,
-    ResponseIds,
     answer_items,
     anthropic_items,
     chain,
     chat_items,
+    conversation,
     responses_items,
     root,
 )
+from services.gateway.response_ids import ResponseIds
 
 R = root(None)
 
@@ -173,7 +174,7 @@ class TestContinuations:
 
 class TestResponseIds:
     def test_served_ids_map_per_tenant_with_ttl(self) -> None:
-        ids = ResponseIds(ttl_s=10, max_ids=2)
+        ids = ResponseIds(ttl_s=10, per_tenant=2)
         ids.served("t", "r1", "s1", 0)
         assert ids.session("t", "r1", 5) == "s1"
         assert ids.session("u", "r1", 5) is None
@@ -181,3 +182,73 @@ class TestResponseIds:
         for n in range(3):
             ids.served("t", f"x{n}", "s", 0)
         assert len(ids) == 2 and ids.session("t", "x0", 1) is None
+
+
+SYS, U1, U2 = ("system", "be careful"), ("user", "fix the bug"), ("user", "and the test")
+
+
+def asked(c: Continuations, items: list[tuple[str, str]], now: float = 2.0) -> str | None:
+    conv = conversation(None, items)
+    assert conv is not None
+    return c.claim(None, conv.exact, now, conv.loose)
+
+
+def served(c: Continuations, session: str, request: list[tuple[str, str]], answer: str) -> None:
+    """``session`` was asked ``request`` and answered ``answer`` (text and one call)."""
+    conv = conversation(None, request)
+    assert conv is not None
+    c.begin(None, session, 0.0)
+    c.answered(session, conv.tip([("assistant", answer), ("call", "sh\x00{}")]), 1.0)
+
+
+class TestLooseContinuation:
+    """A request that re-sends its own history (any assistant text, any calls) joins the only
+    live session it extends when that session has no request running; forks and parallel
+    samples never merge, and a client that re-sent the served answer joins its own fork."""
+
+    def test_a_replayed_history_joins_its_session(self) -> None:
+        c = Continuations(ttl_s=100)
+        served(c, "s1", [SYS, U1], "served text")
+        replay = [SYS, U1, ("assistant", "trace text"), ("result", "ok"), U2]
+        assert asked(c, replay) == "s1"
+
+    def test_a_fork_starts_its_own_session(self) -> None:
+        """Two sessions whose last requests share the prefix: a replayed continuation fits
+        both, so it joins neither; re-sending one's served answer still joins that one."""
+        c = Continuations(ttl_s=100)
+        served(c, "s1", [SYS, U1], "one")
+        served(c, "s2", [SYS, U1], "two")
+        assert asked(c, [SYS, U1, ("assistant", "trace"), U2]) is None
+        exact = [SYS, U1, ("assistant", "two"), ("call", "sh\x00{}"), U2]
+        assert asked(c, exact) == "s2"
+
+    def test_parallel_samples_do_not_merge(self) -> None:
+        """Two requests at once extending one session: the first joins, the second finds the
+        session running and starts its own (exactly and loosely alike)."""
+        c = Continuations(ttl_s=100)
+        served(c, "s1", [SYS, U1], "one")
+        sample = [SYS, U1, ("assistant", "trace"), U2]
+        assert asked(c, sample) == "s1"
+        assert asked(c, sample) is None
+        served(c, "s2", [SYS, U2], "two")
+        exact = [SYS, U2, ("assistant", "two"), ("call", "sh\x00{}"), U1]
+        assert asked(c, exact) == "s2" and asked(c, exact) is None
+
+    def test_running_session_blocks_a_shorter_match(self) -> None:
+        """A request extending a running session never falls back to an older session whose
+        tip is a shorter prefix (a split left behind)."""
+        c = Continuations(ttl_s=100)
+        served(c, "old", [SYS, U1], "a")
+        served(c, "live", [SYS, U1, ("assistant", "a"), U2], "b")
+        later = [SYS, U1, ("assistant", "x"), U2, ("assistant", "y"), ("user", "3")]
+        assert asked(c, later) == "live"
+        assert asked(c, later) is None
+
+    def test_total_bound_over_tenants(self) -> None:
+        c = Continuations(ttl_s=100, max_sessions=10, max_total=15)
+        c.begin("quiet", "q", 0)
+        for n in range(100):
+            c.begin(f"flood{n % 2}", f"f{n}", 0)
+        assert len(c) == 15 and c.dropped == 86
+        c.answered("q", chain(root("quiet"), [U1])[-1], 1)
+        assert c.claim("quiet", chain(root("quiet"), [U1, U2]), 2) == "q"

@@ -47,12 +47,14 @@ class TestSessionIdentity:
 
 class TestUpstreamBody:
     def test_strips_gateway_fields_keeps_tao_script(self) -> None:
-        """program_id, session_id and tao_* fields go, tao_script and OpenAI fields stay."""
+        """program_id, session_id, conversation_id and tao_* fields go, tao_script and OpenAI
+        fields stay."""
         body = {
             "model": "m",
             "user": "u",
             "program_id": "p",
             "session_id": "s",
+            "conversation_id": "c",
             "tao_x": 1,
             "tao_script": [1],
         }

@@ -241,6 +241,25 @@ class TestPrecedence:
             (CHAT, {}, {"session_id": "\t", "user": "u"}, ("u", "user")),
             # prompt_cache_key is a caching key clients may share across sessions: not read
             (CHAT, {}, {"prompt_cache_key": "k"}, ("generated", "generated")),
+            # AIPerf: X-Correlation-ID (one per conversation), or X-Dynamo-Session-ID for Dynamo;
+            # a session_header of X-Session-Affinity reads as OpenCode's affinity header
+            (CHAT, {"X-Correlation-ID": "conv-1"}, {}, ("conv-1", "correlation")),
+            (CHAT, {"X-Dynamo-Session-ID": "dyn"}, {}, ("dyn", "dynamo")),
+            (CHAT, {"X-Session-Affinity": "aff"}, {}, ("aff", "affinity")),
+            (
+                CHAT,
+                {"X-Dynamo-Session-ID": "dyn", "X-Correlation-ID": "conv-1"},
+                {},
+                ("dyn", "dynamo"),
+            ),
+            (CHAT, {"X-SMG-Routing-Key": "smg", "X-Dynamo-Session-ID": "dyn"}, {}, ("smg", "smg")),
+            (CHAT, {"session-id": "codex", "X-Correlation-ID": "c"}, {}, ("codex", "codex")),
+            # ... the correlation header is the last header: a body id comes after it
+            (CHAT, {"X-Correlation-ID": "c"}, {"session_id": "s"}, ("c", "correlation")),
+            # vLLM's multi-turn benchmark (--send-conversation-id): body conversation_id,
+            # after session_id, before user
+            (CHAT, {}, {"conversation_id": "conv", "user": "u"}, ("conv", "conversation_field")),
+            (CHAT, {}, {"conversation_id": "c", "session_id": "s"}, ("s", "session_field")),
         ],
     )
     def test_first_present_wins(

@@ -160,3 +160,38 @@ class TestHostTier:
         assert b.host_load_s_per_token == 0.0  # no host tier
         again = load_nodes_file(_write(tmp_path, render_nodes_file((a, b))))
         assert again == (a, b)
+
+
+class TestPrices:
+    """A node names the profile its price starts from, or pins the price; both are checked."""
+
+    def test_profile_and_pin(self, tmp_path: Path) -> None:
+        from shared.core.engine.profiles import DEFAULT_PROFILE, PROFILES
+
+        text = (
+            '[[node]]\nid = "a"\nurl = "http://x"\nprofile = "deepseek-4xh100"\n'
+            '[[node]]\nid = "b"\nurl = "http://y"\nprefill_s_per_token = 1.76e-4\n'
+            "attn_s_per_pair = 1e-8\n"
+            '[[node]]\nid = "c"\nurl = "http://z"\n'
+        )
+        a, b, c = load_nodes_file(_write(tmp_path, text))
+        deep = PROFILES["deepseek-4xh100"]
+        assert (a.prior_cost().prefill_s, a.prior_cost().source) == (deep.prefill_b, "profile")
+        assert (b.prior_cost().prefill_s, b.prior_cost().attn_s) == (1.76e-4, 1e-8)
+        assert b.prior_cost().source == "pinned"
+        assert c.prior_cost().prefill_s == PROFILES[DEFAULT_PROFILE].prefill_b
+        assert load_nodes_file(_write(tmp_path, render_nodes_file((a, b, c)))) == (a, b, c)
+
+    @pytest.mark.parametrize(
+        ("extra", "needle"),
+        [
+            ('profile = "h100"', "profile must be one of"),
+            ("prefill_s_per_token = 1e-5", "prefill_s_per_token needs attn_s_per_pair"),
+            ("prefill_s_per_token = -1.0\nattn_s_per_pair = 0", "must be a number of seconds"),
+            ('prefill_s_per_token = 1e-5\nattn_s_per_pair = "x"', "attn_s_per_pair must be"),
+        ],
+    )
+    def test_bad_prices_name_the_key(self, tmp_path: Path, extra: str, needle: str) -> None:
+        path = _write(tmp_path, f'[[node]]\nid = "a"\nurl = "http://x"\n{extra}\n')
+        with pytest.raises(NodesFileError, match=needle):
+            load_nodes_file(path)

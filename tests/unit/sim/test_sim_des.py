@@ -130,7 +130,7 @@ class TestConservation:
 class TestReleaseRecords:
     """Each release the scheduler makes is counted by cause and marks the next request."""
 
-    @pytest.mark.parametrize("policy", ["tao", "tao-prev", "thunderagent-ideal"])
+    @pytest.mark.parametrize("policy", ["tao", "tao-paper", "thunderagent-ideal"])
     def test_releases_marked(self, policy: str) -> None:
         """releases_* sum to the interrupts; every request after a release carries its cause,
         no session's first request does, and the recompute split sums to the total."""

@@ -12,7 +12,13 @@ import pytest
 
 from shared.sim.dists import WorkloadError, parse_dist
 from shared.sim.trace import load_trace
-from shared.sim.workloads import BUILTIN, generate_tasks, load_workload, summarize
+from shared.sim.workloads import (
+    BUILTIN,
+    folded_name,
+    generate_tasks,
+    load_workload,
+    summarize,
+)
 
 
 class TestDists:
@@ -145,3 +151,48 @@ class TestTrace:
         f.write_text('{"session": "a", "turns": [{"prompt_tokens_added": 5}]}\n')
         with pytest.raises(WorkloadError, match=r"t\.jsonl:1\.turns\[0\]\.output_tokens"):
             load_trace(str(f))
+
+
+class TestFoldedToolNames:
+    """``fold_tools``: the same calls under the names an unlabelled harness reports."""
+
+    @pytest.mark.parametrize(
+        ("family", "labelled", "folded"),
+        [("claude-code", "Bash:test", "Bash"), ("claude-code", "Read", "Read"),
+         ("swe-agent", "pytest", "bash"), ("swe-agent", "make", "bash"),
+         ("swe-agent", "grep", "bash"), ("swe-agent", "view", "view"),
+         ("swe-lite", "python", "bash"), ("automation", "http", "http")],
+    )  # fmt: skip
+    def test_names(self, family: str, labelled: str, folded: str) -> None:
+        assert folded_name(family, labelled) == folded
+
+    @pytest.mark.parametrize("family", ["claude-code", "swe-agent"])
+    def test_same_calls_other_names(self, family: str) -> None:
+        spec = load_workload(family)
+        plain = generate_tasks(spec, 20, 3)
+        folded = generate_tasks(spec, 20, 3, fold_tools=True)
+        names = set()
+        for a, b in zip(plain, folded, strict=True):
+            assert len(a.turns) == len(b.turns)
+            for x, y in zip(a.turns, b.turns, strict=True):
+                assert (x.added, x.output, x.duration, x.timeout) == (
+                    y.added, y.output, y.duration, y.timeout
+                )  # fmt: skip
+                assert y.tool == (None if x.tool is None else folded_name(family, x.tool))
+                names.add(y.tool)
+        assert not names & {"Bash:test", "pytest", "make"}  # test runs share the shell's name
+
+
+class TestWriteTrace:
+    """A generated workload written as a trace reads back as the same tasks, so the live demo
+    and the simulator run one workload (`tao sim --write-trace`)."""
+
+    def test_round_trip(self, tmp_path: Path) -> None:
+        from shared.cli.main import main
+
+        root = Path(__file__).resolve().parents[3]
+        workload = str(root / "benchmarks" / "workloads" / "live-cpu.toml")
+        path = tmp_path / "live.jsonl"
+        assert main(["sim", "--workload", workload, "--tasks", "24",
+                     "--write-trace", str(path)]) == 0  # fmt: skip
+        assert load_trace(str(path)) == generate_tasks(load_workload(workload), 24, 0)

@@ -29,9 +29,16 @@ import orjson
 from aiohttp import web
 
 from services._common import serve_forever, store_from
-from services.gateway import gatewaykey, hooks
+from services.gateway import gatewaykey, hooks, jsonscan
 from services.gateway.apis import CHAT, COMPLETIONS, MESSAGES, RESPONSES, Api
+from services.gateway.bodies import BODY_LIMITS, BodyLimits, server_args
 from services.gateway.cluster_metrics import cluster_lines
+from services.gateway.connections import (
+    ConnectionGuard,
+    GuardedSite,
+    connection_cap,
+    raise_file_limit,
+)
 from services.gateway.domains import DomainRouter
 from services.gateway.gatewaykey import KeyPolicy
 from services.gateway.handlers import (
@@ -109,7 +116,10 @@ def create_app(
     http = HttpHandlers(relay)
     # aiohttp reads at most 1 MiB by default: an agent's prompt with its tools and history
     # passes that; the limit is TAO_MAX_BODY_BYTES, and a larger body is answered 413 (relay)
-    app = web.Application(client_max_size=settings.max_body_bytes)
+    app = web.Application(
+        client_max_size=settings.max_body_bytes, handler_args=server_args(settings)
+    )
+    app[BODY_LIMITS] = BodyLimits.of(settings)
     app[RELAY] = relay
     app[_SUBSCRIPTIONS] = []
     app.router.add_post("/v1/chat/completions", http.chat_completions)
@@ -134,6 +144,7 @@ def create_app(
 
 
 async def _start(app: web.Application) -> None:
+    await anyio.to_thread.run_sync(jsonscan.warm)  # compiled (or loaded) before any request
     relay = app[RELAY]
     timeout = aiohttp.ClientTimeout(total=None, sock_connect=CONNECT_TIMEOUT_S)
     relay.client = aiohttp.ClientSession(timeout=timeout)
@@ -193,7 +204,10 @@ def create_domains_app(
     }
     router = DomainRouter({d: a[RELAY] for d, a in apps.items()}, reserve=settings.reserve_tokens)
     http = {d: HttpHandlers(a[RELAY]) for d, a in apps.items()}
-    front = web.Application(client_max_size=settings.max_body_bytes)
+    front = web.Application(
+        client_max_size=settings.max_body_bytes, handler_args=server_args(settings)
+    )
+    front[BODY_LIMITS] = BodyLimits.of(settings)
     front[ROUTER] = router
     front[_DOMAIN_APPS] = apps
     front[_SUBSCRIPTIONS] = []
@@ -318,12 +332,22 @@ async def _stop_domains(front: web.Application) -> None:
         await app.cleanup()
 
 
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
-    """Start serving ``app`` on ``host:port`` (handler cancellation on); return the runner."""
+async def serve(
+    app: web.Application, host: str, port: int, settings: Settings | None = None
+) -> web.AppRunner:
+    """Start serving ``app`` on ``host:port`` (handler cancellation on) through a
+    :class:`.connections.GuardedSite` bounded by ``settings`` (default: the defaults) and the
+    process's file limit; return the runner."""
+    settings = settings or Settings()
+    soft, _ = raise_file_limit()
+    guard = ConnectionGuard(
+        connection_cap(settings.max_connections, soft), settings.header_timeout_s
+    )
     runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
-        await web.TCPSite(runner, host, port).start()
+        args = {**server_args(settings), "access_log": None}
+        await GuardedSite(runner, host, port, guard, args).start()
     except BaseException:  # a busy port: close what start-up opened (the upstream client)
         with anyio.CancelScope(shield=True):
             await runner.cleanup()
@@ -355,7 +379,7 @@ async def main(settings: Settings, ctx: ServiceContext) -> None:
         )
         log = app[RELAY].log
     try:
-        runner = await serve(app, settings.gateway_host, settings.gateway_port)
+        runner = await serve(app, settings.gateway_host, settings.gateway_port, settings)
         log.info(
             "gateway_listening",
             host=settings.gateway_host,

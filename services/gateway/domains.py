@@ -42,7 +42,6 @@ from services.gateway.apis import Api
 from services.gateway.bounded import TenantLRU
 from services.gateway.ids import id_problem
 from services.gateway.relay import Relay
-from services.gateway.requests import read_body
 from shared.contracts.domain import DomainLoadReport
 from shared.core.domains import DomainLoad, choose_domain
 from shared.core.valuation import session_weight
@@ -188,9 +187,8 @@ class DomainRouter:
         caller = self.relays[first].auth.client(request.headers)
         if caller is None:
             return first
-        try:
-            body = read_body(await request.read())
-            info = api.describe(body)
+        try:  # read once: the relay finds the outcome on the request
+            body, info = await self.relays[first].bodies.read(request, api.describe)
             named, source = api.identity(request.headers, body, lambda: "")
         except Exception:  # the relay answers 400/413 itself; nothing is remembered
             return first

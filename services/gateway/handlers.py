@@ -20,7 +20,8 @@ HTTP (OpenAI-compatible, plus two of TAO's own):
                                   else 503 {"status": "not_ready", "reason", ...}
     GET    /metrics               Prometheus text
 
-A model request's body is read in one place (:func:`.requests.read_body`): one that is not
+A model request's body is read in one place (:class:`.bodies.BodyReader`, bounded in size,
+compression, time and items; :mod:`.bodies`, :func:`.requests.read_json`): one that is not
 strict JSON (invalid UTF-8, a lone surrogate, ``NaN`` / ``Infinity`` / ``1e400``), nests
 deeper than :data:`.requests.MAX_BODY_DEPTH` levels or gives a field the gateway reads the
 wrong type is answered 400 in the endpoint's error format, naming the field.

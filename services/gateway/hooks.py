@@ -44,6 +44,7 @@ from aiohttp import web
 from structlog.typing import FilteringBoundLogger
 
 from services.gateway.auth import Auth
+from services.gateway.bodies import BodyRefused, body_limits, read_raw
 from services.gateway.hook_limit import DEFAULT_BURST, DEFAULT_RATE, HookLimiter, named_session
 from services.gateway.ids import id_problem
 from services.gateway.metrics import GatewayMetrics
@@ -195,16 +196,13 @@ def hook_problem(body: bytes) -> str | None:
 
 
 async def read_capped(request: web.Request, limit: int = MAX_HOOK_BYTES) -> bytes:
-    """Up to ``limit`` + 1 bytes of the body (more means oversized)."""
-    chunks: list[bytes] = []
-    got = 0
-    while got <= limit:
-        chunk = await request.content.read(limit + 1 - got)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+    """Up to ``limit`` + 1 bytes of the body (more means oversized), inflated and in time as
+    every body (:func:`.bodies.read_raw`); a body that cannot be read so is answered with
+    the refusal's status (an ``HTTPException``: 400, 408 or 415)."""
+    try:
+        return await read_raw(request, body_limits(request), cap=limit, keep=True)
+    except BodyRefused as exc:
+        raise exc.http_error() from None
 
 
 def _error(status: int, kind: str, message: str) -> web.Response:

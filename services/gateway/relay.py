@@ -60,8 +60,10 @@ from structlog.typing import FilteringBoundLogger
 from services.gateway.answers import Transcribing, transcribing_reader
 from services.gateway.apis import Api, openai_error
 from services.gateway.auth import Auth, Caller
+from services.gateway.bodies import BODY_BYTES, BodyLimits, BodyReader, BodyRefused
 from services.gateway.calibration import PromptCalibration
 from services.gateway.continuation import Continuations, Conversation, answer_items, conversation
+from services.gateway.hold_budget import HoldBudget
 from services.gateway.holds import HoldEnded, Holds, HoldTimeout
 from services.gateway.hook_limit import retry_after
 from services.gateway.metrics import GatewayMetrics
@@ -85,7 +87,6 @@ from services.gateway.requests import (
     check_headers,
     harness_of,
     parent_session,
-    read_body,
 )
 from services.gateway.response_ids import ResponseIds, not_found
 from services.gateway.store_check import STORE_RECHECK_S, StoreCheck
@@ -185,6 +186,12 @@ class Turn:
     """Read the answer's words (continuation, or a Responses id to remember)."""
 
 
+def _conversation(tenant: str | None, api: Api, body: dict[str, Any]) -> Conversation | None:
+    """The request's conversation chains (work over every item: off the loop for a large body,
+    :meth:`.bodies.BodyReader.run`)."""
+    return conversation(tenant, api.items(body) or [])
+
+
 class Relay:
     """The gateway's state and the life of one model request (module docstring)."""
 
@@ -211,6 +218,8 @@ class Relay:
         self.new_id = new_id or (lambda: uuid.uuid4().hex)
         self.placements = PlacementMap()
         self.holds = Holds()
+        self.bodies = BodyReader(BodyLimits.of(settings))
+        self.hold_budget = HoldBudget(settings.max_held, settings.max_held_bytes)
         self.metrics = GatewayMetrics(self.holds.held, self.placements.admitted_count)
         self.stored = StoreCheck(
             store, self.placements, nodes, self.holds, self.metrics, log, every_s=store_recheck_s
@@ -348,6 +357,7 @@ class Relay:
                 out.label = out.label or CLIENT_CLOSED.kind
                 raise
             finally:
+                self.hold_budget.give_back(request)
                 self._done(api.name, out)
             span.set_attribute("http.response.status_code", response.status)
             return response
@@ -371,14 +381,13 @@ class Relay:
         if caller is None:
             return out.answer("unauthorized", self._needs_key(api))
         try:
-            body = read_body(await request.read())
-            info = api.describe(body)
+            body, info = await self.bodies.read(request, api.describe)
             check_headers(request.headers)
             named_harness = harness_of(request.headers)
-        except web.HTTPRequestEntityTooLarge:
-            limit = self.settings.max_body_bytes
-            message = f"request body is larger than {limit} bytes (TAO_MAX_BODY_BYTES)"
-            return out.answer("too_large", api.error(413, message, "invalid_request_error"))
+        except BodyRefused as exc:  # the rest of the body is not read: the connection closes
+            refused = api.error(exc.status, exc.message, "invalid_request_error")
+            refused.force_close()
+            return out.answer(exc.outcome, refused)
         except BadRequest as exc:
             return out.answer("bad_request", api.error(400, exc.message, "invalid_request_error"))
         served = self.nodes.models()
@@ -405,7 +414,7 @@ class Relay:
         chain_end: Conversation | None = None
         fresh = False
         if source == "generated" and self.continuations is not None:
-            chain_end = conversation(tenant, api.items(body) or [])
+            chain_end = await self.bodies.run(request, _conversation, tenant, api, body)
             if chain_end is not None:
                 found = self.continuations.claim(
                     tenant, chain_end.exact, self.clock(), chain_end.loose
@@ -486,6 +495,10 @@ class Relay:
                     headers={"Retry-After": retry_after(self.settings.retry_after_s)},
                 ),
             )
+        if self.placements.node_of(session_id) is None and not self.hold_budget.take(
+            request, request.get(BODY_BYTES, 0)
+        ):
+            return out.answer("gateway_full", self._unavailable(api, self.hold_budget.refusal()))
         harness = api.harness(named_harness, source, request.headers)
         request_id = "req-" + self.new_id()
         one_turn = source == "generated" and not fresh
@@ -534,6 +547,8 @@ class Relay:
             except asyncio.CancelledError:  # the client left during the store read
                 self._cancel(session_id, request_id, END_CLIENT_CLOSED, ends_if_failed)
                 raise
+        if node is not None:
+            self.hold_budget.give_back(request)
         turn = Turn(
             request,
             api,
@@ -642,6 +657,7 @@ class Relay:
             raise
         finally:
             self._ended_holds.discard(request_id)
+            self.hold_budget.give_back(turn.request)  # its place in the gateway-wide bound
         self.metrics.hold_seconds.observe(self.clock() - started)
         return node
 

@@ -65,10 +65,12 @@
 * **Body** (:func:`read_body`, the one place a model request's body is decoded, for every
   endpoint and for the multi-domain router): strict JSON with orjson, so text is valid UTF-8
   with no lone surrogate (escaped or not) and every number is finite (``NaN``, ``Infinity``
-  and ``1e400`` are refused); at most :data:`MAX_BODY_DEPTH` levels of arrays and objects;
-  a JSON object whose fields the gateway reads have their types (:data:`FIELD_TYPES`; ``null``
-  counts as absent). Anything else is a :class:`BadRequest` (HTTP 400) whose message names the
-  field, as a path like ``messages[0].content``, never a 500.
+  and ``1e400`` are refused); at most :data:`MAX_BODY_DEPTH` levels of arrays and objects
+  and at most ``TAO_MAX_BODY_ITEMS`` items, both checked on the bytes before any parsing
+  (:mod:`.jsonscan`); a JSON object whose fields the gateway reads have their types
+  (:data:`FIELD_TYPES`; ``null`` counts as absent). Anything else is a :class:`BadRequest`
+  (HTTP 400) whose message names the field, as a path like ``messages[0].content``, never a
+  500.
 * **Prompt size estimate**: characters / 4 of the message texts (or of the completion prompt),
   a common rule of thumb for English BPE tokenisers (OpenAI, "What are tokens and how to count
   them", help.openai.com: "1 token ~= 4 chars in English"). Token-id prompts count exactly. The
@@ -84,7 +86,9 @@ from typing import Any, Final, Literal
 
 import orjson
 
+from services.gateway import jsonscan
 from shared.harness.claude import SUB_AGENT_INFIX, sub_agent_session
+from shared.infra.settings import DEFAULT_MAX_BODY_ITEMS
 
 __all__ = [
     "AFFINITY_HEADER",
@@ -288,35 +292,26 @@ def read_body(data: bytes) -> dict[str, Any]:
     return parse_body(read_json(data))
 
 
-def read_json(data: bytes) -> object:
-    """``data`` as strict JSON nesting at most :data:`MAX_BODY_DEPTH` levels (a model request's
-    or a hook's body), or :class:`BadRequest` naming what is wrong and where."""
+def read_json(data: bytes, *, max_items: int = DEFAULT_MAX_BODY_ITEMS) -> object:
+    """``data`` as strict JSON nesting at most :data:`MAX_BODY_DEPTH` levels and holding at
+    most ``max_items`` items (a model request's or a hook's body), or :class:`BadRequest`
+    naming what is wrong and where. The shape is checked on the bytes first
+    (:func:`.jsonscan.scan`, stopping at the first violation), so a body past either limit
+    is never parsed."""
+    code, at = jsonscan.scan(data, MAX_BODY_DEPTH, max_items)
+    if code != jsonscan.SCAN_OK:
+        head = data[:at].decode("utf-8", "replace")
+        where = _at(_path_at(head, len(head)))
+        if code == jsonscan.TOO_DEEP:
+            raise BadRequest(_TOO_DEEP + where)
+        raise BadRequest(
+            f"request body has more than {max_items} items (array elements and object "
+            f"members; TAO_MAX_BODY_ITEMS){where}"
+        )
     try:
-        tree = orjson.loads(data)
+        return orjson.loads(data)
     except orjson.JSONDecodeError as exc:
         raise BadRequest(_not_json(data, exc)) from None
-    if data.count(b"[") + data.count(b"{") > MAX_BODY_DEPTH:  # else it cannot nest deeper
-        path = _deeper(tree, MAX_BODY_DEPTH)
-        if path is not None:
-            path.reverse()
-            raise BadRequest(_TOO_DEEP + _at(path))
-    return tree
-
-
-def _deeper(node: object, room: int) -> list[str | int] | None:
-    """The path (innermost first) to the first array or object below ``node`` that lies
-    deeper than ``room`` levels (``node`` is one), else ``None``. Recurses at most ``room``
-    deep."""
-    if room == 0:
-        return []
-    items = node.items() if type(node) is dict else enumerate(node)  # type: ignore[arg-type]
-    for key, child in items:
-        if type(child) is dict or type(child) is list:
-            found = _deeper(child, room - 1)
-            if found is not None:
-                found.append(key)
-                return found
-    return None
 
 
 _PATH_SHOWN: Final = 8

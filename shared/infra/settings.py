@@ -38,6 +38,20 @@ message names the variable, what is wrong and what was given
 | TAO_HOLD_TIMEOUT_S        | 120       | longest a request is held before a 503, s (> 0)         |
 | TAO_RETRY_AFTER_S         | 2         | Retry-After sent with the 503, s (> 0)                  |
 | TAO_MAX_BODY_BYTES        | 33554432  | largest request body the gateway reads (413 beyond it)  |
+| TAO_MAX_BODY_ITEMS        | 524288    | most items (array elements, object members) in a body   |
+|                           |           | (400 beyond it, found before parsing)                   |
+| TAO_MAX_COMPRESSION_RATIO | 100       | a gzip/deflate body may inflate this many times its     |
+|                           |           | size past its first MiB (413 beyond it; >= 1)           |
+| TAO_BODY_TIMEOUT_S        | 10        | time a body may take before TAO_BODY_MIN_RATE applies,  |
+|                           |           | s (> 0); a body that falls behind is answered 408       |
+| TAO_BODY_MIN_RATE         | 65536     | slowest a body may arrive after that, bytes/s (> 0)     |
+| TAO_HEADER_TIMEOUT_S      | 10        | a request's headers must be in this long after its      |
+|                           |           | first byte (or the accept), s (> 0); else it is closed  |
+| TAO_KEEPALIVE_S           | 75        | an idle keep-alive connection is closed after this, s   |
+| TAO_MAX_CONNECTIONS       | 4096      | open client connections at most, and 192 below the file |
+|                           |           | limit; past it the oldest idle one is closed (or 503)   |
+| TAO_MAX_HELD              | 10000     | requests held at once, gateway-wide (503 beyond it)     |
+| TAO_MAX_HELD_BYTES        | 536870912 | bytes of held requests' bodies, gateway-wide (503)      |
 | TAO_TENANTS_FILE          | (unset)   | tenants, API keys, hook tokens (TOML; tenants.py): set, |
 |                           |           | the gateway requires tenants' keys; unset: below        |
 | TAO_GATEWAY_AUTH          | auto      | auto: a key is needed when the gateway listens beyond   |
@@ -106,6 +120,7 @@ from .redisconn import CLUSTER_SCHEMES, is_cluster_url, startup_nodes
 from .shard import ONE, Shard, parse_shard
 
 __all__ = [
+    "DEFAULT_MAX_BODY_ITEMS",
     "GATEWAY_AUTH",
     "LOG_FORMATS",
     "LOG_LEVELS",
@@ -120,6 +135,10 @@ __all__ = [
 LOG_LEVELS: Final = ("debug", "info", "warning", "error")
 LOG_FORMATS: Final = ("json", "console")
 GATEWAY_AUTH: Final = ("auto", "on", "off")
+DEFAULT_MAX_BODY_ITEMS: Final = 1 << 19
+"""Items a request body may hold by default (TAO_MAX_BODY_ITEMS): parsing that many holds the
+GIL for about 70-140 ms (orjson, measured in docs/reliability.md "Abuse"), and a token-id
+prompt of 512k tokens fits."""
 _NAME_RE: Final = re.compile(r"[A-Za-z0-9_-]{1,128}")
 _NAMESPACE_RE: Final = re.compile(r"[A-Za-z0-9_-]{0,64}")
 
@@ -153,6 +172,15 @@ class Settings:
     hold_timeout_s: float = 120.0
     retry_after_s: float = 2.0
     max_body_bytes: int = 32 * 1024 * 1024
+    max_body_items: int = DEFAULT_MAX_BODY_ITEMS
+    max_compression_ratio: float = 100.0
+    body_timeout_s: float = 10.0
+    body_min_rate: float = 65536.0
+    header_timeout_s: float = 10.0
+    keepalive_s: float = 75.0
+    max_connections: int = 4096
+    max_held: int = 10_000
+    max_held_bytes: int = 512 * 1024 * 1024
     tenants_file: str | None = None
     gateway_auth: str = "auto"
     gateway_key: str | None = field(default=None, repr=False)
@@ -415,6 +443,15 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "hold_timeout_s": ("TAO_HOLD_TIMEOUT_S", _POSITIVE),
     "retry_after_s": ("TAO_RETRY_AFTER_S", _POSITIVE),
     "max_body_bytes": ("TAO_MAX_BODY_BYTES", _integer(lo=1024)),
+    "max_body_items": ("TAO_MAX_BODY_ITEMS", _integer(lo=1)),
+    "max_compression_ratio": ("TAO_MAX_COMPRESSION_RATIO", _number(lo=1.0, lo_open=False)),
+    "body_timeout_s": ("TAO_BODY_TIMEOUT_S", _POSITIVE),
+    "body_min_rate": ("TAO_BODY_MIN_RATE", _POSITIVE),
+    "header_timeout_s": ("TAO_HEADER_TIMEOUT_S", _POSITIVE),
+    "keepalive_s": ("TAO_KEEPALIVE_S", _POSITIVE),
+    "max_connections": ("TAO_MAX_CONNECTIONS", _integer(lo=1)),
+    "max_held": ("TAO_MAX_HELD", _integer(lo=1)),
+    "max_held_bytes": ("TAO_MAX_HELD_BYTES", _integer(lo=1)),
     "tenants_file": ("TAO_TENANTS_FILE", _text),
     "gateway_auth": ("TAO_GATEWAY_AUTH", _choice(GATEWAY_AUTH)),
     "gateway_key": ("TAO_GATEWAY_KEY", _text),

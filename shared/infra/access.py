@@ -186,7 +186,9 @@ REDIS_GRANTS: Final[Mapping[str, RedisGrant]] = {
     "tools": RedisGrant(writes=(*_SESSION_KEYS, "chains", "toolstats", "n:*")),
     "valuation": RedisGrant(writes=(*_SESSION_KEYS, "chains", "n:*")),
     "planner": RedisGrant(
-        writes=("s:*", "pool", "admitted_tool", "n:*", "planner", "solve_ms", "ready")
+        # "sessions": the batch write names the session index among its keys (a ThunderAgent
+        # resume admits through it: services/planner/thunder_apply.py); the planner adds none
+        writes=("s:*", "sessions", "pool", "admitted_tool", "n:*", "planner", "solve_ms", "ready")
     ),
     "gateway": RedisGrant(),
     "hook": RedisGrant(reads=False),

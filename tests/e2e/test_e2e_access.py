@@ -188,3 +188,35 @@ class TestGuardedStack:
             await planner.delete(key)
         finally:
             await planner.aclose()
+
+
+class TestPlannerBatchAdmit:
+    async def test_the_planner_admits_by_thunderagents_accounting_as_its_own_user(
+        self, guarded: E2E
+    ) -> None:
+        """The live ThunderAgent's resumes go through the store's batch write as the planner's
+        Redis user (services/planner/thunder_apply.py): its grant covers every key the write
+        names (a demo run of `thunderagent` was refused on the session index before)."""
+        from services.planner.thunder_apply import admit_unchecked
+        from shared.core.session import Session, on_request
+        from shared.core.tick import Move
+        from shared.infra.store import Store
+
+        stack = guarded.stack
+        admin_client = aioredis.Redis.from_url(stack.redis_for(ADMIN))
+        planner_client = aioredis.Redis.from_url(stack.redis_for("planner"))
+        admin, planner = Store(admin_client, guarded.domain), Store(planner_client, guarded.domain)
+        sid = f"ta-{uuid.uuid4().hex[:8]}"
+        try:
+            await admin.update_session(sid, lambda _: on_request(Session(sid), "r1", 1.0)[0])
+            pooled = await admin.get_session(sid)
+            assert pooled is not None and pooled.pooled
+            node = next(n.id for n in await admin.nodes() if n.healthy)
+            got = await admit_unchecked(planner, [Move(sid, node, 512, pooled.version)], 2.0)
+            assert [m.session for m in got.admitted] == [sid]
+            after = await admin.get_session(sid)
+            assert after is not None and after.node == node
+        finally:
+            await admin.delete_session(sid)
+            await admin_client.aclose()
+            await planner_client.aclose()

@@ -585,7 +585,6 @@ def decide(
     pool = [c for c in pool if c.id not in arb.taken]
     want = sum(c.weight for c in pool)
     total_free = sum(arb.free.values())
-    early = len(arb.admits)
     if pool and "home" in rules:
         arb.accept(home(arb.view(), pool))
     if pool and "demand" in rules:
@@ -622,7 +621,7 @@ def decide(
     return Decision(
         tick=snapshot.tick,
         interrupts=tuple(arb.releases),
-        admits=(*arb.admits[:early], *arb.admits[early:], *placed),
+        admits=(*arb.admits, *placed),
         result=result,
         demand=want,
         free=total_free,

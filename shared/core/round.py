@@ -44,6 +44,7 @@ __all__ = [
     "View",
     "decide",
     "needs_gpu",
+    "pool_wait",
 ]
 
 Kind = Literal["admit", "release", "hold", "wait"]
@@ -161,20 +162,24 @@ class View:
     taken: frozenset[str]
     debt: Mapping[str, int] = field(default_factory=dict)
     """Per node, the over-commit a release there pays back before its room is free."""
+    wait_s: float = 0.0
+    """(``wait``) What a release costs its session on return, in seconds: the wait its next
+    request is expected to have in the pool (:func:`pool_wait`); 0 without the rule."""
 
     def cost(self, node: str) -> NodeCost:
         return self.snapshot.costs.get(node, DEFAULT_COST)
 
     def release_price(self, ic: InterruptCandidate) -> tuple[float, float]:
         """(gain, cost) in seconds of releasing ``ic``: the room's expected idle time, and
-        the recompute and re-queue its release causes on its node."""
+        the recompute and re-queue its release causes on its node, plus (``wait``) the wait
+        its next request is expected to have in the pool."""
         cost = self.cost(ic.node).release_s(
             ic.tokens,
             self.snapshot.running.get(ic.node, 0),
             ic.host_tokens,
             "tier" in self.rules,
         )
-        return ic.remaining_s, cost
+        return ic.remaining_s, cost + self.wait_s
 
     def releasable(self, ic: InterruptCandidate) -> bool:
         """Whether a release for the pool is worth it: with ``cost``, when it nets seconds
@@ -211,6 +216,16 @@ class View:
 
 
 Proposer = Callable[[View], list[Proposal]]
+
+
+def pool_wait(snapshot: TickSnapshot) -> float:
+    """The wait a request joining the pool now is expected to have, in seconds: the mean wait
+    so far of the pooled sessions with a pending request (0 when none waits). A queue's
+    mean age is its waiters' mean residual wait where arrivals are steady; it reads the
+    snapshot only, so the simulator and the live planner price it alike."""
+    now = snapshot.now
+    ages = [now - c.waiting_since for c in snapshot.candidates if c.waiting_since is not None]
+    return max(0.0, sum(ages) / len(ages)) if ages else 0.0
 
 
 def needs_gpu(c: TickCandidate) -> bool:
@@ -409,6 +424,7 @@ class _Arbiter:
     rules: RuleSet
     free: dict[str, int]
     debt: dict[str, int]
+    wait_s: float = 0.0
     taken: set[str] = field(default_factory=set)
     releases: list[Move] = field(default_factory=list)
     admits: list[Move] = field(default_factory=list)
@@ -422,6 +438,7 @@ class _Arbiter:
             MappingProxyType(dict(self.free)),
             frozenset(self.taken),
             MappingProxyType(dict(self.debt)),
+            self.wait_s,
         )
 
     def accept(self, proposals: Iterable[Proposal]) -> None:
@@ -571,6 +588,7 @@ def decide(
         rules,
         free={nd.id: nd.free for nd in snapshot.nodes},
         debt={b: over for b, over in snapshot.overflow.items() if over > 0},
+        wait_s=pool_wait(snapshot) if "wait" in rules else 0.0,
     )
     arb.accept(evacuate(arb.view()))
     if "payback" in rules or "payback-reserved" in rules:

@@ -8,7 +8,9 @@ kinds:
   history, a per-session readiness horizon, releases by net seconds, only where worth it),
   ``tier`` (host-tier credit and load prices), ``growth`` (a reserve from each session's
   per-turn growth), ``need`` (only sessions that will use the GPU now are placed), ``stay``
-  (an admit goes to the session's last node when it is of equal value);
+  (an admit goes to the session's last node when it is of equal value), ``wait`` (a release
+  also costs the wait the released session's next request will have in the pool: the mean
+  wait so far of the pool's pending requests);
 * **proposers**, the pure functions of :mod:`shared.core.round` that propose releases and
   admits, each priced in seconds: ``payback`` (contexts over a node's KV release tool-running
   sessions, most net seconds first), ``payback-reserved`` (the paper's: reservations over
@@ -44,7 +46,7 @@ __all__ = [
     "rule_set",
 ]
 
-SIGNALS: Final = ("cache", "ready", "cost", "tier", "growth", "need", "stay")
+SIGNALS: Final = ("cache", "ready", "cost", "tier", "growth", "need", "stay", "wait")
 PROPOSERS: Final = ("payback", "payback-reserved", "tail", "home", "demand")
 RULES: Final = frozenset((*SIGNALS, *PROPOSERS))
 """Every rule a rule set may name."""
@@ -52,6 +54,7 @@ RULES: Final = frozenset((*SIGNALS, *PROPOSERS))
 REQUIRES: Final[Mapping[str, frozenset[str]]] = MappingProxyType(
     {
         "home": frozenset({"demand", "cost"}),  # its room comes from the demand step's test
+        "wait": frozenset({"cost"}),  # it is a term of the release price
     }
 )
 """A rule → the rules it needs."""
@@ -164,6 +167,7 @@ _ABLATIONS: Final = (
     DEFAULT_RULES.without("tao-no-stay", "stay"),
     DEFAULT_RULES.without("tao-no-need", "need"),
     DEFAULT_RULES.plus("tao-fair", "tail"),
+    DEFAULT_RULES.plus("tao-slo", "wait"),
     PAPER,
 )
 
@@ -172,7 +176,9 @@ RULE_SETS: Final[Mapping[str, RuleSet]] = MappingProxyType(
 )
 """Every named rule set: ``tao``, its single-rule ablations, ``tao-fair`` (the default with a
 bounded tail, not the default: it costs mean latency where the wait is the price of a KV-starved
-node) and ``tao-paper``."""
+node), ``tao-slo`` (the default with the released session's wait priced: fewer releases, a
+lower TTFT p90 at an SLO's edge, a higher mean latency under contention; docs/evaluation.md,
+"The released session's wait") and ``tao-paper``."""
 
 
 def rule_set(name: str) -> RuleSet:

@@ -234,3 +234,63 @@ class TestReleaseForDemand:
         assert entry.kind == ("release" if released else "hold")
         assert entry.rule == "demand" and entry.gain_s == remaining
         assert (entry.net_s > 0) == bool(released)
+
+
+class TestReleasedSessionsWait:
+    """``tao-slo`` (the ``wait`` signal): a release also costs the released session the wait
+    its next request will have in the pool, the pool's mean wait so far."""
+
+    def _snap(self, remaining: float, waited: tuple[float, ...]) -> TickSnapshot:
+        from shared.core.tick import TickCandidate
+
+        now = 100.0
+        cands = tuple(
+            TickCandidate(
+                id=f"w{i}", version=1, weight=600, tokens=100, ready=1, credit={},
+                eligible=frozenset({"n0"}), digest="", phase="reasoning",
+                waiting_since=now - age,
+            )
+            for i, age in enumerate(waited)
+        )  # fmt: skip
+        return TickSnapshot(
+            tick=1, now=now, quantum=512, nodes=(Node(id="n0", free=0, load=20_000),),
+            candidates=cands, interrupts=(_ic("t", remaining, tokens=20_000),),
+            versions={"t": 1, **{c.id: 1 for c in cands}}, capacity={"n0": 100_000},
+            running={"n0": 4},
+        )  # fmt: skip
+
+    def test_pool_wait_is_the_mean_wait_so_far(self) -> None:
+        """Pending requests that waited 10 s and 30 s: a newcomer expects 20 s; none: 0."""
+        from shared.core.round import pool_wait
+
+        assert pool_wait(self._snap(60.0, (10.0, 30.0))) == pytest.approx(20.0)
+        assert pool_wait(self._snap(60.0, ())) == 0.0
+
+    @pytest.mark.parametrize(
+        ("waited", "released"),
+        [((1.0, 3.0), ["t"]), ((90.0, 110.0), [])],
+    )
+    def test_a_long_pool_wait_keeps_the_session(
+        self, waited: tuple[float, float], released: list[str]
+    ) -> None:
+        """A 60 s call is released for a pool that waits 2 s, kept for one that waits 100 s
+        (its request would come back to wait longer than the room is idle). ``tao`` releases
+        it in both; the record prices the wait into the release's cost."""
+        snap = self._snap(60.0, waited)
+        slo = RULE_SETS["tao-slo"]
+        got = decide(snap, get_policy("tao-slo"), rules=slo)
+        assert [m.session for m in got.interrupts] == released
+        assert [m.session for m in decide(snap, get_policy("tao")).interrupts] == ["t"]
+        plain = decide(snap, get_policy("tao"), rules=DEFAULT_RULES).record
+        assert got.record is not None and plain is not None
+        (entry,) = [e for e in got.record.entries if e.session == "t"]
+        (base,) = [e for e in plain.entries if e.session == "t"]
+        assert entry.cost_s == pytest.approx(base.cost_s + sum(waited) / 2)
+        assert entry.kind == ("release" if released else "hold")
+
+    def test_wait_needs_cost(self) -> None:
+        """The wait is a term of the release price: a rule set without ``cost`` is refused."""
+        from shared.core.rules import RuleSetError
+
+        with pytest.raises(RuleSetError, match="wait needs cost"):
+            PAPER.plus("paper-wait", "wait")

@@ -118,12 +118,16 @@ class Evaluator:
         self.tasks: dict[int, list[Task]] = {}
         self.points: dict[tuple[str, int, int], Point] = {}
 
+    def tasks_for(self, seed: int) -> list[Task]:
+        if seed not in self.tasks:
+            self.tasks[seed] = self.make(seed)
+        return self.tasks[seed]
+
     def point(self, policy: str, seed: int, workers: int) -> Point:
         key = (policy, seed, workers)
         if key not in self.points:
-            if seed not in self.tasks:
-                self.tasks[seed] = self.make(seed)
-            res = simulate(self.tasks[seed], replace(self.config, workers=workers), policy, seed)
+            cfg = replace(self.config, workers=workers)
+            res = simulate(self.tasks_for(seed), cfg, policy, seed)
             pt = slo_values(res, self.plot_slo)
             m = compute_metrics(res, policy in DP_POLICIES)
             pt["latency_mean"] = _f(m["latency_mean"])
@@ -188,11 +192,13 @@ def cmd_capacity(args: argparse.Namespace, make: Callable[[int], list[Task]], de
     seeds = list(range(args.seeds))
     searches: dict[tuple[str, int], Search] = {}
     for seed in seeds:
+        # a closed loop with more workers than tasks starts every task at once: the same run
+        top = min(args.max_workers, len(ev.tasks_for(seed)))
         for p in policies:
             searches[(p, seed)] = search_capacity(
                 ev.meets_for(p, seed),
-                start=args.start_workers,
-                max_workers=args.max_workers,
+                start=min(args.start_workers, top),
+                max_workers=top,
                 resolution=args.resolution,
             )
     rows, best = _rows(searches, policies, config.nodes)
@@ -278,5 +284,10 @@ def _table(rows: list[CapacityRow], edge: dict[str, dict[str, object]], best: st
         text += (
             f"\nEdge: each seed's largest worker count within the SLO for {best}; the "
             "compared policy runs there too (paired %, negative = lower)."
+        )
+    if any(r.capped for r in rows):
+        text += (
+            "\n(capped): the SLO held at the search's top, the smaller of --max-workers and the "
+            "tasks (more workers than tasks is the same run): a lower bound, not a capacity."
         )
     return text

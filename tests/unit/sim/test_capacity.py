@@ -123,3 +123,27 @@ class TestCommand:
         args = build_parser().parse_args(["sim", "--capacity", "--slo", "ttft=2"])
         with pytest.raises(Exception, match="--slo"):
             args.run(args, io.StringIO())
+
+    def test_search_stops_at_the_task_count(self, tmp_path: os.PathLike[str]) -> None:
+        """More workers than tasks is the same run (every task at once): a search whose SLO
+        always holds tops out at the task count, not at --max-workers, and the table says
+        the figure is a lower bound."""
+        args = build_parser().parse_args(
+            ["sim", "--capacity", "--workload", "swe-lite", "--nodes", "1", "--tasks", "3",
+             "--seeds", "1", "--start-workers", "2", "--max-workers", "64",
+             "--slo", "ttft_p90=100000", "--policies", "tao", "--quiet", "--json"]
+        )  # fmt: skip
+        out = io.StringIO()
+        assert args.run(args, out) == 0
+        doc = orjson.loads(out.getvalue())
+        (row,) = doc["rows"]
+        assert row["agents_per_node"] == {"0": 3.0} and row["capped"]
+        assert sorted({p[2] for p in doc["points"]}) == [2, 3]
+        args = build_parser().parse_args(
+            ["sim", "--capacity", "--workload", "swe-lite", "--nodes", "1", "--tasks", "3",
+             "--seeds", "1", "--max-workers", "64", "--slo", "ttft_p90=100000",
+             "--policies", "tao", "--quiet"]
+        )  # fmt: skip
+        out = io.StringIO()
+        assert args.run(args, out) == 0
+        assert "a lower bound, not a capacity" in out.getvalue()

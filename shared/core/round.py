@@ -203,8 +203,12 @@ class View:
     def release(
         self, ic: InterruptCandidate, rule: str, for_session: str = "", note: str = ""
     ) -> Proposal:
-        """The proposal to release ``ic`` under ``rule``, priced."""
+        """The proposal to release ``ic`` under ``rule``, priced (its note names the pool's
+        wait where the cost counts it)."""
         gain, cost = self.release_price(ic)
+        if self.wait_s > 0:
+            waited = f"cost counts the pool's wait {self.wait_s:.1f} s"
+            note = f"{note}; {waited}" if note else waited
         return Proposal("release", ic.id, ic.node, ic.weight, gain, cost, rule, for_session, note)
 
     def admit_price(self, c: TickCandidate, node: str) -> tuple[float, float]:

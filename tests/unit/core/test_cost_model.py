@@ -287,6 +287,8 @@ class TestReleasedSessionsWait:
         (base,) = [e for e in plain.entries if e.session == "t"]
         assert entry.cost_s == pytest.approx(base.cost_s + sum(waited) / 2)
         assert entry.kind == ("release" if released else "hold")
+        assert f"the pool's wait {sum(waited) / 2:.1f} s" in entry.note
+        assert "pool's wait" not in base.note
 
     def test_wait_needs_cost(self) -> None:
         """The wait is a term of the release price: a rule set without ``cost`` is refused."""

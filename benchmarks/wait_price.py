@@ -7,7 +7,12 @@ the seeds (every variant runs the same tasks per seed). Variants:
 * ``mean``: ``tao-slo`` (plus the pool's mean wait so far, :func:`shared.core.round.pool_wait`);
 * ``max``: the same with the pool's longest wait so far instead (a patch of
   ``View.release_price`` for this script only; not a policy);
-* any other policy name (``cache-aware``, ``thunderagent-ideal``, ...) as a reference.
+* ``tail-priced``: ``tao-fair`` with its fixed 200 s replaced by a price: a pooled request is
+  placed first (its node cleared for it) once its wait so far covers what clearing that node
+  costs, the sum of the releases' prices (a ski-rental rule; a patch of ``round.tail`` for this
+  script only, tried for the tail target of docs/evaluation.md, "The released session's wait");
+* any other policy name (``cache-aware``, ``thunderagent-ideal``, ``tao-fair``, ...) as a
+  reference.
 
 The sweep that chose ``mean`` for ``tao-slo`` (docs/evaluation.md, "The released session's
 wait")::
@@ -27,11 +32,13 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 
 import shared.core.round as rnd
 from shared.core.interrupt import InterruptCandidate
+from shared.core.snapshot import TickCandidate
 from shared.sim.des import SimConfig
 from shared.sim.records import RequestRecord
 from shared.sim.runner import simulate
@@ -48,10 +55,33 @@ def _longest_wait(view: rnd.View, ic: InterruptCandidate) -> tuple[float, float]
     return gain, cost + (max(ages) if ages else 0.0)
 
 
-_VARIANTS: dict[str, tuple[str, Callable[..., tuple[float, float]]]] = {
-    "none": ("tao", _PRICE),
-    "mean": ("tao-slo", _PRICE),
-    "max": ("tao", _longest_wait),
+_TAIL = rnd.tail
+
+
+def _priced_tail(view: rnd.View, pool: Sequence[TickCandidate]) -> list[rnd.Proposal]:
+    snap = view.snapshot
+    due: set[str] = set()
+    for c in pool:
+        if c.waiting_since is None:
+            continue
+        if any(c.weight <= view.free.get(b, 0) for b in c.eligible):
+            price = 0.0
+        else:
+            target = rnd._clear_for(c, snap.interrupts, set(view.taken), view.free)
+            if target is None:
+                continue
+            price = sum(view.release_price(ic)[1] for ic in target[1])
+        if snap.now - c.waiting_since >= price:
+            due.add(c.id)
+    now = replace(view, rules=replace(view.rules, starve_s=1e-9))
+    return _TAIL(now, [c for c in pool if c.id in due])
+
+
+_VARIANTS: dict[str, tuple[str, Callable[..., tuple[float, float]], Callable[..., object]]] = {
+    "none": ("tao", _PRICE, _TAIL),
+    "mean": ("tao-slo", _PRICE, _TAIL),
+    "max": ("tao", _longest_wait, _TAIL),
+    "tail-priced": ("tao-fair", _PRICE, _priced_tail),
 }
 
 
@@ -74,12 +104,14 @@ def main() -> None:
         for seed in range(args.seeds):
             tasks = generate_tasks(spec, args.tasks, seed)
             for v in args.variants.split(","):
-                policy, price = _VARIANTS.get(v, (v, _PRICE))
+                policy, price, tail = _VARIANTS.get(v, (v, _PRICE, _TAIL))
                 rnd.View.release_price = price  # type: ignore[method-assign]
+                rnd.tail = tail
                 try:
                     res = simulate(tasks, cfg, policy, seed)
                 finally:
                     rnd.View.release_price = _PRICE  # type: ignore[method-assign]
+                    rnd.tail = _TAIL
                 ttft = np.array([q.first_token - q.issued for q in res.requests])
                 if args.breakdown:
                     _breakdown(w, v, seed, res.requests, rows)

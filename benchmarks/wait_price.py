@@ -129,7 +129,7 @@ def main() -> None:
                 )
         for v, vals in [] if args.breakdown else per.items():
             m = np.mean(np.asarray(vals), axis=0)
-            rows.append([str(w), v, f"{m[0]:.2f}", *(f"{x:.0f}" for x in m[1:])])
+            rows.append([str(w), v, f"{m[0]:.2f}", f"{m[1]:.1f}", *(f"{x:.0f}" for x in m[2:])])
     if args.breakdown:
         head = ["workers", "variant", "seed", "requests", "n", "hold mean s", "hold p50 s"]
         tail = ["hold p90 s", "TTFT p90 s", "TTFT > 2 s", "> 2 s in the engine"]

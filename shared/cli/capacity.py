@@ -43,8 +43,9 @@ from shared.tables import render, signed
 __all__ = ["CAPACITY_POLICIES", "Evaluator", "add_capacity_arguments", "cmd_capacity",
            "run_capacity"]  # fmt: skip
 
-CAPACITY_POLICIES = ("tao", "thunderagent", "thunderagent-ideal", "thunderagent-decay")
-"""``tao sim --capacity``'s default: TAO against every ThunderAgent variant."""
+CAPACITY_POLICIES = ("tao", "tao-slo", "thunderagent", "thunderagent-ideal", "thunderagent-decay")
+"""``tao sim --capacity``'s default: TAO (the default rule set, and ``tao-slo``, the one for a
+TTFT SLO) against every ThunderAgent variant."""
 
 
 def add_capacity_arguments(

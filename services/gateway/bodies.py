@@ -288,6 +288,16 @@ def _decode(
     return body, describe(body)
 
 
+def _decode_taken(
+    box: list[bytes], max_items: int, describe: Callable[[dict[str, Any]], T]
+) -> tuple[dict[str, Any], T]:
+    """:func:`_decode` of the bytes taken out of ``box``: a worker thread keeps its call's
+    arguments until after it has handed the result back (anyio's worker drops them only
+    then), so the bytes must not be among them, or a held request's body stays in memory
+    twice for as long as that thread is not scheduled."""
+    return _decode(box.pop(), max_items, describe)
+
+
 class BodyReader:
     """Reads, checks and decodes model request bodies (module docstring)."""
 
@@ -309,8 +319,9 @@ class BodyReader:
                 if len(raw) < OFF_LOOP_BYTES:
                     done = _decode(raw, self.limits.max_items, describe)
                 else:
+                    box, raw = [raw], b""
                     done = await anyio.to_thread.run_sync(
-                        _decode, raw, self.limits.max_items, describe, limiter=self.threads
+                        _decode_taken, box, self.limits.max_items, describe, limiter=self.threads
                     )
             except BadRequest as exc:
                 done = exc.with_traceback(None)  # its frames held the raw bytes

@@ -138,7 +138,7 @@ class Bus:
         The first connection is bounded as a whole: nats-py 2.x's ``connect()`` keeps trying a
         refused port (``nats://127.0.0.1:1``) and never returns, whatever its
         ``connect_timeout`` (which bounds one attempt) and ``allow_reconnect`` say."""
-        nc = Client()
+        nc = _Client()
         servers, tls = _tls_servers(url)
         user = urlsplit(servers[0]).username
         try:
@@ -447,6 +447,7 @@ class Bus:
             raise BusError(
                 f"cannot start consumer {receiver.name} on {stream.name}: {exc}"
             ) from exc
+        await self._flushed()  # the server knows the consumer's subscription when this returns
         self._receivers.append(receiver)
         return receiver
 
@@ -588,6 +589,29 @@ def _tls_servers(url: str) -> tuple[list[str], ssl.SSLContext | None]:
         return servers, ssl.create_default_context(cafile=ca)
     except (OSError, ssl.SSLError) as exc:
         raise BusError(f"cannot read the CA {ca} of the NATS URL: {exc}") from None
+
+
+class _Client(Client):
+    """nats-py's client with its flush made to mean what it says.
+
+    nats-py (2.16, ``Client._send_ping``) writes a flush's PING straight to the socket, while
+    the commands queued before it (a SUB, an UNSUB, a PUB) wait in ``_pending`` for its flusher
+    task, which writes them on its next turn: usually *after* the PING. The server answers the
+    PING before it has read them, so a flush that returned did not mean the server had what was
+    sent before it. Two failures came of it (the suite, after the access tests loaded the
+    machine): a subscription :meth:`Bus.serve` had flushed was unknown to the server when a
+    request came on another connection ("no responders"); and a consumer's drain (UNSUB, then a
+    flush, then the subscription dropped) returned before the server had read the UNSUB, so it
+    went on delivering to a subscription the client had dropped, and those messages sat
+    unacknowledged until ``ack_wait``. Here the queued commands go to the socket first, in the
+    same synchronous step as the PING, as the flusher task itself writes them."""
+
+    async def _send_ping(self, future: asyncio.Future[Any] | None = None) -> None:
+        if self._pending and self._transport is not None and self.is_connected:
+            self._transport.writelines(self._pending[:])
+            self._pending = []
+            self._pending_data_size = 0
+        await super()._send_ping(future)
 
 
 async def _retrying(op: Callable[[], Awaitable[_R]], what: str) -> _R:

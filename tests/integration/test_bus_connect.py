@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from nats.js import api
 
 from shared.contracts import subjects
 from shared.infra import Bus
@@ -87,19 +86,10 @@ class TestBacklog:
 
         try:
             await bus.ensure_streams()
-            # the durable exists on the server with nobody subscribed: made through the
-            # JetStream API, as a consumer's start makes it (deliver group = its name). Not by
-            # starting and stopping a consumer first: after the access tests that left 2 of the
-            # 5 deliveries unhandled until ack_wait in 1 run of 4 (cause not found; noted in
-            # docs/reliability.md, "Known gaps")
-            await bus._js.add_consumer(
-                bus.stream_name(subjects.STREAM_TOOL),
-                durable_name=durable,
-                deliver_group=durable,
-                deliver_subject=bus._nc.new_inbox(),
-                ack_policy=api.AckPolicy.EXPLICIT,
-                filter_subject=bus.wire_subject(subjects.STREAM_TOOL.subjects[0]),
-            )
+            # a first consumer creates the durable; stopping it leaves the durable on the server
+            # (its drain's UNSUB reaches the server before the drain returns: TestFlushOrder)
+            sub = await bus.consume(subjects.STREAM_TOOL, "tools", decode_tool_event, hold)
+            await sub.stop()
             for i in range(5):
                 await bus.publish_msg(
                     ToolStart(session_id=f"s{i}", call_id="c", tool="bash", started_at=1.0)
@@ -116,6 +106,78 @@ class TestBacklog:
             assert held == 5
             with pytest.raises(BusError, match="nobody-TAO_V1_TOOL"):
                 await bus.backlog(subjects.STREAM_TOOL, "nobody-TAO_V1_TOOL")
+        finally:
+            await bus.delete_streams()
+            await bus.drain()
+
+
+class _WireLog:
+    """Every byte a bus's nats-py client hands its socket, in order."""
+
+    def __init__(self, bus: Bus, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.chunks: list[bytes] = []
+        transport = bus.nc._transport
+        assert transport is not None
+        write, writelines = transport.write, transport.writelines
+
+        def on_write(data: bytes) -> None:
+            self.chunks.append(bytes(data))
+            write(data)
+
+        def on_writelines(lines: list[bytes]) -> None:
+            self.chunks.extend(bytes(line) for line in lines)
+            writelines(lines)
+
+        monkeypatch.setattr(transport, "write", on_write)
+        monkeypatch.setattr(transport, "writelines", on_writelines)
+
+    @property
+    def wire(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+class TestFlushOrder:
+    """A flush's PING follows every command queued before it, so its PONG means the server has
+    read them. nats-py writes the PING straight to the socket while those commands wait for its
+    flusher task (``_Client`` in shared/infra/bus.py says how that failed); with nats-py's own
+    client each check below sees the PING first."""
+
+    async def test_serve_returns_once_the_server_has_the_subscription(
+        self, nats_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        bus = await Bus.connect(nats_url, name="svc", namespace=namespace)
+        other = await Bus.connect(nats_url, name="other", namespace=namespace)
+        try:
+            log = _WireLog(bus, monkeypatch)
+            await bus.serve(subjects.inspect("echo"), "svc", upper)
+            wire = log.wire
+            sub = wire.index(b"SUB " + bus.wire_subject(subjects.inspect("echo")).encode())
+            assert sub < wire.rindex(b"PING\r\n")
+            # and so another connection's request finds it at once
+            assert await other.request(subjects.inspect("echo"), b"hi", 5.0) == b"HI"
+        finally:
+            await other.drain()
+            await bus.drain()
+
+    async def test_a_stopped_consumer_has_left_the_server_when_stop_returns(
+        self, nats_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """The drain's UNSUB precedes its PING; and the consumer's start is flushed too."""
+        bus = await Bus.connect(nats_url, name="svc", namespace=namespace)
+
+        async def ignore(value: object, delivery: object) -> None:
+            return None
+
+        try:
+            await bus.ensure_streams()
+            log = _WireLog(bus, monkeypatch)
+            sub = await bus.consume(subjects.STREAM_TOOL, "tools", bytes, ignore)
+            started = log.wire
+            assert started.rindex(b"SUB ") < started.rindex(b"PING\r\n")  # no UNSUB before
+            log.chunks.clear()
+            await sub.stop()
+            stopped = log.wire
+            assert stopped.index(b"UNSUB ") < stopped.rindex(b"PING\r\n")
         finally:
             await bus.delete_streams()
             await bus.drain()

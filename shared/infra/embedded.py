@@ -11,7 +11,9 @@ terminated (then killed, if they linger) on :meth:`EmbeddedServers.stop`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+import re
 import secrets
 import shutil
 import socket
@@ -42,6 +44,24 @@ __all__ = [
 ]
 
 _START_TIMEOUT_S = 15.0
+_PORT_TRIES = 3
+_PORT_TAKEN = re.compile(r"address already in use", re.IGNORECASE)
+
+
+def _log_tail(log: IO[bytes]) -> str:
+    """The last 4 KB a server wrote to ``log``; read at once, since
+    :meth:`EmbeddedServers.stop` removes the folder it is in."""
+    log.flush()
+    try:
+        return Path(log.name).read_bytes()[-4096:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _last_line(log: IO[bytes]) -> str:
+    """The last non-empty line a server wrote to ``log`` (its reason for exiting), shortened."""
+    lines = [ln.strip() for ln in _log_tail(log).splitlines() if ln.strip()]
+    return lines[-1][-300:] if lines else "(it wrote nothing)"
 
 
 def find_nats_server() -> str:
@@ -199,28 +219,56 @@ class EmbeddedServers:
         self._tmp = None if self._data_dir else root
         try:
             if self._want_nats:
-                port = free_port()
                 store = Path(root) / "nats"
                 store.mkdir(parents=True, exist_ok=True)
-                cmd = [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port)]
-                if self._access_dir is not None:
-                    cmd += ["-c", str(self._access_dir / NATS_CONF)]
-                self._spawn("nats-server", [*cmd, "-sd", str(store)], root)
-                self.nats_url = f"nats://127.0.0.1:{port}"
-                self._wait("nats-server", lambda: nats_answers(self.nats_url or ""))
+                self.nats_url = self._start_on_free_port("nats-server", root, self._nats_cmd(store))
             if self._want_redis:
-                port = free_port()
-                cmd = [find_valkey_server(), "--port", str(port), "--bind", "127.0.0.1"]
-                opts = ["--save", "", "--appendonly", "no", "--dir", root]
-                if self._access_dir is not None:
-                    opts += ["--aclfile", str(self._access_dir / REDIS_ACL)]
-                self._spawn("valkey-server", [*cmd, *opts], root)
-                self.redis_url = f"redis://127.0.0.1:{port}/0"
-                self._wait("valkey-server", lambda: redis_answers(self.redis_url or ""))
+                self.redis_url = self._start_on_free_port(
+                    "valkey-server", root, self._valkey_cmd(root)
+                )
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _nats_cmd(self, store: Path) -> Callable[[int], tuple[list[str], str]]:
+        def cmd(port: int) -> tuple[list[str], str]:
+            args = [find_nats_server(), "-js", "-a", "127.0.0.1", "-p", str(port)]
+            if self._access_dir is not None:
+                args += ["-c", str(self._access_dir / NATS_CONF)]
+            return [*args, "-sd", str(store)], f"nats://127.0.0.1:{port}"
+
+        return cmd
+
+    def _valkey_cmd(self, root: str) -> Callable[[int], tuple[list[str], str]]:
+        def cmd(port: int) -> tuple[list[str], str]:
+            args = [find_valkey_server(), "--port", str(port), "--bind", "127.0.0.1"]
+            args += ["--save", "", "--appendonly", "no", "--dir", root]
+            if self._access_dir is not None:
+                args += ["--aclfile", str(self._access_dir / REDIS_ACL)]
+            return args, f"redis://127.0.0.1:{port}/0"
+
+        return cmd
+
+    def _start_on_free_port(
+        self, what: str, root: str, command: Callable[[int], tuple[list[str], str]]
+    ) -> str:
+        """Start ``what`` on a free port and return its URL once it answers. A port drawn free
+        can be taken by another process before the server binds it; the server then exits
+        saying so, and is started again on another port, up to ``_PORT_TRIES`` times. Any
+        other exit is an error carrying the server's last log line."""
+        answers = nats_answers if what == "nats-server" else redis_answers
+        for attempt in range(_PORT_TRIES):
+            cmd, url = command(free_port())
+            self._spawn(what, cmd, root)
+            try:
+                self._wait(what, functools.partial(answers, url))
+                return url
+            except EmbeddedServerError:
+                if attempt == _PORT_TRIES - 1 or not _PORT_TAKEN.search(_log_tail(self._logs[-1])):
+                    raise
+                self._procs.pop()
+        raise AssertionError("unreachable")
 
     def _spawn(self, what: str, cmd: list[str], root: str) -> None:
         log = open(Path(root) / f"{what}.log", "ab")  # noqa: SIM115 - closed in stop()
@@ -237,7 +285,7 @@ class EmbeddedServers:
         while time.monotonic() < deadline:
             if proc.poll() is not None:
                 raise EmbeddedServerError(
-                    what, f"exited with code {proc.returncode} (log: {self._logs[-1].name})"
+                    what, f"exited with code {proc.returncode}: {_last_line(self._logs[-1])}"
                 )
             if answers():
                 return

@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import socket
+from pathlib import Path
 
+import pytest
 import redis.asyncio as aioredis
 
 from shared.contracts import ToolEvent, ToolStart, decode_tool_event, subjects
-from shared.infra import Bus, Delivery, EmbeddedServers, nats_answers, redis_answers
+from shared.infra import Bus, Delivery, EmbeddedServers, embedded, nats_answers, redis_answers
+from shared.infra.access import NATS_CONF
+from shared.infra.embedded import free_port
+from shared.infra.errors import EmbeddedServerError
 
 
 class TestEmbeddedServers:
@@ -38,3 +44,28 @@ class TestEmbeddedServers:
             urls = (servers.nats_url, servers.redis_url)
         assert not nats_answers(urls[0], timeout=0.2)
         assert not redis_answers(urls[1], timeout=0.2)
+
+
+class TestStartFailures:
+    @pytest.mark.parametrize("nats", [True, False])
+    def test_a_port_taken_before_the_bind_is_drawn_again(
+        self, nats: bool, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """Another process binds the drawn port first: the server exits ("address already in
+        use") and is started on the next port drawn."""
+        with socket.socket() as taken:
+            taken.bind(("127.0.0.1", 0))
+            taken.listen()
+            held = taken.getsockname()[1]
+            draws = iter([held])
+            monkeypatch.setattr(embedded, "free_port", lambda: next(draws, None) or free_port())
+            with EmbeddedServers(nats=nats, redis=not nats) as servers:
+                url = servers.nats_url if nats else servers.redis_url
+                assert url is not None and f":{held}" not in url
+                assert (nats_answers if nats else redis_answers)(url)
+
+    def test_a_server_that_exits_says_why(self, tmp_path: Path) -> None:
+        """The error carries the server's own last words (its folder is gone by then)."""
+        (tmp_path / NATS_CONF).write_text("listen: {{{ not a config\n")
+        with pytest.raises(EmbeddedServerError, match=r"nats-server: exited with code \d+: .*\S"):
+            EmbeddedServers(nats=True, redis=False, access_dir=tmp_path).start()

@@ -204,9 +204,11 @@ class EmbeddedServers:
     ):
         self._want_nats = nats
         self._want_redis = redis
-        self._data_dir = data_dir
-        self._access_dir = Path(access_dir) if access_dir is not None else None
-        """An access folder (:mod:`.access`): its users and permissions are the servers'."""
+        self._data_dir = str(Path(data_dir).resolve()) if data_dir is not None else None
+        self._access_dir = Path(access_dir).resolve() if access_dir is not None else None
+        """An access folder (:mod:`.access`): its users and permissions are the servers'. Both
+        folders are made absolute: the servers run in the data folder, so a relative path
+        (``tao demo --log-dir docs/eval/x``) would name a file there."""
         self._tmp: str | None = None
         self._procs: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []

@@ -11,7 +11,7 @@ import redis.asyncio as aioredis
 
 from shared.contracts import ToolEvent, ToolStart, decode_tool_event, subjects
 from shared.infra import Bus, Delivery, EmbeddedServers, embedded, nats_answers, redis_answers
-from shared.infra.access import NATS_CONF
+from shared.infra.access import NATS_CONF, Access, write_access_dir
 from shared.infra.embedded import free_port
 from shared.infra.errors import EmbeddedServerError
 
@@ -69,3 +69,14 @@ class TestStartFailures:
         (tmp_path / NATS_CONF).write_text("listen: {{{ not a config\n")
         with pytest.raises(EmbeddedServerError, match=r"nats-server: exited with code \d+: .*\S"):
             EmbeddedServers(nats=True, redis=False, access_dir=tmp_path).start()
+
+    def test_relative_folders_are_the_callers(
+        self, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    ) -> None:
+        """An access folder and a data folder named relative to the caller's working directory
+        (the servers themselves run in the data folder)."""
+        monkeypatch.chdir(tmp_path)
+        write_access_dir(Access.new(namespaces=["rel"]), tmp_path / "access")
+        with EmbeddedServers(access_dir="access", data_dir="data") as servers:
+            assert servers.nats_url is not None and servers.redis_url is not None
+            assert (tmp_path / "data" / "nats").is_dir()

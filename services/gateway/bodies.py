@@ -18,6 +18,9 @@ one bound is passed, before the rest is read:
   since the handler began reading (``TAO_BODY_MIN_RATE``, ``TAO_BODY_TIMEOUT_S``):
   having read ``n`` bytes, the gateway waits for more until ``timeout_s + n / min_rate`` s;
   then 408. A slow sender is given back its connection's slot, not kept for ever.
+* **rate**: with ``TAO_BODY_CLIENT_RATE`` set, each client's decoded bytes within its budget
+  (:mod:`.pacing`): past it the next chunk is read only after a wait, so TCP slows a client
+  that sends bodies faster than that; the waits do not count against the arrival deadline.
 
 A refused body's connection is closed after the answer (nothing of the rest is read but what
 the server discards while it lingers, uncompressed and bounded in time).
@@ -44,6 +47,7 @@ import orjson
 from aiohttp import web
 from aiohttp.web_protocol import RequestPayloadError
 
+from services.gateway.pacing import BodyPacer, client_address
 from services.gateway.requests import BadRequest, parse_body, read_json
 from shared.infra.settings import Settings
 
@@ -56,6 +60,7 @@ __all__ = [
     "BodyLimits",
     "BodyReader",
     "BodyRefused",
+    "Pace",
     "body_limits",
     "read_raw",
     "server_args",
@@ -148,6 +153,15 @@ def server_args(settings: Settings) -> dict[str, Any]:
     return {"auto_decompress": False, "keepalive_timeout": settings.keepalive_s}
 
 
+@dataclass(frozen=True, slots=True)
+class Pace:
+    """Whose byte budget a body is read within (:mod:`.pacing`)."""
+
+    pacer: BodyPacer
+    tenant: str
+    address: str
+
+
 def _too_large(limits: BodyLimits) -> BodyRefused:
     return BodyRefused(
         413,
@@ -236,11 +250,17 @@ def _coding(request: web.BaseRequest) -> str:
 
 
 async def read_raw(
-    request: web.BaseRequest, limits: BodyLimits, *, cap: int | None = None, keep: bool = False
+    request: web.BaseRequest,
+    limits: BodyLimits,
+    *,
+    cap: int | None = None,
+    keep: bool = False,
+    pace: Pace | None = None,
 ) -> bytes:
     """The decoded body, within ``limits`` (module docstring); ``cap`` replaces
     ``limits.max_bytes``. ``keep``: a body past ``cap`` is not refused, its first ``cap + 1``
-    bytes are returned instead (a hook post, forwarded as oversized)."""
+    bytes are returned instead (a hook post, forwarded as oversized). ``pace``: the client's
+    byte budget (:mod:`.pacing`), waited out between chunks; the waits extend the deadline."""
     cap = limits.max_bytes if cap is None else cap
     coding = _coding(request)
     declared = request.content_length
@@ -251,10 +271,13 @@ async def read_raw(
     start = loop.time()
     stream = request.content
     wire = made = 0
+    paced = 0.0
     chunks: list[bytes] = []
     while True:
         try:
-            async with asyncio.timeout_at(start + limits.timeout_s + wire / limits.min_rate):
+            async with asyncio.timeout_at(
+                start + paced + limits.timeout_s + wire / limits.min_rate
+            ):
                 chunk = await stream.readany()
         except TimeoutError:
             raise BodyRefused(
@@ -269,6 +292,7 @@ async def read_raw(
             break
         wire += len(chunk)
         pieces = [chunk] if inflater is None else inflater.feed(chunk)
+        before = made
         for piece in pieces:
             made += len(piece)
             chunks.append(piece)
@@ -276,6 +300,11 @@ async def read_raw(
             if keep:
                 return b"".join(chunks)[: cap + 1]
             raise _too_large(limits)
+        if pace is not None:
+            wait = pace.pacer.charge(pace.tenant, pace.address, made - before, loop.time())
+            if wait > 0:
+                await asyncio.sleep(wait)  # the server stops reading; TCP slows the sender
+                paced += wait
     if inflater is not None and wire:
         inflater.finish()
     return b"".join(chunks)
@@ -299,22 +328,31 @@ def _decode_taken(
 
 
 class BodyReader:
-    """Reads, checks and decodes model request bodies (module docstring)."""
+    """Reads, checks and decodes model request bodies (module docstring); each client's
+    within its byte budget when ``pacer`` is given (:mod:`.pacing`)."""
 
-    def __init__(self, limits: BodyLimits) -> None:
+    def __init__(self, limits: BodyLimits, pacer: BodyPacer | None = None) -> None:
         self.limits = limits
+        self.pacer = pacer
         self.threads = anyio.CapacityLimiter(DECODE_THREADS)
 
     async def read(
-        self, request: web.BaseRequest, describe: Callable[[dict[str, Any]], T]
+        self,
+        request: web.BaseRequest,
+        describe: Callable[[dict[str, Any]], T],
+        tenant: str | None = None,
     ) -> tuple[dict[str, Any], T]:
         """The body as a checked object and what ``describe`` says of it (run with the
         decoding, off the event loop for a large body); :class:`.requests.BadRequest` (or
-        :class:`BodyRefused`) when it cannot be served. Read once per request."""
+        :class:`BodyRefused`) when it cannot be served. Read once per request; paced as
+        ``tenant``'s from the request's address (unpaced when ``tenant`` is None)."""
         done = request.get(_DECODED)
         if done is None:
+            pace = None
+            if self.pacer is not None and tenant is not None:
+                pace = Pace(self.pacer, tenant, client_address(request.remote))
             try:
-                raw = await read_raw(request, self.limits)
+                raw = await read_raw(request, self.limits, pace=pace)
                 request[BODY_BYTES] = len(raw)
                 if len(raw) < OFF_LOOP_BYTES:
                     done = _decode(raw, self.limits.max_items, describe)

@@ -188,7 +188,7 @@ class DomainRouter:
         if caller is None:
             return first
         try:  # read once: the relay finds the outcome on the request
-            body, info = await self.relays[first].bodies.read(request, api.describe)
+            body, info = await self.relays[first].bodies.read(request, api.describe, caller.name)
             named, source = api.identity(request.headers, body, lambda: "")
         except Exception:  # the relay answers 400/413 itself; nothing is remembered
             return first

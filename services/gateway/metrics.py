@@ -79,9 +79,15 @@ class _Histogram:
 class GatewayMetrics:
     """Counters, the held-now gauge and the hold-time histogram of one gateway."""
 
-    def __init__(self, held_now: Callable[[], int], admitted_now: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        held_now: Callable[[], int],
+        admitted_now: Callable[[], int],
+        paced_s: Callable[[], float] = lambda: 0.0,
+    ) -> None:
         self._held_now = held_now
         self._admitted_now = admitted_now
+        self._paced_s = paced_s
         self.requests = _Counter(
             "tao_gateway_requests_total", "Model requests answered, by endpoint and outcome."
         )
@@ -127,6 +133,10 @@ class GatewayMetrics:
             "# HELP tao_gateway_admitted_sessions Sessions admitted now, per received placements.",
             "# TYPE tao_gateway_admitted_sessions gauge",
             f"tao_gateway_admitted_sessions {self._admitted_now()}",
+            "# HELP tao_gateway_body_paced_seconds_total Seconds request bodies waited for "
+            "their client's byte budget (TAO_BODY_CLIENT_RATE).",
+            "# TYPE tao_gateway_body_paced_seconds_total counter",
+            f"tao_gateway_body_paced_seconds_total {_num(self._paced_s())}",
         ]
         lines += self.hold_seconds.render()
         return "\n".join(lines) + "\n"

@@ -68,6 +68,7 @@ from services.gateway.holds import HoldEnded, Holds, HoldTimeout
 from services.gateway.hook_limit import retry_after
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.nodes import NodeDirectory
+from services.gateway.pacing import pacer_of
 from services.gateway.placements import PlacementMap
 from services.gateway.proxy import (
     CLIENT_CLOSED,
@@ -218,9 +219,11 @@ class Relay:
         self.new_id = new_id or (lambda: uuid.uuid4().hex)
         self.placements = PlacementMap()
         self.holds = Holds()
-        self.bodies = BodyReader(BodyLimits.of(settings))
+        self.bodies = BodyReader(BodyLimits.of(settings), pacer_of(settings))
         self.hold_budget = HoldBudget(settings.max_held, settings.max_held_bytes)
-        self.metrics = GatewayMetrics(self.holds.held, self.placements.admitted_count)
+        self.metrics = GatewayMetrics(
+            self.holds.held, self.placements.admitted_count, self._paced_s
+        )
         self.stored = StoreCheck(
             store, self.placements, nodes, self.holds, self.metrics, log, every_s=store_recheck_s
         )
@@ -368,6 +371,10 @@ class Relay:
         self.metrics.requests.inc(endpoint=endpoint, outcome="unauthorized")
         return self._needs_key(api)
 
+    def _paced_s(self) -> float:
+        pacer = self.bodies.pacer
+        return 0.0 if pacer is None else pacer.paced_s
+
     @staticmethod
     def _needs_key(api: Api) -> web.Response:
         return api.error(
@@ -381,7 +388,7 @@ class Relay:
         if caller is None:
             return out.answer("unauthorized", self._needs_key(api))
         try:
-            body, info = await self.bodies.read(request, api.describe)
+            body, info = await self.bodies.read(request, api.describe, caller.name)
             check_headers(request.headers)
             named_harness = harness_of(request.headers)
         except BodyRefused as exc:  # the rest of the body is not read: the connection closes

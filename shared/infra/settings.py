@@ -176,6 +176,8 @@ class Settings:
     max_compression_ratio: float = 100.0
     body_timeout_s: float = 10.0
     body_min_rate: float = 65536.0
+    body_client_rate: float = 0.0
+    body_client_burst: int = 0
     header_timeout_s: float = 10.0
     keepalive_s: float = 75.0
     max_connections: int = 4096
@@ -447,6 +449,8 @@ _PARSERS: Final[dict[str, tuple[str, Parser]]] = {
     "max_compression_ratio": ("TAO_MAX_COMPRESSION_RATIO", _number(lo=1.0, lo_open=False)),
     "body_timeout_s": ("TAO_BODY_TIMEOUT_S", _POSITIVE),
     "body_min_rate": ("TAO_BODY_MIN_RATE", _POSITIVE),
+    "body_client_rate": ("TAO_BODY_CLIENT_RATE", _number(lo=0.0, lo_open=False)),
+    "body_client_burst": ("TAO_BODY_CLIENT_BURST", _integer(lo=0)),
     "header_timeout_s": ("TAO_HEADER_TIMEOUT_S", _POSITIVE),
     "keepalive_s": ("TAO_KEEPALIVE_S", _POSITIVE),
     "max_connections": ("TAO_MAX_CONNECTIONS", _integer(lo=1)),

@@ -308,6 +308,57 @@ class TestHeldRequests:
         assert (await task).status == 200
 
 
+class TestPacing:
+    """TAO_BODY_CLIENT_RATE: a client past its byte budget is read more slowly, not refused
+    (services/gateway/pacing.py; the budget's arithmetic: tests/unit/gateway/test_pacing.py)."""
+
+    async def test_a_body_past_the_budget_is_served_whole_and_the_wait_is_counted(self) -> None:
+        """1 MB/s after 100 KB: a 2 MB body waits at most 1.9 s in all (less by the time its
+        reading took), which the arrival deadline does not count (0.2 s, then 100 MB/s:
+        counted, the body would be 408)."""
+        paced = SETTINGS.replace(
+            body_client_rate=1e6, body_client_burst=100_000, body_timeout_s=0.2,
+            body_min_rate=1e8,
+        )  # fmt: skip
+        async for small in make_harness(paced):
+            await small.place("admit", "s1", 1)
+            text = "x" * 2_000_000
+            resp = await small.client.post(CHAT, data=chat_body(text), headers=SESSION)
+            assert resp.status == 200, await resp.text()
+            assert small.node.bodies[-1]["messages"][0]["content"] == text
+            pacer = small.relay.bodies.pacer
+            assert pacer is not None and 0.5 < pacer.paced_s <= 1.9 + 1e-3
+            page = await (await small.client.get("/metrics")).text()
+            line = next(x for x in page.splitlines() if x.startswith("tao_gateway_body_paced"))
+            assert float(line.split()[-1]) == pytest.approx(pacer.paced_s)
+
+    async def test_the_wait_is_not_held_against_the_senders_arrival_deadline(self) -> None:
+        """3 MB sent at once, paced to about 2.9 s; the rest 3.2 s in: the arrival deadline
+        (1 s, then 100 MB/s) counts from the end of the pacing, so the body is served (were
+        the waits counted, the read of the rest would be 408)."""
+        paced = SETTINGS.replace(
+            body_client_rate=1e6, body_client_burst=100_000, body_timeout_s=1.0,
+            body_min_rate=1e8,
+        )  # fmt: skip
+        body = chat_body("x" * 3_100_000)
+
+        async def late_tail() -> AsyncIterator[bytes]:
+            yield body[:3_000_000]
+            await asyncio.sleep(3.2)  # a sender pausing, after the gateway's pacing has ended
+            yield body[3_000_000:]
+
+        async for small in make_harness(paced):
+            await small.place("admit", "s1", 1)
+            resp = await small.client.post(CHAT, data=late_tail(), headers=SESSION)
+            assert resp.status == 200, await resp.text()
+
+    async def test_off_by_default_nothing_is_paced(self, h: Harness) -> None:
+        await h.place("admit", "s1", 1)
+        resp = await h.client.post(CHAT, data=chat_body("x" * 1_000_000), headers=SESSION)
+        assert resp.status == 200
+        assert h.relay.bodies.pacer is None
+
+
 class TestSettings:
     """The new limits are read once from the environment and a bad value names its variable."""
 

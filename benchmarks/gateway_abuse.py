@@ -4,6 +4,8 @@ A script, not a test: it prints a markdown table to stdout::
 
     PYTHONPATH=. flock /tmp/tao-heavy.lock .venv/bin/python -m benchmarks.gateway_abuse
     PYTHONPATH=. .venv/bin/python -m benchmarks.gateway_abuse --seconds 15 --agents 8
+    PYTHONPATH=. .venv/bin/python -m benchmarks.gateway_abuse --client-rate 32e6 \
+        --attacker-from 127.0.0.2
 
 Three processes on 127.0.0.1 only: the gateway (the real app, :func:`services.gateway.serve`,
 default settings but a 5 s hold timeout, on an in-memory bus with a stand-in planner that
@@ -21,6 +23,11 @@ Beside them runs one attacker (every attack loop stops with the scenario):
 * ``held 30 MB``: valid 30 MB bodies of new sessions no one admits, so each is held;
 * ``300 half-open``: 300 connections that send a request line and one header, re-opened when
   the gateway closes them.
+
+``--client-rate`` sets the gateway's per-client byte budget (``TAO_BODY_CLIENT_RATE``;
+services/gateway/pacing.py). A client is a tenant and an address; there is no authentication
+here, so ``--attacker-from 127.0.0.2`` makes the attacker another host (Linux answers all of
+127/8 on loopback), while by default it shares the agents' address and so their budget.
 
 Reported per scenario: the agents' request count, p50 and p99 latency, their 5xx count, the
 ``/healthz`` worst latency (5 s counts as no answer), the gateway's RSS growth over the
@@ -45,7 +52,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 import orjson
-from aiohttp import ClientError, ClientSession, ClientTimeout, web
+from aiohttp import ClientError, ClientSession, ClientTimeout, TCPConnector, web
 
 HOST = "127.0.0.1"
 AGENT_PREFIX = "agent-"
@@ -59,12 +66,17 @@ HALF_OPEN = b"POST /v1/chat/completions HTTP/1.1\r\nHost: gw\r\n"
 # --- the two servers (run as child processes) -----------------------------------------------
 
 
-async def serve_gateway(port: int, node: str) -> None:
+async def serve_gateway(port: int, node: str, client_rate: float) -> None:
     from services.gateway import create_app, serve
     from shared.contracts import Placement, SessionRequest, decode_session_event, subjects
     from shared.infra import FakeBus, Settings
 
-    settings = Settings(gateway_id="gw", hold_timeout_s=HOLD_TIMEOUT_S, retry_after_s=1.0)
+    settings = Settings(
+        gateway_id="gw",
+        hold_timeout_s=HOLD_TIMEOUT_S,
+        retry_after_s=1.0,
+        body_client_rate=client_rate,
+    )
     bus = FakeBus()
 
     async def admit(msg: Any, _: Any) -> None:
@@ -185,13 +197,18 @@ async def monitor(pid: int, stop: asyncio.Event, run: Run) -> None:
 Attack = Callable[[int, asyncio.Event, Run], Awaitable[None]]
 
 
+ATTACKER_FROM = [HOST]
+"""The attacker's source address (``--attacker-from``): the agents' own by default."""
+
+
 def posting(body: bytes, headers: dict[str, str], new_session: bool = False) -> Attack:
     """An attacker that posts ``body`` again and again, one at a time."""
 
     async def attack(port: int, stop: asyncio.Event, run: Run) -> None:
         url = f"http://{HOST}:{port}/v1/chat/completions"
         n = 0
-        async with ClientSession(timeout=ClientTimeout(total=30)) as http:
+        connector = TCPConnector(local_addr=(ATTACKER_FROM[0], 0))
+        async with ClientSession(timeout=ClientTimeout(total=30), connector=connector) as http:
             while not stop.is_set():
                 n += 1
                 sid = {"X-Session-ID": f"attacker-{n}"} if new_session else {}
@@ -215,7 +232,9 @@ async def half_open(port: int, stop: asyncio.Event, run: Run) -> None:
                 conn[1].close()
                 run.attack["closed by gateway"] += 1
             try:
-                reader, writer = await asyncio.open_connection(HOST, port)
+                reader, writer = await asyncio.open_connection(
+                    HOST, port, local_addr=(ATTACKER_FROM[0], 0)
+                )
                 writer.write(HALF_OPEN)
                 conns[k] = (reader, writer)
                 run.attack["opened"] += 1
@@ -294,10 +313,10 @@ def free_port() -> int:
 
 
 async def scenario(
-    attack: Attack | None, node: str, agents: int, seconds: float
+    attack: Attack | None, node: str, agents: int, seconds: float, client_rate: float
 ) -> tuple[Run, str]:
     port = free_port()
-    gw, gw_log = child(["gateway", str(port), node])
+    gw, gw_log = child(["gateway", str(port), node, repr(client_rate)])
     run = Run()
     try:
         url = f"http://{HOST}:{port}/v1/chat/completions"
@@ -330,7 +349,20 @@ async def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--agents", type=int, default=8)
     parser.add_argument("--only", default="", help="run the scenarios whose name contains this")
+    parser.add_argument(
+        "--client-rate",
+        type=float,
+        default=0.0,
+        help="the gateway's TAO_BODY_CLIENT_RATE, bytes/s (0: no pacing)",
+    )
+    parser.add_argument(
+        "--attacker-from",
+        default=HOST,
+        help="the attacker's source address: the agents' own (127.0.0.1, one client to the "
+        "gateway) or another loopback address (127.0.0.2: another host)",
+    )
     args = parser.parse_args(argv)
+    ATTACKER_FROM[0] = args.attacker_from
     node_port = free_port()
     node, node_log = child(["node", str(node_port)])
     try:
@@ -340,7 +372,7 @@ async def main(argv: list[str] | None = None) -> None:
             if args.only and args.only not in name and name != "none":
                 continue
             run, err = await scenario(
-                attack, f"http://{HOST}:{node_port}", args.agents, args.seconds
+                attack, f"http://{HOST}:{node_port}", args.agents, args.seconds, args.client_rate
             )
             p50, p99 = pct(run.latencies, 50) * 1e3, pct(run.latencies, 99) * 1e3
             base_p99 = p99 if base_p99 is None else base_p99
@@ -354,7 +386,10 @@ async def main(argv: list[str] | None = None) -> None:
             )
             print(rows[-1], file=sys.stderr, flush=True)
         soft = __import__("resource").getrlimit(__import__("resource").RLIMIT_NOFILE)
-        print(f"agents {args.agents}, {args.seconds:g} s per scenario, file limit {soft}\n")
+        print(
+            f"agents {args.agents}, {args.seconds:g} s per scenario, file limit {soft}, "
+            f"TAO_BODY_CLIENT_RATE {args.client_rate:g}, attacker from {args.attacker_from}\n"
+        )
         print(
             "| attack | agent requests | p50 ms | p99 ms | p99 / no attack | agent 5xx "
             "| /healthz max ms | RSS growth MB | open fds max | EMFILE | attacker's answers |"
@@ -367,7 +402,7 @@ async def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["gateway"]:
-        asyncio.run(serve_gateway(int(sys.argv[2]), sys.argv[3]))
+        asyncio.run(serve_gateway(int(sys.argv[2]), sys.argv[3], float(sys.argv[4])))
     elif sys.argv[1:2] == ["node"]:
         asyncio.run(serve_node(int(sys.argv[2])))
     else:

@@ -291,23 +291,34 @@ async def read_raw(
         if not chunk:
             break
         wire += len(chunk)
-        pieces = [chunk] if inflater is None else inflater.feed(chunk)
         before = made
+        try:
+            pieces = [chunk] if inflater is None else inflater.feed(chunk)
+        except BodyRefused:
+            if pace is not None and inflater is not None:  # the inflating was done: paid for
+                await _wait_for_budget(pace, inflater.made - before)  # before the answer
+            raise
         for piece in pieces:
             made += len(piece)
             chunks.append(piece)
+        if pace is not None:
+            paced += await _wait_for_budget(pace, made - before)
         if made > cap:
             if keep:
                 return b"".join(chunks)[: cap + 1]
             raise _too_large(limits)
-        if pace is not None:
-            wait = pace.pacer.charge(pace.tenant, pace.address, made - before, loop.time())
-            if wait > 0:
-                await asyncio.sleep(wait)  # the server stops reading; TCP slows the sender
-                paced += wait
     if inflater is not None and wire:
         inflater.finish()
     return b"".join(chunks)
+
+
+async def _wait_for_budget(pace: Pace, n: int) -> float:
+    """Charge ``n`` decoded bytes to the client's budget and wait out any excess (the server
+    stops reading the connection meanwhile, so TCP slows the sender); the seconds waited."""
+    wait = pace.pacer.charge(pace.tenant, pace.address, n, asyncio.get_running_loop().time())
+    if wait > 0:
+        await asyncio.sleep(wait)
+    return wait
 
 
 def _decode(

@@ -352,6 +352,25 @@ class TestPacing:
             resp = await small.client.post(CHAT, data=late_tail(), headers=SESSION)
             assert resp.status == 200, await resp.text()
 
+    async def test_a_refused_bombs_inflating_is_charged_before_its_answer(
+        self, inflated: list[int]
+    ) -> None:
+        """Each gzip bomb is 413 after about 3 MB of inflating; that work is charged, so at
+        10 MB/s after 1 MB the second bomb's answer waits (a client sending bombs one after
+        another is slowed to the rate, though it never sends a body that is served)."""
+        paced = SETTINGS.replace(body_client_rate=1e7, body_client_burst=1_000_000)
+        bomb = gzip.compress(chat_body("a" * 31_000_000))
+        async for small in make_harness(paced):
+            for _ in range(2):
+                resp = await small.client.post(
+                    CHAT, data=bomb, headers={**SESSION, "Content-Encoding": "gzip"}
+                )
+                assert resp.status == 413
+            pacer = small.relay.bodies.pacer
+            assert pacer is not None
+            excess_s = (sum(inflated) - 1_000_000) / 1e7
+            assert 0.1 < pacer.paced_s <= excess_s + 1e-3
+
     async def test_off_by_default_nothing_is_paced(self, h: Harness) -> None:
         await h.place("admit", "s1", 1)
         resp = await h.client.post(CHAT, data=chat_body("x" * 1_000_000), headers=SESSION)

@@ -45,6 +45,11 @@ message names the variable, what is wrong and what was given
 | TAO_BODY_TIMEOUT_S        | 10        | time a body may take before TAO_BODY_MIN_RATE applies,  |
 |                           |           | s (> 0); a body that falls behind is answered 408       |
 | TAO_BODY_MIN_RATE         | 65536     | slowest a body may arrive after that, bytes/s (> 0)     |
+| TAO_BODY_CLIENT_RATE      | 64000000  | decoded body bytes a second one client (tenant and      |
+|                           |           | address) may send past its burst; beyond it the gateway |
+|                           |           | reads that client more slowly (0: no limit)             |
+| TAO_BODY_CLIENT_BURST     | 0         | bytes a client may send at once before the rate applies |
+|                           |           | (0: TAO_MAX_BODY_BYTES, one largest body)               |
 | TAO_HEADER_TIMEOUT_S      | 10        | a request's headers must be in this long after its      |
 |                           |           | first byte (or the accept), s (> 0); else it is closed  |
 | TAO_KEEPALIVE_S           | 75        | an idle keep-alive connection is closed after this, s   |
@@ -176,7 +181,7 @@ class Settings:
     max_compression_ratio: float = 100.0
     body_timeout_s: float = 10.0
     body_min_rate: float = 65536.0
-    body_client_rate: float = 0.0
+    body_client_rate: float = 64e6  # chosen by a sweep: docs/reliability.md, Abuse
     body_client_burst: int = 0
     header_timeout_s: float = 10.0
     keepalive_s: float = 75.0

@@ -371,11 +371,20 @@ class TestPacing:
             excess_s = (sum(inflated) - 1_000_000) / 1e7
             assert 0.1 < pacer.paced_s <= excess_s + 1e-3
 
-    async def test_off_by_default_nothing_is_paced(self, h: Harness) -> None:
+    async def test_a_body_within_the_default_budget_waits_nothing(self, h: Harness) -> None:
+        """By default 64 MB/s after one largest body (32 MiB): an agent's request is never
+        slowed."""
         await h.place("admit", "s1", 1)
         resp = await h.client.post(CHAT, data=chat_body("x" * 1_000_000), headers=SESSION)
         assert resp.status == 200
-        assert h.relay.bodies.pacer is None
+        pacer = h.relay.bodies.pacer
+        assert pacer is not None and pacer.rate == 64e6 and pacer.paced_s == 0.0
+
+    async def test_0_turns_pacing_off(self) -> None:
+        async for off in make_harness(SETTINGS.replace(body_client_rate=0)):
+            await off.place("admit", "s1", 1)
+            resp = await off.client.post(CHAT, data=chat_body("x"), headers=SESSION)
+            assert resp.status == 200 and off.relay.bodies.pacer is None
 
 
 class TestSettings:

@@ -73,8 +73,12 @@ class TestClientAddress:
 
 
 class TestSettings:
-    def test_off_by_default_and_the_burst_is_one_largest_body(self) -> None:
-        assert pacer_of(Settings()) is None
+    def test_64_mb_a_second_by_default_0_is_off_and_the_burst_is_one_largest_body(
+        self,
+    ) -> None:
+        pacer = pacer_of(Settings())
+        assert pacer is not None and pacer.rate == 64e6 and pacer.burst == 32 * 1024 * 1024
+        assert pacer_of(Settings(body_client_rate=0)) is None
         pacer = pacer_of(Settings(body_client_rate=5e6, max_body_bytes=8 * MB))
         assert pacer is not None and pacer.rate == 5e6 and pacer.burst == 8 * MB
         pacer = pacer_of(Settings(body_client_rate=5e6, body_client_burst=MB))

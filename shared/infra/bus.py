@@ -447,7 +447,6 @@ class Bus:
             raise BusError(
                 f"cannot start consumer {receiver.name} on {stream.name}: {exc}"
             ) from exc
-        await self._flushed()  # the server knows the consumer's subscription when this returns
         self._receivers.append(receiver)
         return receiver
 

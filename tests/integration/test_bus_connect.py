@@ -162,7 +162,8 @@ class TestFlushOrder:
     async def test_a_stopped_consumer_has_left_the_server_when_stop_returns(
         self, nats_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
     ) -> None:
-        """The drain's UNSUB precedes its PING; and the consumer's start is flushed too."""
+        """The drain's UNSUB precedes its PING, so when ``stop`` returns the server has read
+        it and delivers nothing more to the subscription the client drops."""
         bus = await Bus.connect(nats_url, name="svc", namespace=namespace)
 
         async def ignore(value: object, delivery: object) -> None:
@@ -170,11 +171,8 @@ class TestFlushOrder:
 
         try:
             await bus.ensure_streams()
-            log = _WireLog(bus, monkeypatch)
             sub = await bus.consume(subjects.STREAM_TOOL, "tools", bytes, ignore)
-            started = log.wire
-            assert started.rindex(b"SUB ") < started.rindex(b"PING\r\n")  # no UNSUB before
-            log.chunks.clear()
+            log = _WireLog(bus, monkeypatch)
             await sub.stop()
             stopped = log.wire
             assert stopped.index(b"UNSUB ") < stopped.rindex(b"PING\r\n")

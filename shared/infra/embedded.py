@@ -262,7 +262,7 @@ class EmbeddedServers:
         answers = nats_answers if what == "nats-server" else redis_answers
         for attempt in range(_PORT_TRIES):
             cmd, url = command(free_port())
-            self._spawn(what, cmd, root)
+            self._spawn(what, cmd, root, f"-{attempt}" if attempt else "")  # a log per try
             try:
                 self._wait(what, functools.partial(answers, url))
                 return url
@@ -272,8 +272,8 @@ class EmbeddedServers:
                 self._procs.pop()
         raise AssertionError("unreachable")
 
-    def _spawn(self, what: str, cmd: list[str], root: str) -> None:
-        log = open(Path(root) / f"{what}.log", "ab")  # noqa: SIM115 - closed in stop()
+    def _spawn(self, what: str, cmd: list[str], root: str, suffix: str = "") -> None:
+        log = open(Path(root) / f"{what}{suffix}.log", "ab")  # noqa: SIM115 - closed in stop()
         self._logs.append(log)
         try:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=root)

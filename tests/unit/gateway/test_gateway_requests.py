@@ -6,12 +6,14 @@ from typing import Any
 
 import pytest
 
+from services.gateway import requests as gw_requests
 from services.gateway.requests import (
     BadRequest,
     describe_request,
     estimate_prompt_tokens,
     harness_of,
     parse_body,
+    read_json,
     session_identity,
     upstream_body,
 )
@@ -155,3 +157,38 @@ class TestHarnessOf:
         assert harness_of({"X-TAO-Harness": "h" * 128}) == "h" * 128
         with pytest.raises(BadRequest, match=r"X-TAO-Harness.*got 129"):
             harness_of({"X-TAO-Harness": "h" * 129})
+
+
+class TestTooManyItems:
+    """Past ``max_items`` the message names where only when the path walk could find it: at a
+    limit of ``_PATH_SCAN_TOKENS`` items or more the walk would stop empty, so it is not done
+    (it cost 60-120 ms of GIL on a 30 MB body)."""
+
+    @pytest.fixture
+    def walks(self, monkeypatch: pytest.MonkeyPatch) -> list[int]:
+        calls: list[int] = []
+        real = gw_requests._path_at
+
+        def counting(text: str, pos: int) -> list[str | int]:
+            calls.append(pos)
+            return real(text, pos)
+
+        monkeypatch.setattr(gw_requests, "_path_at", counting)
+        return calls
+
+    def test_at_the_default_limit_the_walk_is_not_done_and_its_answer_was_empty(
+        self, walks: list[int]
+    ) -> None:
+        limit = gw_requests._PATH_SCAN_TOKENS
+        data = b'{"messages":[' + b",".join([b"[1]"] * (limit + 5)) + b"]}"
+        with pytest.raises(BadRequest) as refused:
+            read_json(data, max_items=limit)
+        assert walks == [] and refused.value.message.endswith("TAO_MAX_BODY_ITEMS)")
+        head = data.decode()
+        assert gw_requests._path_at(head, len(head)) == []  # what the walk would have said
+
+    def test_below_it_the_message_names_where(self, walks: list[int]) -> None:
+        data = b'{"messages":[' + b",".join([b"[1]"] * 20) + b"]}"
+        with pytest.raises(BadRequest, match=r"more than 10 items .* at 'messages\[\d+\]"):
+            read_json(data, max_items=10)
+        assert len(walks) == 1

@@ -305,7 +305,7 @@ def read_json(data: bytes, *, max_items: int = DEFAULT_MAX_BODY_ITEMS) -> object
             raise BadRequest(_TOO_DEEP + _at(_path_at(head, len(head))))
         # Past max_items there are more tokens than items (each item has its comma or its
         # container's bracket), so from _PATH_SCAN_TOKENS items on the path walk would end
-        # empty: not walked (it held the GIL 60-120 ms on a 30 MB body: benchmarks/body_work.py)
+        # empty: not walked (it held the GIL 50-130 ms on a 30 MB body: benchmarks/body_work.py)
         where = ""
         if max_items < _PATH_SCAN_TOKENS:
             head = data[:at].decode("utf-8", "replace")

@@ -162,7 +162,7 @@ class TestHarnessOf:
 class TestTooManyItems:
     """Past ``max_items`` the message names where only when the path walk could find it: at a
     limit of ``_PATH_SCAN_TOKENS`` items or more the walk would stop empty, so it is not done
-    (it cost 60-120 ms of GIL on a 30 MB body)."""
+    (it cost 50-130 ms of GIL on a 30 MB body)."""
 
     @pytest.fixture
     def walks(self, monkeypatch: pytest.MonkeyPatch) -> list[int]:

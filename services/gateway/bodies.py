@@ -18,9 +18,10 @@ one bound is passed, before the rest is read:
   since the handler began reading (``TAO_BODY_MIN_RATE``, ``TAO_BODY_TIMEOUT_S``):
   having read ``n`` bytes, the gateway waits for more until ``timeout_s + n / min_rate`` s;
   then 408. A slow sender is given back its connection's slot, not kept for ever.
-* **rate**: with ``TAO_BODY_CLIENT_RATE`` set, each client's decoded bytes within its budget
-  (:mod:`.pacing`): past it the next chunk is read only after a wait, so TCP slows a client
-  that sends bodies faster than that; the waits do not count against the arrival deadline.
+* **rate**: each client's decoded bytes within its budget (:mod:`.pacing`;
+  ``TAO_BODY_CLIENT_RATE``, 64 MB/s, 0 turns it off): past it the next chunk is read only after
+  a wait, so TCP slows a client that sends bodies faster than that; the waits do not count
+  against the arrival deadline.
 
 A refused body's connection is closed after the answer (nothing of the rest is read but what
 the server discards while it lingers, uncompressed and bounded in time).
